@@ -1,0 +1,196 @@
+// Decode-kernel benchmark on DeepSeek-V4 shapes: median kernel time over graph replays with
+// inputs rotated through more memory than L2, against the roofline floor measured in the
+// same run and FlashMLA's anchors (DESIGN.md). Prints a table; --csv writes it too.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ceilings.h"
+#include "cuda/check.h"
+#include "cuda/decode_plan.h"
+#include "cuda/device.h"
+#include "smla/decode.h"
+#include "timing.h"
+
+using namespace smla;
+
+namespace {
+
+struct Shape {
+  int heads, requests, tokens_per_request, topk;
+};
+
+// FlashMLA sparse decode, fp8_ds_mla cache, 2 tokens per request (DESIGN.md, H200).
+double flashmla_anchor_us(const Shape& s) {
+  if (s.tokens_per_request != 2) return 0;
+  struct Anchor { int heads, requests; double us; };
+  static const Anchor anchors[] = {{64, 2, 14.9},    {64, 64, 49.5},    {64, 128, 90.9},
+                                   {64, 256, 173.2}, {128, 2, 17.3},    {128, 64, 105.1},
+                                   {128, 128, 203.6}, {128, 256, 402.0}};
+  for (const Anchor& a : anchors)
+    if (a.heads == s.heads && a.requests == s.requests) return a.us;
+  return 0;
+}
+
+constexpr int64_t kPoolRows = int64_t(2) << 20;  // 2 GiB of bf16 rows
+constexpr int kBlockSize = 64;
+constexpr size_t kL2Bytes = 60u << 20;
+
+template <class T>
+T* device_copy(const std::vector<T>& host) {
+  T* p;
+  SMLA_CUDA_CHECK(cudaMalloc(&p, host.size() * sizeof(T)));
+  SMLA_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+struct Result {
+  Shape shape;
+  int splits;
+  int64_t ctas;
+  double us, tflops, gbps, floor_us, anchor_us;
+};
+
+Result run_shape(const Shape& shape, void* pool, double gather_bw, double matmul_rate,
+                 std::mt19937& rng) {
+  const int T = shape.requests * shape.tokens_per_request, H = shape.heads;
+  const int K = kWindow + shape.topk;
+  const Device dev{DeviceKind::cuda, cuda::current_device()};
+  const double kv_bytes = double(T) * K * 1024;
+  const double bytes = kv_bytes + 2.0 * T * H * 1024 + double(T) * K * 4;
+  const double flops = 4.0 * T * K * H * 512;
+  const int sets = int(std::clamp<double>(std::ceil(3.0 * kL2Bytes / bytes), 2, 512));
+
+  std::uniform_int_distribution<int32_t> row(0, int32_t(kPoolRows - 1));
+  std::vector<int32_t> cum(shape.requests + 1), seq(shape.requests, 100000), lens(T, K);
+  for (int b = 0; b <= shape.requests; ++b) cum[b] = b * shape.tokens_per_request;
+  int32_t *d_cum = device_copy(cum), *d_seq = device_copy(seq), *d_lens = device_copy(lens);
+  std::vector<int32_t*> d_indices(sets);
+  std::vector<int32_t> indices(size_t(T) * K);
+  for (auto& d : d_indices) {
+    for (auto& x : indices) x = row(rng);
+    d = device_copy(indices);
+  }
+  std::vector<__nv_bfloat16> q(size_t(T) * H * 512);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (auto& x : q) x = __float2bfloat16(normal(rng));
+  __nv_bfloat16* d_q = device_copy(q);
+  __nv_bfloat16* d_out;
+  SMLA_CUDA_CHECK(cudaMalloc(&d_out, q.size() * 2));
+  const size_t ws_bytes = workspace_bytes(T, H, K, dev), counter_bytes = kv_counter_bytes(T, H);
+  void *d_ws = nullptr, *d_counters = nullptr;
+  SMLA_CUDA_CHECK(cudaMalloc(&d_ws, std::max<size_t>(ws_bytes, 16)));
+  SMLA_CUDA_CHECK(cudaMalloc(&d_counters, counter_bytes));
+  SMLA_CUDA_CHECK(cudaMemset(d_counters, 0, counter_bytes));
+
+  DecodeArgs args;
+  args.query = make_view(d_q, DType::bf16, dev, {T, H, 512});
+  args.swa_kv_cache = make_view(pool, DType::bf16, dev, {kPoolRows / kBlockSize, kBlockSize, 512});
+  args.seq_lens = make_view(d_seq, DType::i32, dev, {shape.requests});
+  args.cum_seq_lens_q = make_view(d_cum, DType::i32, dev, {shape.requests + 1});
+  args.max_q_len = shape.tokens_per_request;
+  args.sparse_topk_lens = make_view(d_lens, DType::i32, dev, {T});
+  args.out = make_view(d_out, DType::bf16, dev, {T, H, 512});
+  args.bmm1_scale = 1.f / std::sqrt(512.f);
+  args.workspace = make_view(d_ws, DType::u8, dev, {int64_t(std::max<size_t>(ws_bytes, 16))});
+  args.kv_counters = make_view(d_counters, DType::u8, dev, {int64_t(counter_bytes)});
+  const double ms = bench::median_graph_ms(
+      [&](cudaStream_t stream) {
+        for (int s = 0; s < sets; ++s) {
+          args.sparse_indices = make_view(d_indices[s], DType::i32, dev, {T, K});
+          sparse_mla_decode(args, stream);
+        }
+      },
+      30);
+  const cuda::DecodePlan plan =
+      cuda::plan_decode(T, H, K, cuda::sm_count(dev.id), ws_bytes, counter_bytes);
+
+  Result r{shape, plan.num_splits, plan.ctas, 0, 0, 0, 0, flashmla_anchor_us(shape)};
+  r.us = ms * 1e3 / sets;
+  r.tflops = flops / (r.us * 1e-6) / 1e12;
+  r.gbps = bytes / (r.us * 1e-6) / 1e9;
+  r.floor_us = std::max(bytes / gather_bw, flops / matmul_rate) * 1e6;
+  for (int32_t* d : d_indices) SMLA_CUDA_CHECK(cudaFree(d));
+  for (void* p : {(void*)d_cum, (void*)d_seq, (void*)d_lens, (void*)d_q, (void*)d_out, d_ws, d_counters})
+    SMLA_CUDA_CHECK(cudaFree(p));
+  return r;
+}
+
+std::vector<Shape> issue_shapes() {
+  std::vector<Shape> shapes;
+  for (int heads : {64, 128})
+    for (int tokens : {1, 2})
+      for (int requests : {1, 2, 8, 32, 64, 128, 256})
+        shapes.push_back({heads, requests, tokens, heads == 64 ? 512 : 1024});
+  for (int heads : {8, 16, 32})
+    for (int tokens : {1, 2}) shapes.push_back({heads, 128, tokens, 512});
+  return shapes;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string csv_path;
+  std::vector<Shape> shapes = issue_shapes();
+  for (int i = 1; i < argc; ++i) {
+    Shape only{};
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) {
+      csv_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc &&
+               std::sscanf(argv[++i], "%d:%d:%d:%d", &only.heads, &only.requests,
+                           &only.tokens_per_request, &only.topk) == 4) {
+      shapes = {only};
+    } else {
+      std::fprintf(stderr, "usage: smla_bench [--csv PATH] [--shape HEADS:REQUESTS:TOKENS:TOPK]\n");
+      return 2;
+    }
+  }
+  try {
+    const double gather_bw = bench::measure_gather_bandwidth(1024);
+    const double matmul_rate = bench::measure_bf16_matmul_rate();
+    std::printf("ceilings: random 1 KiB-row gather %.2f TB/s, bf16 matmul %.0f TFLOP/s\n",
+                gather_bw / 1e12, matmul_rate / 1e12);
+    const size_t ws = workspace_bytes(512, 128, kWindow + 1024, {DeviceKind::cuda, cuda::current_device()});
+    std::printf("workspace for 256 requests x 2 tokens x 128 heads, 128+1024: %.1f MiB\n", ws / 1048576.0);
+
+    void* pool;
+    SMLA_CUDA_CHECK(cudaMalloc(&pool, kPoolRows * 1024));
+    std::vector<__nv_bfloat16> chunk(size_t(1) << 24);
+    std::mt19937 rng(2026);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (auto& x : chunk) x = __float2bfloat16(normal(rng));
+    for (int64_t off = 0; off < kPoolRows * 512; off += chunk.size())
+      SMLA_CUDA_CHECK(cudaMemcpy(static_cast<__nv_bfloat16*>(pool) + off, chunk.data(), chunk.size() * 2,
+                                 cudaMemcpyHostToDevice));
+
+    FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
+    if (csv) std::fprintf(csv, "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,tflops,gbps,floor_us,floor_fraction,flashmla_us\n");
+    std::printf("%-5s %4s %5s %3s %9s %6s %5s %9s %8s %8s %9s %6s %9s\n", "kv", "H", "req", "q",
+                "topk", "splits", "ctas", "us", "TFLOP/s", "GB/s", "floor_us", "floor%", "FlashMLA");
+    for (const Shape& s : shapes) {
+      const Result r = run_shape(s, pool, gather_bw, matmul_rate, rng);
+      const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
+      std::printf("%-5s %4d %5d %3d %4d+%-4d %6d %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n", "bf16",
+                  s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
+                  (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us,
+                  anchor.c_str());
+      if (csv)
+        std::fprintf(csv, "bf16,%d,%d,%d,%d,%d,%lld,%.2f,%.1f,%.0f,%.2f,%.3f,%.1f\n", s.heads, s.requests,
+                     s.tokens_per_request, kWindow + s.topk, r.splits, (long long)r.ctas, r.us, r.tflops,
+                     r.gbps, r.floor_us, r.floor_us / r.us, r.anchor_us);
+    }
+    if (csv) std::fclose(csv);
+    SMLA_CUDA_CHECK(cudaFree(pool));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "smla_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

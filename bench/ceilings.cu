@@ -1,0 +1,106 @@
+#include "ceilings.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/check.h"
+#include "timing.h"
+
+namespace smla::bench {
+namespace {
+
+// One warp per row, 16-byte loads, summed so the loads are not dead.
+__global__ void gather_rows(const uint4* pool, const int32_t* rows, int num_rows, int row_units,
+                            uint4* sink) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (warp >= num_rows) return;
+  const uint4* row = pool + int64_t(rows[warp]) * row_units;
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (int u = lane; u < row_units; u += 32) {
+    const uint4 v = __ldcs(row + u);
+    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  }
+  if ((acc.x & 0xFFFFFFF) == 0x1234567) sink[0] = acc;  // practically never
+}
+
+__device__ uint32_t hash(uint32_t i, uint32_t seed) {
+  uint32_t x = (i + 1) * 2654435761u ^ seed;
+  x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
+  return x;
+}
+
+__global__ void fill_rows(int32_t* rows, int n, int pool_rows, uint32_t seed) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) rows[i] = int32_t(hash(i, seed) % uint32_t(pool_rows));
+}
+
+// Values in [-1, 1): zeros would flatter the tensor cores.
+__global__ void fill_bf16(__nv_bfloat16* x, int64_t n, uint32_t seed) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = __float2bfloat16(float(int(hash(uint32_t(i), seed) % 2048) - 1024) / 1024.f);
+}
+
+void cublas_check(cublasStatus_t status, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Error(ErrorKind::runtime, call, "CUBLAS_STATUS_SUCCESS", std::to_string(int(status)));
+}
+
+}  // namespace
+
+double measure_gather_bandwidth(int row_bytes) {
+  const int64_t pool_bytes = int64_t(4) << 30;
+  const int pool_rows = int(pool_bytes / row_bytes);
+  const int num_rows = 1 << 20;
+  void* pool;
+  int32_t* rows;
+  uint4* sink;
+  SMLA_CUDA_CHECK(cudaMalloc(&pool, pool_bytes));
+  SMLA_CUDA_CHECK(cudaMalloc(&rows, num_rows * sizeof(int32_t)));
+  SMLA_CUDA_CHECK(cudaMalloc(&sink, sizeof(uint4)));
+  SMLA_CUDA_CHECK(cudaMemset(pool, 1, pool_bytes));
+  fill_rows<<<(num_rows + 255) / 256, 256>>>(rows, num_rows, pool_rows, 12345);
+  SMLA_CUDA_CHECK(cudaGetLastError());
+  const double ms = median_graph_ms(
+      [&](cudaStream_t s) {
+        gather_rows<<<num_rows / 8, 256, 0, s>>>(static_cast<const uint4*>(pool), rows, num_rows,
+                                                  row_bytes / 16, sink);
+      },
+      20);
+  SMLA_CUDA_CHECK(cudaFree(pool));
+  SMLA_CUDA_CHECK(cudaFree(rows));
+  SMLA_CUDA_CHECK(cudaFree(sink));
+  return double(num_rows) * row_bytes / (ms * 1e-3);
+}
+
+double measure_bf16_matmul_rate() {
+  const int n = 8192;
+  __nv_bfloat16 *a, *b, *c;
+  SMLA_CUDA_CHECK(cudaMalloc(&a, size_t(n) * n * 2));
+  SMLA_CUDA_CHECK(cudaMalloc(&b, size_t(n) * n * 2));
+  SMLA_CUDA_CHECK(cudaMalloc(&c, size_t(n) * n * 2));
+  fill_bf16<<<(n * n + 255) / 256, 256>>>(a, int64_t(n) * n, 7);
+  fill_bf16<<<(n * n + 255) / 256, 256>>>(b, int64_t(n) * n, 9);
+  SMLA_CUDA_CHECK(cudaGetLastError());
+  cublasHandle_t handle;
+  cublas_check(cublasCreate(&handle), "cublasCreate");
+  const float alpha = 1.f, beta = 0.f;
+  const double ms = median_graph_ms(
+      [&](cudaStream_t s) {
+        cublas_check(cublasSetStream(handle, s), "cublasSetStream");
+        cublas_check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n,
+                                  b, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT),
+                     "cublasGemmEx");
+      },
+      10);
+  cublas_check(cublasDestroy(handle), "cublasDestroy");
+  SMLA_CUDA_CHECK(cudaFree(a));
+  SMLA_CUDA_CHECK(cudaFree(b));
+  SMLA_CUDA_CHECK(cudaFree(c));
+  return 2.0 * n * n * double(n) / (ms * 1e-3);
+}
+
+}  // namespace smla::bench

@@ -1,0 +1,67 @@
+// The sparse MLA decode op (SPEC §2) and its multi-CTA counters and workspace (SPEC §3).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "smla/tensor.h"
+
+namespace smla {
+
+constexpr int kHeadDim = 512;   // D: 448 NoPE + 64 RoPE; K = V = the whole row
+constexpr int kNopeDim = 448;
+constexpr int kRopeDim = 64;
+constexpr int kMaxHeads = 128;
+constexpr int kWindow = 128;    // W in every known config
+constexpr int kDsMlaRecordBytes = 576;  // fp8_ds_mla: 448 e4m3 + 64 bf16 per token
+constexpr int kDsMlaScaleBytes = 8;     // fp8_ds_mla: 7 UE8M0 scales + 1 pad per token
+
+// How a KV pool stores its 512-wide rows; fixed by the pool's dtype
+// (bf16 -> bf16, f8e4m3 -> fp8_e4m3, u8 -> fp8_ds_mla).
+enum class KvLayout { bf16, fp8_e4m3, fp8_ds_mla };
+const char* kv_layout_name(KvLayout layout);
+
+// A KV pool is a tensor [num_blocks, block_size, (1,) row] whose last dim is contiguous:
+// row = 512 elements (bf16, f8e4m3) or 584 bytes (u8, fp8_ds_mla, whose page interior is
+// 576-B records then 8-B scale records and whose page stride is a multiple of 576 B).
+// Its block (page) stride may exceed block_size rows (pages packed with other data).
+struct DecodeArgs {
+  TensorView query;                // [T, H, 512] bf16; f8e4m3 or bf16 with an f8e4m3 cache
+  TensorView swa_kv_cache;         // pool read by columns c < window
+  TensorView compressed_kv_cache;  // pool read by columns c >= window; absent: swa_kv_cache
+  TensorView sparse_indices;       // [T, K] i32 storage offsets, -1 = padding, K % 4 == 0
+  TensorView sparse_topk_lens;     // [T] i32
+  TensorView seq_lens;             // [B] i32, KV length including the new tokens
+  TensorView cum_seq_lens_q;       // [B+1] i32; absent: one token per request (T == B)
+  int max_q_len = 1;               // >= every request's q_len
+  TensorView sinks;                // [H] f32, optional; -inf = no sink, +inf = output 0
+  float bmm1_scale = 0.f;          // score = bmm1_scale * q.k
+  float bmm2_scale = 1.f;          // out = bmm2_scale * softmax . V
+  TensorView out;                  // [T, H_out, 512] bf16, H_out >= H; heads >= H get zeros
+  TensorView lse;                  // [T, H] f32, optional; natural log, without the sink
+  TensorView workspace;            // CUDA: u8 >= workspace_bytes(...); absent: no split-KV
+  TensorView kv_counters;          // CUDA: i32/u8 zeroed once, >= kv_counter_bytes(...)
+  int window = kWindow;            // W: columns [0, W) read the SWA pool
+};
+
+// Runs the op on the device of its tensors (all on one device). On CUDA it is one kernel
+// launch on `stream` (a cudaStream_t; null = legacy default), capturable in a CUDA graph.
+void sparse_mla_decode(const DecodeArgs& args, void* stream = nullptr);
+
+// Bytes of multi-CTA counters for launches of up to `max_tokens` tokens of `num_heads` heads.
+size_t kv_counter_bytes(int64_t max_tokens, int num_heads);
+// Bytes of split-KV workspace a launch of this shape uses at most on `device` (0 on the CPU).
+size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, Device device);
+
+// "supported" or the reason why not, for one configuration on one device.
+struct Capability {
+  bool supported = false;
+  std::string reason;  // empty when supported
+};
+Capability query_capability(int head_size, DType query_dtype, DType kv_dtype, int block_size,
+                            Device device);
+
+// Devices this build can run on and what each supports, as printed by `smla info`.
+std::string backend_info();
+
+}  // namespace smla

@@ -1,0 +1,67 @@
+// Runs the attention of every layer of one decode step (SPEC §5): tables shared through
+// SparseIndexTables, one sparse_mla_decode per layer, counters and workspace shared by all.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "smla/decode.h"
+#include "smla/index.h"
+#include "smla/model.h"
+#include "smla/streams.h"
+#include "smla/tables.h"
+
+namespace smla {
+
+// What a layer keeps from step to step.
+struct AttentionLayer {
+  LayerSpec spec{};
+  TensorView swa_kv_cache{};         // its SWA pool; its dtype is the cache dtype
+  TensorView compressed_kv_cache{};  // compressed layers: the kv source's pool
+  TensorView sinks{};                // [H] f32, optional
+  float bmm1_scale = 0.f;            // D^-0.5 (times q_scale * kv_scale with an fp8 cache)
+  float bmm2_scale = 1.f;            // 1 (kv_scale with an fp8 cache)
+};
+
+// What changes every step.
+struct StepInputs {
+  StepMetadata metadata{};
+  std::vector<TensorView> block_tables{};               // SWA pages of each group: [B, pages] i32
+  std::map<int, TensorView> compressed_block_tables{};  // by kv source layer: [B, pages] i32
+  std::map<int, TensorView> topk_indices{};             // by index source layer: [T, top_k] i32
+};
+
+class StepExecutor {
+ public:
+  // Allocates (zeroed, outside any capture) the kv counters and workspace every layer shares,
+  // sized for steps of up to `max_tokens` tokens and `max_columns` table columns. `layers` in
+  // model order; `streams` orders the work and must outlive this object.
+  StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
+               int64_t max_columns);
+
+  void begin_step(const StepInputs& inputs);  // resets the tables; keeps a copy of `inputs`
+  // `layer`'s attention of query [T, H, 512] into out [T, H_out, 512] on the current stream.
+  // An index source joins first: its indexer would overwrite the top-k that forks read.
+  void run_layer(int layer, const TensorView& query, const TensorView& out);
+  void end_step();  // joins, so a graph capture of the step ends joined
+
+  // begin_step, every layer in order (queries[i] and outs[i] for the i-th layer), end_step.
+  void run_step(const StepInputs& inputs, std::span<const TensorView> queries,
+                std::span<const TensorView> outs);
+
+  const SparseIndexTables& tables() const { return tables_; }
+
+ private:
+  const AttentionLayer& layer_at(int layer) const;
+  SparseIndexArgs table_inputs(int layer) const;
+
+  std::vector<AttentionLayer> layers_;
+  Streams& streams_;
+  SparseIndexTables tables_;
+  std::shared_ptr<void> counters_, workspace_;
+  TensorView counters_view_, workspace_view_;
+  StepInputs inputs_;
+};
+
+}  // namespace smla

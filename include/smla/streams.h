@@ -1,0 +1,37 @@
+// How a decode step orders its work on a device: the current stream, a side stream for forked
+// table builds, reusable events, and memory. On the CPU every call runs in order on the
+// caller's thread, so ordering is trivial; a CUDA implementation maps these onto a side
+// cudaStream_t, one cudaEvent per event slot and stream-ordered allocations.
+#pragma once
+#include <cstddef>
+#include <memory>
+
+#include "smla/tensor.h"
+
+namespace smla {
+
+class Streams {
+ public:
+  virtual ~Streams() = default;
+  virtual Device device() const = 0;
+  virtual void* current() const = 0;  // stream handle the step's layers run on
+  virtual void* side() const = 0;     // stream handle forked builds run on
+  // Creates event slots 0..count-1 (before any graph capture); record/wait use only these.
+  virtual void reserve_events(int count) = 0;
+  virtual void fork() = 0;             // the side stream waits for the current one's work so far
+  virtual void record(int event) = 0;  // the slot marks the side stream's work so far
+  virtual void wait(int event) = 0;    // the current stream waits for the slot's mark
+  virtual void join() = 0;             // the current stream waits for all side-stream work
+  // Zero-filled memory on device(); released when its last owner drops it, after the work
+  // already queued on the current stream.
+  virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
+  // Host <-> device() copies on the current stream; download returns once the bytes are there.
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;  // returns when the current stream's work is done
+};
+
+// The streams of `device` around `stream` (a cudaStream_t there; ignored on the CPU).
+std::unique_ptr<Streams> make_streams(Device device, void* stream = nullptr);
+
+}  // namespace smla

@@ -1,0 +1,79 @@
+// Sharing sparse-index tables across the layers of one decode step (SPEC §5).
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "smla/index.h"
+#include "smla/model.h"
+#include "smla/streams.h"
+
+namespace smla {
+
+// Layers with equal keys build equal tables in a step (within one SWA group): "swa_only", or
+// "<compressed cache id>:<index source layer>:<ratio>" with the kv source layer as cache id.
+std::string sparse_index_key(const LayerSpec& layer);
+
+// The build arguments (outputs unset) of a layer's table in the current step.
+using TableInputs = std::function<SparseIndexArgs(int layer)>;
+
+using TableKey = std::pair<int, std::string>;  // (SWA group, sparse_index_key)
+
+// What a step did, for tests and reports; cleared by reset().
+struct TableStats {
+  std::map<TableKey, int> builds;  // builds of each table
+  std::vector<TableKey> forks;     // the builds that ran on the side stream, in order
+  std::vector<int> waits;          // layers whose lookup waited for a forked build
+  std::map<int, int> peak_tables;  // SWA group -> most tables it held at once
+  size_t bytes = 0;                // table memory held now
+  size_t peak_bytes = 0;
+};
+
+class SparseIndexTables {
+ public:
+  // `layers` in model order (strictly increasing ids; runs are consecutive equal keys).
+  // `streams` orders the builds and must outlive this object.
+  SparseIndexTables(std::span<const LayerSpec> layers, Streams& streams);
+
+  // The table of `layer` (its SWA group, its key). A miss builds it on the current stream,
+  // stores it, then forks onto the side stream the builds the run's later layers will look
+  // up in the other groups (one per group). A hit on a forked table waits for its event.
+  // The views stay valid until the group stores another compressed key, or reset().
+  SparseIndexTable lookup(int layer, const TableInputs& inputs);
+
+  // The current stream waits for every fork since the last join: before an index source's
+  // indexer overwrites the top-k, and at the end of a step.
+  void join();
+
+  // Joins, then forgets the step's tables and stats; call at the start of each step.
+  void reset();
+
+  const TableStats& stats() const { return stats_; }
+
+ private:
+  struct Stored {
+    SparseIndexTable table = {};
+    std::shared_ptr<void> memory;
+    size_t bytes = 0;
+  };
+  size_t position(int layer) const;
+  SparseIndexTable build(int layer, const TableInputs& inputs, const TableKey& key, void* stream);
+  void store(const TableKey& key, Stored stored);
+  void fork(size_t leader, const TableInputs& inputs);
+
+  std::vector<LayerSpec> layers_;
+  std::vector<std::string> keys_;  // per position
+  std::vector<size_t> run_end_;    // per position: one past the last layer of its run
+  Streams& streams_;
+  std::map<TableKey, Stored> tables_;
+  std::map<TableKey, int> pending_;  // forked tables not joined yet -> their event slot
+  bool forked_ = false;
+  TableStats stats_;
+};
+
+}  // namespace smla

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Everything GPU-side in one call on the GPU machine: GPU tests, compute-sanitizer on a small
+# case, the decode benchmark, the main job on CUDA; a short table last. Full logs go to
+# $OUT (or ./gpu-out). Uses a carried build dir (default build-cuda) or builds one.
+#   scripts/gpu_check.sh [tests] [sanitize] [bench] [run]     (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${SMLA_BUILD:-build-cuda}
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+steps=${*:-tests sanitize bench run}
+status=()
+
+if [ ! -x "$BUILD/tests/smla_gpu_tests" ]; then
+  echo "== building in $BUILD"
+  cmake -S . -B "$BUILD" -G Ninja >"$OUT/build.log" 2>&1 && cmake --build "$BUILD" -j 16 >>"$OUT/build.log" 2>&1 ||
+    { tail -30 "$OUT/build.log"; exit 1; }
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+
+run_step() {  # name, log, command...
+  local name=$1 log=$2; shift 2
+  echo "== $name"
+  local start=$SECONDS
+  "$@" >"$OUT/$log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$log"
+  status+=("$(printf '%-10s rc=%-3s %4ss  %s' "$name" "$rc" $((SECONDS - start)) "$log")")
+}
+
+for step in $steps; do
+  case $step in
+    tests) run_step tests gpu_tests.log "$BUILD/tests/smla_gpu_tests" ;;
+    sanitize)
+      filter='GpuDecode.SmallCountersOrWorkspaceFallBack'
+      run_step memcheck memcheck.log compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter
+      run_step racecheck racecheck.log compute-sanitizer --tool racecheck --error-exitcode 9 \
+        "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter ;;
+    bench) run_step bench bench.log "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
+    run) run_step run run.log "$BUILD/smla" run --device cuda --check 4 ;;
+  esac
+done
+
+echo "== summary"
+printf '%s\n' "${status[@]}"
+[ -f "$OUT/bench.log" ] && grep -E "^(ceilings|workspace|kv |bf16)" "$OUT/bench.log"

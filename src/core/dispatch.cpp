@@ -1,0 +1,88 @@
+// Public entry points: validate once, then send the call to the backend of its device.
+#include "core/problem.h"
+#include "cpu/backend.h"
+#include "smla/error.h"
+#if SMLA_WITH_CUDA
+#include "cuda/backend.h"
+#endif
+
+namespace smla {
+
+void sparse_mla_decode(const DecodeArgs& args, void* stream) {
+  const DecodeProblem problem = validate_decode(args);
+  if (problem.device.kind == DeviceKind::cpu) return cpu::decode(problem, args);
+#if SMLA_WITH_CUDA
+  return cuda::decode(problem, args, stream);
+#else
+  (void)stream;
+  throw Error(ErrorKind::unsupported, "query", "a cpu tensor (this build has no CUDA backend)",
+              device_name(problem.device));
+#endif
+}
+
+size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
+#if SMLA_WITH_CUDA
+  return cuda::kv_counter_bytes(max_tokens, num_heads);
+#else
+  (void)max_tokens, (void)num_heads;
+  return 0;
+#endif
+}
+
+size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, Device device) {
+  if (device.kind == DeviceKind::cpu) return 0;
+#if SMLA_WITH_CUDA
+  return cuda::workspace_bytes(num_tokens, num_heads, num_columns, device.id);
+#else
+  (void)num_tokens, (void)num_heads, (void)num_columns;
+  return 0;
+#endif
+}
+
+const char* kv_layout_name(KvLayout layout) {
+  switch (layout) {
+    case KvLayout::bf16: return "bf16";
+    case KvLayout::fp8_e4m3: return "fp8_e4m3";
+    case KvLayout::fp8_ds_mla: return "fp8_ds_mla";
+  }
+  return "?";
+}
+
+static Capability refuse(std::string reason) { return {false, std::move(reason)}; }
+
+Capability query_capability(int head_size, DType query_dtype, DType kv_dtype, int block_size,
+                            Device device) {
+  if (head_size != kHeadDim)
+    return refuse("head size must be 512 (448 NoPE + 64 RoPE), got " + std::to_string(head_size));
+  if (block_size <= 0) return refuse("block size must be positive, got " + std::to_string(block_size));
+  if (kv_dtype != DType::bf16 && kv_dtype != DType::f8e4m3 && kv_dtype != DType::u8)
+    return refuse(std::string("KV cache dtype must be bf16, f8e4m3 or u8 (fp8_ds_mla), got ") +
+                  dtype_name(kv_dtype));
+  const bool query_ok = query_dtype == DType::bf16 ||
+                        (query_dtype == DType::f8e4m3 && kv_dtype == DType::f8e4m3);
+  if (!query_ok)
+    return refuse(std::string("query dtype ") + dtype_name(query_dtype) + " does not go with a " +
+                  dtype_name(kv_dtype) + " cache (bf16 query, or f8e4m3 with an f8e4m3 cache)");
+  if (device.kind == DeviceKind::cpu) return {true, {}};
+#if SMLA_WITH_CUDA
+  if (std::string why = cuda::unsupported_reason(device.id); !why.empty()) return refuse(why);
+  if (kv_dtype != DType::bf16)
+    return refuse(std::string("the CUDA kernel for ") + dtype_name(kv_dtype) +
+                  " caches is not built yet (bf16 only)");
+  return {true, {}};
+#else
+  return refuse("this build has no CUDA backend");
+#endif
+}
+
+std::string backend_info() {
+  std::string info = "cpu: supported (bf16, fp8_e4m3, fp8_ds_mla caches; 1..128 heads)\n";
+#if SMLA_WITH_CUDA
+  info += cuda::device_info();
+#else
+  info += "cuda: not built\n";
+#endif
+  return info;
+}
+
+}  // namespace smla

@@ -1,0 +1,134 @@
+#include "smla/executor.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace smla {
+namespace {
+
+std::vector<LayerSpec> specs_of(const std::vector<AttentionLayer>& layers) {
+  std::vector<LayerSpec> specs;
+  for (const AttentionLayer& l : layers) specs.push_back(l.spec);
+  return specs;
+}
+
+// A zeroed u8 buffer of `bytes` on the streams' device; absent when nothing is needed.
+TensorView zeroed(Streams& streams, size_t bytes, std::shared_ptr<void>& owner) {
+  if (bytes == 0) return {};
+  owner = streams.allocate(bytes);
+  return make_view(owner.get(), DType::u8, streams.device(), {static_cast<int64_t>(bytes)});
+}
+
+template <class Map>
+TensorView entry(const Map& map, int layer, const char* name, const char* role) {
+  const auto it = map.find(layer);
+  if (it == map.end())
+    check::fail(ErrorKind::value, name,
+                std::string("an entry for ") + role + " layer " + std::to_string(layer), "none");
+  return it->second;
+}
+
+}  // namespace
+
+StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
+                           int64_t max_columns)
+    : layers_(std::move(layers)), streams_(streams), tables_(specs_of(layers_), streams_) {
+  int max_heads = 1;
+  for (const AttentionLayer& l : layers_) max_heads = std::max(max_heads, l.spec.num_heads);
+  counters_view_ = zeroed(streams_, kv_counter_bytes(max_tokens, max_heads), counters_);
+  workspace_view_ = zeroed(
+      streams_, workspace_bytes(max_tokens, max_heads, max_columns, streams_.device()), workspace_);
+}
+
+const AttentionLayer& StepExecutor::layer_at(int layer) const {
+  const auto it =
+      std::lower_bound(layers_.begin(), layers_.end(), layer,
+                       [](const AttentionLayer& l, int id) { return l.spec.layer < id; });
+  if (it == layers_.end() || it->spec.layer != layer)
+    check::fail(ErrorKind::value, "layer", "a layer of this executor", std::to_string(layer));
+  return *it;
+}
+
+SparseIndexArgs StepExecutor::table_inputs(int layer) const {
+  const AttentionLayer& l = layer_at(layer);
+  SparseIndexArgs args;
+  args.step = inputs_.metadata;
+  args.window = l.spec.window;
+  const size_t group = static_cast<size_t>(l.spec.swa_group);
+  if (group >= inputs_.block_tables.size())
+    check::fail(ErrorKind::value, "block_tables",
+                "a block table for SWA group " + std::to_string(group),
+                std::to_string(inputs_.block_tables.size()) + " block tables");
+  args.swa = {inputs_.block_tables[group], l.swa_kv_cache};
+  if (l.spec.compress_ratio > 0) {
+    args.compressed = {.compress_ratio = l.spec.compress_ratio,
+                       .topk_indices = entry(inputs_.topk_indices, l.spec.index_source,
+                                             "topk_indices", "index source"),
+                       .block_table = entry(inputs_.compressed_block_tables, l.spec.kv_source,
+                                            "compressed_block_tables", "kv source"),
+                       .compressed_kv_cache = l.compressed_kv_cache};
+  }
+  return args;
+}
+
+void StepExecutor::begin_step(const StepInputs& inputs) {
+  tables_.reset();
+  inputs_ = inputs;
+}
+
+void StepExecutor::run_layer(int layer, const TensorView& query, const TensorView& out) {
+  const AttentionLayer& l = layer_at(layer);
+  const bool index_source =
+      l.spec.compress_ratio > 0 && l.spec.index_topk > 0 && l.spec.index_source == l.spec.layer;
+  if (index_source) tables_.join();
+  const SparseIndexTable table =
+      tables_.lookup(layer, [this](int other) { return table_inputs(other); });
+
+  const StepMetadata& step = inputs_.metadata;
+  DecodeArgs args;
+  args.query = query;
+  args.out = out;
+  args.swa_kv_cache = l.swa_kv_cache;
+  // SWA-only layers leave it absent: columns past W (DSpark) then read the SWA pool.
+  if (l.spec.compress_ratio > 0) args.compressed_kv_cache = l.compressed_kv_cache;
+  args.sparse_indices = table.sparse_indices;
+  args.sparse_topk_lens = table.sparse_topk_lens;
+  if (table.seq_lens.defined()) {  // DSpark: one request per token
+    args.seq_lens = table.seq_lens;
+    args.max_q_len = 1;
+  } else {
+    args.seq_lens = step.seq_lens;
+    args.cum_seq_lens_q = step.cum_seq_lens_q;
+    args.max_q_len = step.max_q_len;
+  }
+  args.sinks = l.sinks;
+  args.bmm1_scale = l.bmm1_scale;
+  args.bmm2_scale = l.bmm2_scale;
+  args.workspace = workspace_view_;
+  args.kv_counters = counters_view_;
+  args.window = l.spec.window;
+  sparse_mla_decode(args, streams_.current());
+}
+
+void StepExecutor::end_step() { tables_.join(); }
+
+void StepExecutor::run_step(const StepInputs& inputs, std::span<const TensorView> queries,
+                            std::span<const TensorView> outs) {
+  if (queries.size() != layers_.size() || outs.size() != layers_.size())
+    check::fail(
+        ErrorKind::value, "queries",
+        "one query and one out per layer (" + std::to_string(layers_.size()) + ")",
+        std::to_string(queries.size()) + " queries, " + std::to_string(outs.size()) + " outs");
+  begin_step(inputs);
+  try {
+    for (size_t i = 0; i < layers_.size(); ++i)
+      run_layer(layers_[i].spec.layer, queries[i], outs[i]);
+  } catch (...) {
+    end_step();  // a failed step still ends joined
+    throw;
+  }
+  end_step();
+}
+
+}  // namespace smla

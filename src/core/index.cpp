@@ -1,0 +1,36 @@
+// Entry point of the index builders: shape rules, validation, then the backend of the device.
+#include "cpu/index.h"
+
+#include "core/check.h"
+#include "core/index_problem.h"
+
+namespace smla {
+
+int64_t sparse_index_columns(int window, int64_t top_k, int decode_swa_width) {
+  if (decode_swa_width > window) return decode_swa_width;
+  return window + (top_k + 3) / 4 * 4;
+}
+
+int64_t sparse_index_columns(const SparseIndexArgs& args) {
+  const CompressedColumns& c = args.compressed;
+  const int64_t top_k =
+      c.compress_ratio > 0 && c.topk_indices.ndim == 2 ? c.topk_indices.size(1) : 0;
+  return sparse_index_columns(args.window, top_k, args.step.decode_swa_width);
+}
+
+int dspark_swa_width(int window, int num_draft_tokens) {
+  if (num_draft_tokens < 0)
+    check::fail(ErrorKind::value, "num_draft_tokens", ">= 0", std::to_string(num_draft_tokens));
+  return (window + num_draft_tokens + 63) / 64 * 64;
+}
+
+void build_sparse_indices(const SparseIndexArgs& args, void* stream) {
+  const IndexProblem problem = validate_index(args);
+  if (problem.device.kind == DeviceKind::cpu) return cpu::build_sparse_indices(problem, args);
+  (void)stream;
+  check::fail(ErrorKind::unsupported, "sparse_indices",
+              "a cpu tensor (the device index builders are not written yet)",
+              device_name(problem.device));
+}
+
+}  // namespace smla

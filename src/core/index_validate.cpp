@@ -1,0 +1,132 @@
+// Argument checks of the index builders. Block-table and top-k values are checked by the CPU
+// backend as it reads them; a device backend cannot read them without a synchronisation.
+#include <string>
+
+#include "core/check.h"
+#include "core/index_problem.h"
+
+namespace smla {
+namespace {
+
+using check::fail;
+using check::shape_of;
+std::string num(int64_t v) { return std::to_string(v); }
+
+void check_step(const StepMetadata& s, IndexProblem& p) {
+  if (s.num_tokens < 0) fail(ErrorKind::value, "num_tokens", ">= 0", num(s.num_tokens));
+  p.num_tokens = s.num_tokens;
+  const std::string T = num(s.num_tokens);
+  check::tensor(s.seq_lens, "seq_lens", DType::i32, p.device, {-1}, "[B] i32");
+  p.num_requests = s.seq_lens.size(0);
+  if (s.cum_seq_lens_q.defined())
+    check::tensor(s.cum_seq_lens_q, "cum_seq_lens_q", DType::i32, p.device, {p.num_requests + 1},
+                  "[B+1 = " + num(p.num_requests + 1) + "] i32");
+  else if (p.num_requests != p.num_tokens)
+    fail(ErrorKind::value, "seq_lens", "[B = T = " + T + "] (cum_seq_lens_q absent)",
+         shape_of(s.seq_lens));
+  if (s.is_valid_token.defined())
+    check::tensor(s.is_valid_token, "is_valid_token", DType::u8, p.device, {p.num_tokens},
+                  "[T = " + T + "] u8");
+  if (s.num_decodes < 0 || s.num_decodes > p.num_requests)
+    fail(ErrorKind::value, "num_decodes", "0..B = " + num(p.num_requests), num(s.num_decodes));
+  p.num_decodes = s.num_decodes;
+}
+
+// seq_lens and cum_seq_lens_q on the host: request b's tokens are [cum[b], cum[b+1]).
+void check_step_values(const StepMetadata& s, const IndexProblem& p) {
+  const TensorView& cum = s.cum_seq_lens_q;
+  auto start = [&](int64_t b) -> int64_t { return cum.defined() ? check::at(cum, b) : b; };
+  if (start(0) != 0)
+    fail(ErrorKind::value, "cum_seq_lens_q", "cum_seq_lens_q[0] == 0", num(start(0)));
+  if (start(p.num_requests) != p.num_tokens)
+    fail(ErrorKind::value, "cum_seq_lens_q",
+         "cum_seq_lens_q[B] == num_tokens = " + num(p.num_tokens), num(start(p.num_requests)));
+  for (int64_t b = 0; b < p.num_requests; ++b) {
+    const int64_t q_len = start(b + 1) - start(b), seq_len = check::at(s.seq_lens, b);
+    if (q_len < 0)
+      fail(ErrorKind::value, "cum_seq_lens_q", "non-decreasing values",
+           "q_len " + num(q_len) + " for request " + num(b));
+    if (seq_len < q_len)
+      fail(ErrorKind::value, "seq_lens",
+           "seq_lens[" + num(b) + "] >= q_len = " + num(q_len) + " (new tokens' KV included)",
+           num(seq_len));
+    // The whole draft block sees one window of up to W + q_len positions.
+    if (p.dspark && q_len > p.num_columns - p.window)
+      fail(ErrorKind::value, "cum_seq_lens_q",
+           "q_len <= decode_swa_width - window = " + num(p.num_columns - p.window),
+           "q_len " + num(q_len) + " for request " + num(b));
+  }
+}
+
+int64_t check_block_table(const TensorView& table, const char* name, const IndexProblem& p) {
+  check::tensor(table, name, DType::i32, p.device, {-1, -1}, "[>= B, pages] i32");
+  if (table.size(0) < p.num_requests)
+    fail(ErrorKind::value, name, "[>= B = " + num(p.num_requests) + ", pages]", shape_of(table));
+  return table.size(1);
+}
+
+KvPool check_pool(const TensorView& pool, const char* name, const IndexProblem& p) {
+  KvPool geometry = make_pool(pool, name);
+  if (!(pool.device == p.device))
+    fail(ErrorKind::type, name, device_name(p.device) + " (the device of the call)",
+         device_name(pool.device));
+  return geometry;
+}
+
+}  // namespace
+
+IndexProblem validate_index(const SparseIndexArgs& a) {
+  IndexProblem p;
+  if (!a.out.sparse_indices.defined())
+    fail(ErrorKind::value, "sparse_indices", "a [T, K] i32 tensor", "absent");
+  p.device = a.out.sparse_indices.device;
+  if (a.window < 1) fail(ErrorKind::value, "window", ">= 1", num(a.window));
+  p.window = a.window;
+  check_step(a.step, p);
+  const std::string T = num(p.num_tokens);
+
+  p.dspark = a.step.decode_swa_width > a.window;
+  const int ratio = a.compressed.compress_ratio;
+  if (ratio < 0) fail(ErrorKind::value, "compress_ratio", ">= 0", num(ratio));
+  p.compress_ratio = ratio;
+  if (p.dspark) {
+    if (ratio != 0)
+      fail(ErrorKind::value, "compress_ratio", "0 (the DSpark window is for SWA-only layers)",
+           num(ratio));
+    if (p.num_decodes != p.num_requests)
+      fail(ErrorKind::value, "num_decodes",
+           "B = " + num(p.num_requests) + " (the DSpark window is decode-only)",
+           num(p.num_decodes));
+    if (a.step.decode_swa_width % 4 != 0)
+      fail(ErrorKind::value, "decode_swa_width", "a multiple of 4", num(a.step.decode_swa_width));
+  }
+
+  check_block_table(a.swa.block_table, "block_table", p);
+  p.swa = check_pool(a.swa.swa_kv_cache, "swa_kv_cache", p);
+  if (ratio > 0) {
+    const CompressedColumns& c = a.compressed;
+    check::tensor(c.topk_indices, "topk_indices", DType::i32, p.device, {p.num_tokens, -1},
+                  "[T = " + T + ", top_k] i32");
+    p.top_k = c.topk_indices.size(1);
+    check_block_table(c.block_table, "compressed.block_table", p);
+    p.compressed = check_pool(c.compressed_kv_cache, "compressed_kv_cache", p);
+  }
+
+  p.num_columns = sparse_index_columns(p.window, p.top_k, a.step.decode_swa_width);
+  const std::string K = num(p.num_columns);
+  check::tensor(a.out.sparse_indices, "sparse_indices", DType::i32, p.device,
+                {p.num_tokens, p.num_columns}, "[T = " + T + ", K = " + K + "] i32");
+  check::tensor(a.out.sparse_topk_lens, "sparse_topk_lens", DType::i32, p.device, {p.num_tokens},
+                "[T = " + T + "] i32");
+  if (p.dspark)
+    check::tensor(a.out.seq_lens, "out.seq_lens", DType::i32, p.device, {p.num_tokens},
+                  "[T = " + T + "] i32 (DSpark: one request per token)");
+  else if (a.out.seq_lens.defined())
+    fail(ErrorKind::value, "out.seq_lens", "absent (only the DSpark window writes it)",
+         describe(a.out.seq_lens));
+
+  if (p.device.kind == DeviceKind::cpu) check_step_values(a.step, p);
+  return p;
+}
+
+}  // namespace smla

@@ -1,0 +1,58 @@
+// A validated decode call: sizes and pool geometry derived once, shared by both backends.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "smla/decode.h"
+
+namespace smla {
+
+// Geometry of one KV pool. Offsets index rows: row o lives in page o / span at slot o % span;
+// slots >= block_size of a page hold packed data of others and are never read.
+struct KvPool {
+  KvLayout layout = KvLayout::bf16;
+  const std::byte* base = nullptr;
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;          // token rows per page
+  int64_t span = 0;                // block stride / token stride (fp8_ds_mla: block_size)
+  int64_t token_stride_bytes = 0;  // fp8_ds_mla: kDsMlaRecordBytes
+  int64_t block_stride_bytes = 0;
+
+  int64_t rows() const { return num_blocks * span; }
+  bool valid(int64_t offset) const {
+    return offset >= 0 && offset < rows() && offset % span < block_size;
+  }
+  // Start of row `offset`'s record (valid offsets only).
+  const std::byte* row(int64_t offset) const {
+    return base + (offset / span) * block_stride_bytes + (offset % span) * token_stride_bytes;
+  }
+  // fp8_ds_mla: the 8 scale bytes of row `offset`.
+  const uint8_t* ds_mla_scales(int64_t offset) const {
+    return reinterpret_cast<const uint8_t*>(base + (offset / span) * block_stride_bytes +
+                                            block_size * kDsMlaRecordBytes +
+                                            (offset % span) * kDsMlaScaleBytes);
+  }
+};
+
+struct DecodeProblem {
+  int64_t num_tokens = 0;    // T
+  int64_t num_requests = 0;  // B
+  int64_t num_columns = 0;   // K
+  int num_heads = 0;         // H
+  int out_heads = 0;         // H_out
+  int window = kWindow;      // W
+  int max_q_len = 1;
+  KvLayout layout = KvLayout::bf16;
+  DType query_dtype = DType::bf16;
+  Device device;
+  KvPool swa, compressed;
+};
+
+// Checks every argument (dtype, device, shape, strides, values readable on the host) and
+// throws smla::Error naming the first bad one.
+DecodeProblem validate_decode(const DecodeArgs& args);
+
+// Geometry of a pool argument named `name`; throws smla::Error when it is not a valid pool.
+KvPool make_pool(const TensorView& pool, const char* name);
+
+}  // namespace smla

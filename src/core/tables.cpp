@@ -1,0 +1,150 @@
+#include "smla/tables.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/check.h"
+
+namespace smla {
+
+std::string sparse_index_key(const LayerSpec& layer) {
+  if (layer.compress_ratio == 0) return "swa_only";
+  return std::to_string(layer.kv_source) + ":" + std::to_string(layer.index_source) + ":" +
+         std::to_string(layer.compress_ratio);
+}
+
+SparseIndexTables::SparseIndexTables(std::span<const LayerSpec> layers, Streams& streams)
+    : layers_(layers.begin(), layers.end()), streams_(streams) {
+  int most_forks = 0;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (i > 0 && layers_[i].layer <= layers_[i - 1].layer)
+      check::fail(
+          ErrorKind::value, "layers", "strictly increasing layer ids",
+          std::to_string(layers_[i - 1].layer) + " then " + std::to_string(layers_[i].layer));
+    keys_.push_back(sparse_index_key(layers_[i]));
+  }
+  run_end_.resize(layers_.size());
+  for (size_t first = 0, end = 0; first < layers_.size(); first = end) {
+    std::set<int> groups;
+    for (end = first; end < layers_.size() && keys_[end] == keys_[first]; ++end)
+      groups.insert(layers_[end].swa_group);
+    std::fill(run_end_.begin() + first, run_end_.begin() + end, end);
+    // A fork builds at most one table per group other than the leader's.
+    most_forks = std::max(most_forks, static_cast<int>(groups.size()) - 1);
+  }
+  streams_.reserve_events(most_forks);
+}
+
+size_t SparseIndexTables::position(int layer) const {
+  const auto it = std::lower_bound(layers_.begin(), layers_.end(), layer,
+                                   [](const LayerSpec& s, int id) { return s.layer < id; });
+  if (it == layers_.end() || it->layer != layer)
+    check::fail(ErrorKind::value, "layer", "a layer these tables were made for",
+                std::to_string(layer));
+  return static_cast<size_t>(it - layers_.begin());
+}
+
+SparseIndexTable SparseIndexTables::lookup(int layer, const TableInputs& inputs) {
+  const size_t i = position(layer);
+  const TableKey key{layers_[i].swa_group, keys_[i]};
+  if (const auto hit = tables_.find(key); hit != tables_.end()) {
+    if (const auto event = pending_.find(key); event != pending_.end()) {
+      streams_.wait(event->second);
+      stats_.waits.push_back(layer);
+    }
+    return hit->second.table;
+  }
+  const SparseIndexTable table = build(layer, inputs, key, streams_.current());
+  fork(i, inputs);
+  return table;
+}
+
+SparseIndexTable SparseIndexTables::build(int layer, const TableInputs& inputs, const TableKey& key,
+                                          void* stream) {
+  SparseIndexArgs args = inputs(layer);
+  const int64_t T = args.step.num_tokens, K = sparse_index_columns(args);
+  const bool dspark = args.step.decode_swa_width > args.window;
+  // One allocation: indices, lengths, and (DSpark) the per-token seq_lens.
+  const size_t bytes = sizeof(int32_t) * static_cast<size_t>(T * K + T + (dspark ? T : 0));
+  Stored stored{.memory = streams_.allocate(bytes), .bytes = bytes};
+  int32_t* base = static_cast<int32_t*>(stored.memory.get());
+  const Device device = streams_.device();
+  SparseIndexTable& out = stored.table;
+  out.sparse_indices = make_view(base, DType::i32, device, {T, K});
+  out.sparse_topk_lens = make_view(base + T * K, DType::i32, device, {T});
+  if (dspark) out.seq_lens = make_view(base + T * K + T, DType::i32, device, {T});
+  args.out = out;
+  build_sparse_indices(args, stream);
+  store(key, std::move(stored));
+  ++stats_.builds[key];
+  return out;
+}
+
+void SparseIndexTables::store(const TableKey& key, Stored stored) {
+  const auto& [group, name] = key;
+  // Runs of a key are consecutive, so a new compressed key ends the group's previous one.
+  if (name != "swa_only") {
+    for (auto it = tables_.begin(); it != tables_.end();) {
+      const bool stale =
+          it->first.first == group && it->first.second != "swa_only" && it->first.second != name;
+      if (!stale) {
+        ++it;
+        continue;
+      }
+      stats_.bytes -= it->second.bytes;
+      pending_.erase(it->first);
+      it = tables_.erase(it);
+    }
+  }
+  stats_.bytes += stored.bytes;
+  stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes);
+  tables_[key] = std::move(stored);
+  const int held =
+      static_cast<int>(std::count_if(tables_.begin(), tables_.end(), [&](const auto& entry) {
+        return entry.first.first == group;
+      }));
+  stats_.peak_tables[group] = std::max(stats_.peak_tables[group], held);
+}
+
+void SparseIndexTables::fork(size_t leader, const TableInputs& inputs) {
+  const std::string& name = keys_[leader];
+  std::vector<size_t> builds;  // the first follower of each other group lacking the table
+  std::set<int> seen{layers_[leader].swa_group};
+  for (size_t f = leader + 1; f < run_end_[leader]; ++f) {
+    const int group = layers_[f].swa_group;
+    if (seen.insert(group).second && !tables_.contains({group, name})) builds.push_back(f);
+  }
+  if (builds.empty()) return;
+  streams_.fork();
+  forked_ = true;
+  try {
+    for (size_t n = 0; n < builds.size(); ++n) {
+      const TableKey key{layers_[builds[n]].swa_group, name};
+      build(layers_[builds[n]].layer, inputs, key, streams_.side());
+      // Slots are reused across forks: a wait on a re-recorded slot waits for more work on
+      // the same in-order side stream, never less.
+      streams_.record(static_cast<int>(n));
+      pending_[key] = static_cast<int>(n);
+      stats_.forks.push_back(key);
+    }
+  } catch (...) {
+    join();  // so that a capture reports this error, not unjoined side-stream work
+    throw;
+  }
+}
+
+void SparseIndexTables::join() {
+  if (!forked_) return;
+  streams_.join();
+  forked_ = false;
+  pending_.clear();
+}
+
+void SparseIndexTables::reset() {
+  join();
+  tables_.clear();
+  pending_.clear();
+  stats_ = {};
+}
+
+}  // namespace smla

@@ -1,0 +1,243 @@
+// Argument checks of the decode op (SPEC §2). Dtypes, devices, shapes and strides are checked
+// on every device. The values of cum_seq_lens_q, seq_lens and sparse_topk_lens are checked only
+// for CPU tensors: device-resident data cannot be read without a host synchronisation (the
+// launch must stay capturable), so on CUDA they are not checked and the kernel masks instead.
+#include <cmath>
+#include <string>
+
+#include "core/check.h"
+#include "core/problem.h"
+#include "smla/error.h"
+
+namespace smla {
+namespace {
+
+using check::fail;
+using check::shape_of;
+
+std::string num(int64_t value) { return std::to_string(value); }
+
+void require_defined(const TensorView& v, const char* name, const char* what) {
+  if (!v.defined()) fail(ErrorKind::value, name, what, "absent");
+}
+
+void check_device(const TensorView& v, const char* name, Device want) {
+  if (!(v.device == want))
+    fail(ErrorKind::type, name, device_name(want) + " (the device of the call)",
+         device_name(v.device));
+}
+
+// Every tensor: non-negative sizes, a contiguous last dim (vector loads on the GPU), and data.
+void check_memory(const TensorView& v, const char* name) {
+  for (int d = 0; d < v.ndim; ++d)
+    if (v.shape[d] < 0) fail(ErrorKind::value, name, "non-negative sizes", shape_of(v));
+  if (v.size(-1) > 1 && v.stride(-1) != 1)
+    fail(ErrorKind::value, name, "a contiguous last dim (stride 1)", "stride " + num(v.stride(-1)));
+  if (v.numel() > 0 && v.data == nullptr) fail(ErrorKind::value, name, "data", "a null pointer");
+}
+
+// A tensor argument of fixed dtype on the query's device.
+void check_tensor(const TensorView& v, const char* name, DType dtype, Device device,
+                  std::initializer_list<int64_t> shape, const std::string& expected) {
+  check::tensor(v, name, dtype, device, shape, expected);
+  check_memory(v, name);
+}
+
+std::string item(const char* name, int64_t i, int64_t value) {
+  return std::string(name) + "[" + num(i) + "] = " + num(value);
+}
+
+// Values of host-resident index arguments (see the file comment for device data).
+void check_host_values(const DecodeArgs& a, const DecodeProblem& p) {
+  const TensorView& cum = a.cum_seq_lens_q;
+  if (cum.defined()) {
+    if (check::at(cum, 0) != 0)
+      fail(ErrorKind::value, "cum_seq_lens_q", "cum_seq_lens_q[0] == 0",
+           item("cum_seq_lens_q", 0, check::at(cum, 0)));
+    for (int64_t b = 0; b < p.num_requests; ++b)
+      if (check::at(cum, b + 1) < check::at(cum, b))
+        fail(ErrorKind::value, "cum_seq_lens_q", "non-decreasing values",
+             item("cum_seq_lens_q", b, check::at(cum, b)) + " > " +
+                 item("cum_seq_lens_q", b + 1, check::at(cum, b + 1)));
+    if (check::at(cum, p.num_requests) != p.num_tokens)
+      fail(ErrorKind::value, "cum_seq_lens_q", "cum_seq_lens_q[B] == T = " + num(p.num_tokens),
+           item("cum_seq_lens_q", p.num_requests, check::at(cum, p.num_requests)));
+  }
+  for (int64_t b = 0; b < p.num_requests; ++b) {
+    const int64_t q_len = cum.defined() ? check::at(cum, b + 1) - check::at(cum, b) : 1;
+    const int64_t seq_len = check::at(a.seq_lens, b);
+    if (q_len > a.max_q_len)
+      fail(ErrorKind::value, "max_q_len",
+           ">= every q_len (request " + num(b) + " has q_len " + num(q_len) + ")",
+           num(a.max_q_len));
+    if (seq_len < 0)
+      fail(ErrorKind::value, "seq_lens", "seq_lens[" + num(b) + "] >= 0",
+           item("seq_lens", b, seq_len));
+    if (seq_len < q_len)
+      fail(ErrorKind::value, "seq_lens",
+           "seq_lens[" + num(b) + "] >= q_len = " + num(q_len) +
+               " (the new tokens' KV is written before attention)",
+           item("seq_lens", b, seq_len));
+  }
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    const int32_t len = check::at(a.sparse_topk_lens, t);
+    if (len < 0 || len > p.num_columns)
+      fail(ErrorKind::value, "sparse_topk_lens", "values in [0, K = " + num(p.num_columns) + "]",
+           item("sparse_topk_lens", t, len));
+  }
+}
+
+}  // namespace
+
+KvPool make_pool(const TensorView& v, const char* name) {
+  require_defined(v, name, "a KV pool [blocks, block_size, row]");
+  KvPool pool;
+  int64_t row = kHeadDim;
+  switch (v.dtype) {
+    case DType::bf16: pool.layout = KvLayout::bf16; break;
+    case DType::f8e4m3: pool.layout = KvLayout::fp8_e4m3; break;
+    case DType::u8:
+      pool.layout = KvLayout::fp8_ds_mla;
+      row = kDsMlaRecordBytes + kDsMlaScaleBytes;
+      break;
+    default: fail(ErrorKind::type, name, "bf16, f8e4m3 or u8 (fp8_ds_mla)", dtype_name(v.dtype));
+  }
+  const bool rank_ok = v.ndim == 3 || (v.ndim == 4 && v.size(2) == 1);
+  if (!rank_ok || v.size(-1) != row)
+    fail(ErrorKind::value, name,
+         "[blocks, block_size, " + num(row) + "] or [blocks, block_size, 1, " + num(row) +
+             "] for a " + dtype_name(v.dtype) + " pool",
+         shape_of(v));
+  check_memory(v, name);
+  pool.base = static_cast<const std::byte*>(v.data);
+  pool.num_blocks = v.size(0);
+  pool.block_size = v.size(1);
+  if (pool.block_size < 1) fail(ErrorKind::value, name, "block_size >= 1", shape_of(v));
+  const int64_t elem = static_cast<int64_t>(dtype_size(v.dtype));
+  pool.block_stride_bytes = v.stride(0) * elem;
+  if (pool.layout == KvLayout::fp8_ds_mla) {
+    // SPEC §2: offsets are plain slots and a page starts every block stride bytes, whatever
+    // the view's token stride says; records are 576 B, then the page's scale records.
+    const int64_t least = pool.block_size * row;
+    if (pool.block_stride_bytes % kDsMlaRecordBytes != 0 || pool.block_stride_bytes < least)
+      fail(ErrorKind::value, name,
+           "a page stride that is a multiple of 576 B and >= block_size * 584 = " + num(least) +
+               " B",
+           num(pool.block_stride_bytes) + " B");
+    pool.span = pool.block_size;
+    pool.token_stride_bytes = kDsMlaRecordBytes;
+    return pool;
+  }
+  const int64_t token_stride = v.stride(1);
+  if (token_stride < row)
+    fail(ErrorKind::value, name,
+         "a token stride >= " + num(row) + " elements (rows must not overlap)", num(token_stride));
+  if (v.stride(0) % token_stride != 0)
+    fail(ErrorKind::value, name,
+         "a block stride that is a whole number of token strides (span = block stride / token "
+         "stride)",
+         "a non-integral span: block stride " + num(v.stride(0)) + " / token stride " +
+             num(token_stride));
+  pool.span = v.stride(0) / token_stride;
+  if (pool.span < pool.block_size)
+    fail(ErrorKind::value, name,
+         "span = block stride / token stride >= block_size = " + num(pool.block_size),
+         "span " + num(pool.span));
+  pool.token_stride_bytes = token_stride * elem;
+  return pool;
+}
+
+DecodeProblem validate_decode(const DecodeArgs& a) {
+  DecodeProblem p;
+  const TensorView& q = a.query;
+  require_defined(q, "query", "a [T, H, 512] tensor");
+  if (q.dtype != DType::bf16 && q.dtype != DType::f8e4m3)
+    fail(ErrorKind::type, "query", "bf16 or f8e4m3", dtype_name(q.dtype));
+  if (q.ndim != 3 || q.size(2) != kHeadDim)
+    fail(ErrorKind::value, "query", "[T, H, 512] (D = 448 NoPE + 64 RoPE)", shape_of(q));
+  if (q.size(1) < 1) fail(ErrorKind::value, "query", "[T, H, 512] with H >= 1", shape_of(q));
+  if (q.size(1) > kMaxHeads)
+    fail(ErrorKind::unsupported, "query", "[T, H, 512] with H <= 128", shape_of(q));
+  check_memory(q, "query");
+  p.num_tokens = q.size(0);
+  p.num_heads = static_cast<int>(q.size(1));
+  p.query_dtype = q.dtype;
+  p.device = q.device;
+  const std::string T = num(p.num_tokens), H = num(p.num_heads);
+
+  p.swa = make_pool(a.swa_kv_cache, "swa_kv_cache");
+  check_device(a.swa_kv_cache, "swa_kv_cache", p.device);
+  p.layout = p.swa.layout;
+  p.compressed = p.swa;
+  if (a.compressed_kv_cache.defined()) {
+    if (a.compressed_kv_cache.dtype != a.swa_kv_cache.dtype)
+      fail(ErrorKind::type, "compressed_kv_cache",
+           std::string(dtype_name(a.swa_kv_cache.dtype)) + " (the layout of swa_kv_cache)",
+           dtype_name(a.compressed_kv_cache.dtype));
+    p.compressed = make_pool(a.compressed_kv_cache, "compressed_kv_cache");
+    check_device(a.compressed_kv_cache, "compressed_kv_cache", p.device);
+  }
+  if (q.dtype == DType::f8e4m3 && p.layout != KvLayout::fp8_e4m3)
+    fail(ErrorKind::type, "query",
+         std::string("bf16 (an f8e4m3 query needs an f8e4m3 cache, not ") +
+             kv_layout_name(p.layout) + ")",
+         "f8e4m3");
+
+  if (a.window < 1) fail(ErrorKind::value, "window", ">= 1", num(a.window));
+  p.window = a.window;
+  const TensorView& idx = a.sparse_indices;
+  check_tensor(idx, "sparse_indices", DType::i32, p.device, {p.num_tokens, -1}, "[T=" + T + ", K]");
+  p.num_columns = idx.size(1);
+  if (p.num_columns % 4 != 0)
+    fail(ErrorKind::value, "sparse_indices", "[T=" + T + ", K] with K % 4 == 0", shape_of(idx));
+  if (p.num_columns < a.window)
+    fail(ErrorKind::value, "sparse_indices", "[T=" + T + ", K] with K >= window = " + num(a.window),
+         shape_of(idx));
+  check_tensor(a.sparse_topk_lens, "sparse_topk_lens", DType::i32, p.device, {p.num_tokens},
+               "[T=" + T + "]");
+
+  check_tensor(a.seq_lens, "seq_lens", DType::i32, p.device, {-1}, "[B]");
+  p.num_requests = a.seq_lens.size(0);
+  if (a.cum_seq_lens_q.defined()) {
+    check_tensor(a.cum_seq_lens_q, "cum_seq_lens_q", DType::i32, p.device, {p.num_requests + 1},
+                 "[B+1=" + num(p.num_requests + 1) + "] (B = seq_lens.size(0))");
+  } else if (p.num_requests != p.num_tokens) {
+    fail(ErrorKind::value, "seq_lens",
+         "[B=T=" + T + "] (cum_seq_lens_q absent: one token per request)", shape_of(a.seq_lens));
+  }
+  if (a.max_q_len < 1) fail(ErrorKind::value, "max_q_len", ">= 1", num(a.max_q_len));
+  p.max_q_len = a.max_q_len;
+
+  if (a.sinks.defined())
+    check_tensor(a.sinks, "sinks", DType::f32, p.device, {p.num_heads}, "[H=" + H + "]");
+  if (!std::isfinite(a.bmm1_scale))
+    fail(ErrorKind::value, "bmm1_scale", "a finite float", std::to_string(a.bmm1_scale));
+  if (!std::isfinite(a.bmm2_scale))
+    fail(ErrorKind::value, "bmm2_scale", "a finite float", std::to_string(a.bmm2_scale));
+
+  check_tensor(a.out, "out", DType::bf16, p.device, {p.num_tokens, -1, kHeadDim},
+               "[T=" + T + ", H_out, 512]");
+  if (a.out.size(1) < p.num_heads)
+    fail(ErrorKind::value, "out", "[T=" + T + ", H_out, 512] with H_out >= H = " + H,
+         shape_of(a.out));
+  p.out_heads = static_cast<int>(a.out.size(1));
+  if (a.lse.defined())
+    check_tensor(a.lse, "lse", DType::f32, p.device, {p.num_tokens, p.num_heads},
+                 "[T=" + T + ", H=" + H + "]");
+  // Their sizes are the CUDA backend's to check: only it knows what a launch needs.
+  if (a.workspace.defined()) {
+    if (a.workspace.dtype != DType::u8)
+      fail(ErrorKind::type, "workspace", "u8", dtype_name(a.workspace.dtype));
+    check_device(a.workspace, "workspace", p.device);
+  }
+  if (a.kv_counters.defined()) {
+    if (a.kv_counters.dtype != DType::i32 && a.kv_counters.dtype != DType::u8)
+      fail(ErrorKind::type, "kv_counters", "i32 or u8", dtype_name(a.kv_counters.dtype));
+    check_device(a.kv_counters, "kv_counters", p.device);
+  }
+
+  if (p.device.kind == DeviceKind::cpu) check_host_values(a, p);
+  return p;
+}
+
+}  // namespace smla

@@ -1,0 +1,153 @@
+#include "cpu/index.h"
+
+#include <algorithm>
+#include <climits>
+#include <string>
+
+#include "core/check.h"
+#include "cpu/parallel.h"
+
+namespace smla::cpu {
+namespace {
+
+// Tokens per parallel task: a decode step's few rows run on the caller's thread.
+constexpr int64_t kTokensPerTask = 64;
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+// SPEC §4: a slot's storage offset in `pool`'s pages. Negatives stay; an offset int32 cannot
+// hold addresses no pool and becomes padding.
+int32_t storage_offset(int64_t slot, const KvPool& pool) {
+  if (slot < 0) return static_cast<int32_t>(std::max<int64_t>(slot, INT32_MIN));
+  const int64_t offset = slot / pool.block_size * pool.span + slot % pool.block_size;
+  return offset <= INT32_MAX ? static_cast<int32_t>(offset) : -1;
+}
+
+class RowWriter {
+ public:
+  RowWriter(const IndexProblem& p, const SparseIndexArgs& a) : p_(p), a_(a) {}
+
+  // Token t, the i-th of request b.
+  void write(int64_t t, int64_t b, int64_t i, int64_t q_len) const {
+    const int64_t seq_len = check::at(a_.step.seq_lens, b);
+    const TensorView& is_valid = a_.step.is_valid_token;
+    if (is_valid.defined() && !is_valid.ptr<const uint8_t>()[t * is_valid.strides[0]]) {
+      padding_row(t);
+      if (p_.dspark) set_seq_len(t, seq_len);
+      return;
+    }
+    if (p_.dspark) return dspark_row(t, b, seq_len, q_len);
+    const int64_t pos = seq_len - q_len + i;
+    const int64_t start = std::max<int64_t>(pos - p_.window + 1, 0);
+    swa_columns(t, b, start, pos + 1, p_.window);
+    // An SWA-only layer's causal table is W wide: no compressed columns to pad.
+    set_len(t, p_.window + (p_.compress_ratio > 0 ? compressed_columns(t, b, pos) : 0));
+  }
+
+ private:
+  int32_t& index(int64_t t, int64_t c) const {
+    const TensorView& v = a_.out.sparse_indices;
+    return v.ptr<int32_t>()[t * v.strides[0] + c * v.strides[1]];
+  }
+  void fill(int64_t t, int64_t from, int64_t to) const {
+    for (int64_t c = from; c < to; ++c) index(t, c) = -1;
+  }
+  void set_len(int64_t t, int64_t len) const {
+    const TensorView& v = a_.out.sparse_topk_lens;
+    v.ptr<int32_t>()[t * v.strides[0]] = static_cast<int32_t>(len);
+  }
+  void set_seq_len(int64_t t, int64_t seq_len) const {
+    const TensorView& v = a_.out.seq_lens;
+    v.ptr<int32_t>()[t * v.strides[0]] = static_cast<int32_t>(seq_len);
+  }
+
+  // An invalid (padding) token attends nothing: every column -1, length W + 0.
+  void padding_row(int64_t t) const {
+    fill(t, 0, p_.num_columns);
+    set_len(t, p_.window);
+  }
+
+  // Columns [0, last) hold positions [start, end) of request b's SWA pages, then -1.
+  void swa_columns(int64_t t, int64_t b, int64_t start, int64_t end, int64_t last) const {
+    const TensorView& table = a_.swa.block_table;
+    const int64_t block_size = p_.swa.block_size;
+    for (int64_t pos = start; pos < end; ++pos) {
+      const int64_t page = pos / block_size;
+      if (page >= table.size(1))
+        check::fail(ErrorKind::value, "block_table",
+                    "a page for position " + num(pos) + " of request " + num(b) +
+                        " (>= " + num(page + 1) + " pages)",
+                    check::shape_of(table));
+      const int64_t slot = int64_t{check::at(table, b, page)} * block_size + pos % block_size;
+      index(t, pos - start) = storage_offset(slot, p_.swa);
+    }
+    fill(t, end - start, last);
+  }
+
+  // Columns [W, K) from the index source's local top-k; returns the compressed length.
+  int64_t compressed_columns(int64_t t, int64_t b, int64_t pos) const {
+    const CompressedColumns& c = a_.compressed;
+    const int64_t entries_per_page = p_.compressed.block_size;  // E
+    const bool decode = b < p_.num_decodes;
+    // A decode token's top-k is -1 padded; a prefill token's is valid up to what it can see.
+    const int64_t used = decode ? p_.top_k : std::min((pos + 1) / p_.compress_ratio, p_.top_k);
+    int64_t count = 0;
+    for (int64_t j = 0; j < used; ++j) {
+      const int64_t x = check::at(c.topk_indices, t, j);
+      count += x >= 0;
+      int64_t slot = x;
+      if (x >= 0) {
+        const int64_t page = x / entries_per_page;
+        if (page >= c.block_table.size(1))
+          check::fail(ErrorKind::value, "topk_indices",
+                      "local indices below compressed.block_table pages * E = " +
+                          num(c.block_table.size(1) * entries_per_page),
+                      "topk_indices[" + num(t) + "][" + num(j) + "] = " + num(x));
+        slot = int64_t{check::at(c.block_table, b, page)} * entries_per_page + x % entries_per_page;
+      }
+      index(t, p_.window + j) = storage_offset(slot, p_.compressed);
+    }
+    fill(t, p_.window + used, p_.num_columns);
+    return decode ? count : used;
+  }
+
+  // DSpark: every token of the draft block sees [max(seq_len - q_len - W, 0), seq_len) and
+  // becomes its own request of that seq_len.
+  void dspark_row(int64_t t, int64_t b, int64_t seq_len, int64_t q_len) const {
+    const int64_t start = std::max<int64_t>(seq_len - q_len - p_.window, 0);
+    swa_columns(t, b, start, seq_len, p_.num_columns);
+    set_len(t, std::max<int64_t>(seq_len - start, p_.window));
+    set_seq_len(t, seq_len);
+  }
+
+  const IndexProblem& p_;
+  const SparseIndexArgs& a_;
+};
+
+}  // namespace
+
+void build_sparse_indices(const IndexProblem& p, const SparseIndexArgs& a) {
+  const TensorView& cum = a.step.cum_seq_lens_q;
+  auto start = [&](int64_t b) -> int64_t { return cum.defined() ? check::at(cum, b) : b; };
+  const RowWriter writer(p, a);
+  const int64_t tasks = (p.num_tokens + kTokensPerTask - 1) / kTokensPerTask;
+  parallel_for(tasks, [&](int64_t task) {
+    const int64_t first = task * kTokensPerTask;
+    const int64_t last = std::min(first + kTokensPerTask, p.num_tokens);
+    // The request of `first`: the last b with start(b) <= first (binary search on cum).
+    int64_t lo = 0, hi = p.num_requests - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (start(mid) <= first)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    for (int64_t t = first, b = lo; t < last; ++t) {
+      while (start(b + 1) <= t) ++b;
+      writer.write(t, b, t - start(b), start(b + 1) - start(b));
+    }
+  });
+}
+
+}  // namespace smla::cpu

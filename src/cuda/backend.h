@@ -1,0 +1,21 @@
+// The CUDA backend (sm_90a). Only compiled with SMLA_WITH_CUDA; callers guard on it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/problem.h"
+
+namespace smla::cuda {
+
+// One kernel launch on `stream`; no allocation, no host synchronisation.
+void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream);
+
+size_t kv_counter_bytes(int64_t max_tokens, int num_heads);
+size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, int device);
+
+// Empty when `device` can run the kernels, else the reason.
+std::string unsupported_reason(int device);
+std::string device_info();
+
+}  // namespace smla::cuda

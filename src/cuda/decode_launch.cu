@@ -1,0 +1,135 @@
+// Host side of the decode kernel: plan, check what the kernel assumes, fill params, launch.
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "cuda/backend.h"
+#include "cuda/check.h"
+#include "cuda/decode_kernel.cuh"
+#include "cuda/device.h"
+
+namespace smla::cuda {
+namespace {
+
+void require(bool ok, const char* argument, const std::string& expected, const std::string& got) {
+  if (!ok) throw Error(ErrorKind::unsupported, argument, expected, got);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+PoolParams pool_params(const KvPool& pool, const char* name) {
+  require(aligned16(pool.base) && pool.token_stride_bytes % 16 == 0 && pool.block_stride_bytes % 16 == 0,
+          name, "16-byte aligned rows on CUDA",
+          "base " + std::to_string(reinterpret_cast<uintptr_t>(pool.base) % 16) + " mod 16, strides " +
+              std::to_string(pool.token_stride_bytes) + "/" + std::to_string(pool.block_stride_bytes) + " B");
+  PoolParams p;
+  p.base = reinterpret_cast<const char*>(pool.base);
+  p.token_stride_bytes = pool.token_stride_bytes;
+  p.block_stride_bytes = pool.block_stride_bytes;
+  p.rows = uint32_t(std::min<int64_t>(pool.rows(), INT32_MAX));  // offsets are int32
+  p.span = uint32_t(pool.span);
+  p.block_size = uint32_t(pool.block_size);
+  return p;
+}
+
+void enable_large_smem(int device) {
+  static std::array<std::atomic<bool>, 64> done{};
+  if (done[device].load()) return;
+  SMLA_CUDA_CHECK(cudaFuncSetAttribute(decode_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kSmemBytes));
+  done[device].store(true);
+}
+
+size_t bytes_of(const TensorView& v) { return v.defined() ? size_t(v.numel()) * dtype_size(v.dtype) : 0; }
+
+}  // namespace
+
+size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
+  // Enough for the finest head blocks a plan may pick.
+  return size_t(max_tokens) * ((num_heads + kMinHeadsPerCta - 1) / kMinHeadsPerCta) * sizeof(int32_t);
+}
+
+size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, int device) {
+  // Fewer tokens may split more: the buffer must serve every launch up to num_tokens.
+  const int sms = sm_count(device);
+  size_t most = 0;
+  for (int64_t t = 1; t <= num_tokens; ++t) {
+    const DecodePlan plan = plan_decode(t, num_heads, num_columns, sms, SIZE_MAX, SIZE_MAX);
+    most = std::max(most, plan.workspace_bytes);
+    if (plan.num_splits == 1 && t * plan.head_blocks >= 2 * sms) break;
+  }
+  return most;
+}
+
+void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) {
+  require(problem.layout == KvLayout::bf16 && problem.query_dtype == DType::bf16, "swa_kv_cache",
+          "a bf16 cache and bf16 query on CUDA (fp8 layouts are not built yet)",
+          std::string(kv_layout_name(problem.layout)) + " cache, " + dtype_name(problem.query_dtype) +
+              " query");
+  const int device = problem.device.id;
+  if (const std::string why = unsupported_reason(device); !why.empty())
+    throw Error(ErrorKind::unsupported, "query", "a tensor on a Hopper GPU", why);
+  require(current_device() == device, "query", "tensors on the current CUDA device (cuda:" +
+          std::to_string(current_device()) + ")", device_name(problem.device));
+  if (problem.num_tokens == 0) return;
+
+  const TensorView& q = args.query;
+  require(aligned16(q.data) && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0, "query",
+          "16-byte aligned rows on CUDA", describe(q));
+  require(reinterpret_cast<uintptr_t>(args.out.data) % 16 == 0 && args.out.stride(0) % 8 == 0 &&
+              args.out.stride(1) % 8 == 0,
+          "out", "16-byte aligned rows on CUDA", describe(args.out));
+
+  const size_t workspace_have = bytes_of(args.workspace);
+  const size_t counters_have = bytes_of(args.kv_counters);
+  require(!args.workspace.defined() || aligned16(args.workspace.data), "workspace", "16-byte alignment",
+          "a misaligned pointer");
+  require(!args.kv_counters.defined() || reinterpret_cast<uintptr_t>(args.kv_counters.data) % 4 == 0,
+          "kv_counters", "4-byte alignment", "a misaligned pointer");
+  // Too small a workspace or counter buffer only limits splitting (SPEC §3: fall back).
+  const DecodePlan plan = plan_decode(problem.num_tokens, problem.num_heads, problem.num_columns,
+                                      sm_count(device), workspace_have, counters_have);
+
+  DecodeParams p{};
+  p.query = q.data;
+  p.q_token_stride = q.stride(0);
+  p.q_head_stride = q.stride(1);
+  p.swa = pool_params(problem.swa, "swa_kv_cache");
+  p.compressed = pool_params(problem.compressed, "compressed_kv_cache");
+  p.sparse_indices = args.sparse_indices.ptr<const int32_t>();
+  p.indices_stride = args.sparse_indices.stride(0);
+  p.sparse_topk_lens = args.sparse_topk_lens.ptr<const int32_t>();
+  p.seq_lens = args.seq_lens.ptr<const int32_t>();
+  p.cum_seq_lens_q = args.cum_seq_lens_q.defined() ? args.cum_seq_lens_q.ptr<const int32_t>() : nullptr;
+  p.sinks = args.sinks.defined() ? args.sinks.ptr<const float>() : nullptr;
+  p.out = args.out.data;
+  p.out_token_stride = args.out.stride(0);
+  p.out_head_stride = args.out.stride(1);
+  p.lse = args.lse.defined() ? args.lse.ptr<float>() : nullptr;
+  p.lse_token_stride = args.lse.defined() ? args.lse.stride(0) : 0;
+  p.lse_head_stride = args.lse.defined() ? args.lse.stride(1) : 0;
+  p.scale_log2 = args.bmm1_scale * kLog2e;
+  p.bmm2_scale = args.bmm2_scale;
+  p.num_tokens = int(problem.num_tokens);
+  p.num_requests = int(problem.num_requests);
+  p.num_heads = problem.num_heads;
+  p.out_heads = problem.out_heads;
+  p.num_columns = int(problem.num_columns);
+  p.window = problem.window;
+  p.heads_per_cta = plan.heads_per_cta;
+  p.head_blocks = plan.head_blocks;
+  p.num_splits = plan.num_splits;
+  p.tiles_per_split = plan.tiles_per_split;
+  p.partials = plan.num_splits > 1 ? args.workspace.ptr<float>() : nullptr;
+  p.counters = plan.num_splits > 1 ? args.kv_counters.ptr<int32_t>() : nullptr;
+
+  enable_large_smem(device);
+  decode_bf16_kernel<<<dim3(unsigned(plan.ctas)), kThreads, kSmemBytes,
+                       static_cast<cudaStream_t>(stream)>>>(p);
+  SMLA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace smla::cuda

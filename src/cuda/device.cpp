@@ -1,0 +1,64 @@
+#include "cuda/device.h"
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
+#include <string>
+
+#include "cuda/backend.h"
+#include "cuda/check.h"
+
+namespace smla::cuda {
+
+int sm_count(int device) {
+  static std::array<std::atomic<int>, 64> cache{};
+  if (device < 0 || device >= int(cache.size()))
+    throw Error(ErrorKind::value, "device", "a CUDA device index below 64", std::to_string(device));
+  int count = cache[device].load(std::memory_order_relaxed);
+  if (count == 0) {
+    SMLA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    cache[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+int current_device() {
+  int device = 0;
+  SMLA_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+std::string unsupported_reason(int device) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return "no CUDA device is visible";
+  if (device < 0 || device >= count)
+    return "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+           " visible)";
+  int major = 0, minor = 0;
+  SMLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  SMLA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9 || minor != 0)
+    return "the kernels are built for sm_90a (Hopper, compute capability 9.0); device " +
+           std::to_string(device) + " is " + std::to_string(major) + "." + std::to_string(minor);
+  return {};
+}
+
+std::string device_info() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return "cuda: no device visible\n";
+  std::string info;
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp prop{};
+    SMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, d));
+    const std::string why = unsupported_reason(d);
+    info += "cuda:" + std::to_string(d) + ": " + prop.name + ", " +
+            std::to_string(prop.multiProcessorCount) + " SMs, " +
+            std::to_string(prop.totalGlobalMem >> 30) + " GiB, sm_" + std::to_string(prop.major) +
+            std::to_string(prop.minor) + ": " +
+            (why.empty() ? "supported (bf16 cache; 1..128 heads)" : "unsupported: " + why) + "\n";
+  }
+  return info;
+}
+
+}  // namespace smla::cuda

@@ -1,0 +1,233 @@
+// The CPU backend against the float64 oracle over random cases (fresh inputs for every check;
+// a failure prints the seed, replayable with SMLA_TEST_SEED).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "oracle.h"
+#include "smla/decode.h"
+
+namespace smla::test {
+namespace {
+
+// Rows that nothing attends are poisoned with NaN/Inf in every check, the outputs with NaN.
+void check(const CaseSpec& spec, uint64_t seed = fresh_seed()) {
+  DecodeCase c = make_case(spec, seed);
+  poison_unattended_rows(c);
+  ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
+  EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
+}
+
+// Fewer tokens for many heads keeps the whole suite within a minute on two cores.
+CaseSpec sized(CaseSpec spec) {
+  if (spec.heads >= 64) spec.requests = 2, spec.max_q = spec.heads >= 128 ? 2 : 3;
+  return spec;
+}
+
+// A spec drawn from the whole space; one seed picks it and the case, so that
+// SMLA_TEST_SEED replays both.
+CaseSpec random_spec(uint64_t seed) {
+  Rng rng(seed ^ 0x5eed5eed5eed5eedull);
+  CaseSpec s;
+  s.layout = static_cast<KvLayout>(rng.uniform(0, 2));
+  if (s.layout == KvLayout::fp8_e4m3 && rng.chance(0.5)) s.query_dtype = DType::f8e4m3;
+  const int heads[] = {1, 8, 16, 24, 32, 64, 128};
+  s.heads = heads[rng.uniform(0, 6)];
+  if (rng.chance(0.3)) s.out_heads = s.heads + static_cast<int>(rng.uniform(1, 16));
+  s.requests = static_cast<int>(rng.uniform(1, 5));
+  s.varlen = rng.chance(0.8);
+  if (rng.chance(0.2)) s.window = 4 * static_cast<int>(rng.uniform(1, 48));
+  s.compressed_width = 4 * static_cast<int>(rng.uniform(0, 64));
+  s.sinks = static_cast<SinkKind>(rng.uniform(0, 4));
+  s.lse = rng.chance(0.8);
+  s.extremes = s.layout != KvLayout::bf16 && rng.chance(0.3);
+  s.masked = rng.real(0, 0.5);
+  return sized(s);
+}
+
+// One token, one head, W = 4, K = 8, a long sequence: a case small enough to work out by hand.
+// Its query is all 1/64, so a score is bmm1_scale * (sum of the row) / 64.
+DecodeCase tiny_case(KvLayout layout, std::vector<int32_t> columns) {
+  DecodeCase c = make_case({.layout = layout,
+                            .heads = 1,
+                            .q_lens = {1},
+                            .window = 4,
+                            .compressed_width = 4,
+                            .sinks = SinkKind::finite,
+                            .pools = PoolSharing::absent},
+                           fresh_seed());
+  c.seq_lens.set<int32_t>(0, 100);
+  for (int d = 0; d < kHeadDim; ++d) c.query.set<uint16_t>(d, to_bf16(1.0 / 64));
+  for (int col = 0; col < 8; ++col) c.sparse_indices.set<int32_t>(col, columns[col]);
+  c.sparse_topk_lens.set<int32_t>(0, 8);
+  return c;
+}
+
+double out_at(const DecodeCase& c, int d) { return ref_bf16(c.out.get<uint16_t>(d)); }
+
+// Rows A = 0.5 and B = -0.25; A attended twice, B once, sink 1:
+// out = bmm2 (2A + e^-3 B) / (2 + e^-3 + e^-1), lse = 2 + log(2 + e^-3).
+TEST(Decode, HandComputedBf16WithSinkAndDuplicate) {
+  DecodeCase c = tiny_case(KvLayout::bf16, {0, 0, 1, -1, -1, -1, -1, -1});
+  const RefPool pool(c.swa_kv_cache);
+  for (int d = 0; d < kHeadDim; ++d) {
+    c.swa_kv_cache.store(pool.record(0) + 2 * d, to_bf16(0.5));
+    c.swa_kv_cache.store(pool.record(1) + 2 * d, to_bf16(-0.25));
+  }
+  c.sinks.set<float>(0, 1.f);
+  c.bmm1_scale = 0.5f, c.bmm2_scale = 1.5f;
+  sparse_mla_decode(c.args());
+  const double out = 1.5 * (2 * 0.5 - 0.25 * std::exp(-3)) / (2 + std::exp(-3) + std::exp(-1));
+  const double lse = 2 + std::log(2 + std::exp(-3));
+  for (int d = 0; d < kHeadDim; ++d) ASSERT_NEAR(out_at(c, d), out, std::abs(out) / 256);
+  EXPECT_NEAR(c.lse.get<float>(0), lse, 1e-6);
+  const Reference r = oracle(c);
+  EXPECT_NEAR(r.out[0], out, 1e-12);
+  EXPECT_NEAR(r.lse[0], lse, 1e-12);
+}
+
+// One fp8_ds_mla row: NoPE group g holds e4m3 1.0 (0x38) under scale 2^(g-3), except for 448
+// (0x7E) at d = 1 and the smallest subnormal 2^-9 (0x01) at d = 2; RoPE is bf16 1.0. With
+// one attended row and no sink, out = bmm2 * row and lse = the score.
+TEST(Decode, HandComputedDsMlaRecordAndScales) {
+  DecodeCase c = tiny_case(KvLayout::fp8_ds_mla, {-1, 3, -1, -1, -1, -1, -1, -1});
+  c.sinks = HostTensor{};
+  const RefPool pool(c.swa_kv_cache);
+  std::array<double, kHeadDim> row;
+  for (int d = 0; d < kNopeDim; ++d) {
+    const uint8_t code = d == 1 ? 0x7e : d == 2 ? 0x01 : 0x38;
+    c.swa_kv_cache.store<uint8_t>(pool.record(3) + d, code);
+    row[d] = (d == 1 ? 448.0 : d == 2 ? std::ldexp(1.0, -9) : 1.0) * std::ldexp(1.0, d / 64 - 3);
+  }
+  for (int g = 0; g < 7; ++g) c.swa_kv_cache.store<uint8_t>(pool.scale_record(3) + g, 124 + g);
+  for (int d = kNopeDim; d < kHeadDim; ++d) {
+    c.swa_kv_cache.store(pool.record(3) + kNopeDim + 2 * (d - kNopeDim), to_bf16(1.0));
+    row[d] = 1.0;
+  }
+  c.bmm1_scale = 0.25f, c.bmm2_scale = 2.f;
+  sparse_mla_decode(c.args());
+  double sum = 0;
+  for (int d = 0; d < kHeadDim; ++d) {
+    sum += row[d];
+    ASSERT_NEAR(out_at(c, d), 2 * row[d], 2 * row[d] / 256) << "d = " << d;
+  }
+  EXPECT_NEAR(c.lse.get<float>(0), 0.25 * sum / 64, 1e-6);
+}
+
+TEST(Decode, RandomSpecs) {
+  for (int i = 0; i < 24; ++i) {
+    const uint64_t seed = fresh_seed();
+    check(random_spec(seed), seed);
+  }
+}
+
+TEST(Decode, Bf16EveryHeadCount) {
+  for (int heads : {1, 8, 16, 24, 32, 64, 128})
+    for (int i = 0; i < 2; ++i) check(sized({.heads = heads}));
+}
+
+TEST(Decode, Fp8PerTensorBf16Query) {
+  for (int heads : {1, 16, 64, 128}) check(sized({.layout = KvLayout::fp8_e4m3, .heads = heads}));
+}
+
+TEST(Decode, Fp8PerTensorFp8Query) {
+  for (int heads : {8, 24, 64, 128})
+    check(sized({.layout = KvLayout::fp8_e4m3, .query_dtype = DType::f8e4m3, .heads = heads}));
+}
+
+TEST(Decode, Fp8DsMla) {
+  for (int heads : {1, 8, 32, 64, 128})
+    check(sized({.layout = KvLayout::fp8_ds_mla, .heads = heads}));
+}
+
+// Every finite e4m3 code (±448, subnormals) and, for fp8_ds_mla, every UE8M0 exponent of
+// 127 ± 20 plus 0, 1, 2, 230 and 240.
+TEST(Decode, Fp8Extremes) {
+  for (int i = 0; i < 3; ++i) {
+    check({.layout = KvLayout::fp8_ds_mla, .heads = 16, .extremes = true});
+    check({.layout = KvLayout::fp8_e4m3, .heads = 16, .extremes = true});
+    check(
+        {.layout = KvLayout::fp8_e4m3, .query_dtype = DType::f8e4m3, .heads = 8, .extremes = true});
+  }
+}
+
+TEST(Decode, EverySinkKind) {
+  for (SinkKind sinks :
+       {SinkKind::absent, SinkKind::neg_inf, SinkKind::finite, SinkKind::pos_inf, SinkKind::mixed})
+    for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_ds_mla})
+      check({.layout = layout, .heads = 8, .sinks = sinks});
+}
+
+TEST(Decode, VarlenMixedQueryLengths) {
+  check({.heads = 16, .q_lens = {1, 6, 2, 5, 3, 4}});
+  check({.heads = 8, .q_lens = {17, 1, 2}});  // a prefill-like request among decodes
+  check({.heads = 32, .requests = 5, .max_q = 6});
+}
+
+TEST(Decode, OneTokenPerRequestWithoutCumSeqLens) {
+  check({.heads = 16, .requests = 6, .varlen = false});
+  check({.layout = KvLayout::fp8_ds_mla, .heads = 64, .requests = 3, .varlen = false});
+}
+
+TEST(Decode, PaddedOutputHeadsAreZero) {
+  check({.heads = 8, .out_heads = 64});
+  check({.heads = 24, .out_heads = 32});
+  check({.layout = KvLayout::fp8_e4m3, .heads = 1, .out_heads = 8});
+}
+
+TEST(Decode, WithoutLse) { check({.heads = 16, .lse = false}); }
+
+TEST(Decode, EveryPoolSharing) {
+  for (PoolSharing pools : {PoolSharing::absent, PoolSharing::same, PoolSharing::separate})
+    for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla})
+      check({.layout = layout, .heads = 8, .pools = pools});
+}
+
+TEST(Decode, OtherWindowsAndWidths) {
+  check({.heads = 8, .window = 64, .compressed_width = 0});   // SWA-only: K == W
+  check({.heads = 8, .window = 4, .compressed_width = 124});  // columns past W dominate
+  check({.heads = 16, .compressed_width = 1024});             // V4-Pro top-k
+}
+
+// Empty S(t) by length, by the causal window and by offsets: zero output, lse -inf, no NaN.
+TEST(Decode, AllMaskedRowsGiveZero) {
+  for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla})
+    check({.layout = layout, .heads = 8, .sinks = SinkKind::mixed, .all_masked = true});
+}
+
+// NaN/Inf in rows no attended column points to (poisoned by check(); here most columns point
+// at padding, past the pool or packed slots) never reaches the output.
+TEST(Decode, UnattendedNanRowsDoNotLeak) {
+  for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla}) {
+    DecodeCase c = make_case({.layout = layout, .heads = 8, .masked = 0.6}, fresh_seed());
+    poison_unattended_rows(c);
+    sparse_mla_decode(c.args());
+    for (int64_t i = 0; i < c.out.size(0) * c.out.size(1) * kHeadDim; ++i)
+      ASSERT_FALSE(std::isnan(ref_bf16(c.out.get<uint16_t>(i))) ||
+                   std::isinf(ref_bf16(c.out.get<uint16_t>(i))))
+          << c.summary;
+    EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
+  }
+}
+
+// Work is split per (token, head group); the split must not change a single bit.
+TEST(Decode, ThreadCountDoesNotChangeBits) {
+  DecodeCase c = make_case({.heads = 40, .requests = 4}, fresh_seed());
+  const char* saved = std::getenv("SMLA_NUM_THREADS");
+  const std::string restore = saved ? saved : "";
+  setenv("SMLA_NUM_THREADS", "1", 1);
+  sparse_mla_decode(c.args());
+  const auto out = c.out.bytes, lse = c.lse.bytes;
+  poison_outputs(c);
+  setenv("SMLA_NUM_THREADS", "5", 1);
+  sparse_mla_decode(c.args());
+  saved ? setenv("SMLA_NUM_THREADS", restore.c_str(), 1) : unsetenv("SMLA_NUM_THREADS");
+  EXPECT_EQ(out, c.out.bytes) << c.summary;
+  EXPECT_EQ(lse, c.lse.bytes) << c.summary;
+}
+
+}  // namespace
+}  // namespace smla::test

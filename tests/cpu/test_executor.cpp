@@ -1,0 +1,131 @@
+// StepExecutor: a whole step on shared tables equals, bit for bit, each layer building its
+// own table and calling sparse_mla_decode directly.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <ostream>
+#include <set>
+#include <vector>
+
+#include "smla/executor.h"
+#include "step_case.h"
+
+namespace smla {
+namespace {
+
+constexpr int kHeads = 2, kOutHeads = 4;  // out padded past the query's heads
+
+struct Case {
+  const char* model;
+  int groups;
+  int first_layer, num_layers;  // a slice of the model's layers (MTP ones included)
+  test::CaseShape shape;
+  friend std::ostream& operator<<(std::ostream& os, const Case& c) {
+    return os << c.model << " layers " << c.first_layer << ".." << c.first_layer + c.num_layers - 1
+              << ", " << c.groups << " SWA groups";
+  }
+};
+
+// Each layer's table built for itself, then the op called directly.
+void run_directly(test::StepCase& c, const AttentionLayer& layer, const TensorView& query,
+                  const TensorView& out) {
+  SparseIndexArgs a = c.args(layer.spec.layer);
+  const int64_t T = c.num_tokens();
+  const int64_t K = sparse_index_columns(a);
+  const bool dspark = a.step.decode_swa_width > a.window;
+  a.out = {c.zeros(DType::i32, {T, K}), c.zeros(DType::i32, {T}),
+           dspark ? c.zeros(DType::i32, {T}) : TensorView{}};
+  build_sparse_indices(a);
+  DecodeArgs d;
+  d.query = query;
+  d.out = out;
+  d.swa_kv_cache = layer.swa_kv_cache;
+  if (layer.spec.compress_ratio > 0) d.compressed_kv_cache = layer.compressed_kv_cache;
+  d.sparse_indices = a.out.sparse_indices;
+  d.sparse_topk_lens = a.out.sparse_topk_lens;
+  d.seq_lens = dspark ? a.out.seq_lens : a.step.seq_lens;
+  if (!dspark) d.cum_seq_lens_q = a.step.cum_seq_lens_q;
+  d.max_q_len = dspark ? 1 : a.step.max_q_len;
+  d.sinks = layer.sinks;
+  d.bmm1_scale = layer.bmm1_scale;
+  d.bmm2_scale = layer.bmm2_scale;
+  d.window = layer.spec.window;
+  sparse_mla_decode(d);
+}
+
+class ExecutorMatchesDirectCalls : public testing::TestWithParam<Case> {};
+
+TEST_P(ExecutorMatchesDirectCalls, BitForBit) {
+  const Case& p = GetParam();
+  const auto all = model_layers(model_preset(p.model), p.groups, true);
+  std::vector<LayerSpec> specs(all.begin() + p.first_layer,
+                               all.begin() + p.first_layer + p.num_layers);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  test::StepCase c(specs, p.shape, 11);
+  const int64_t T = c.num_tokens();
+  std::vector<float> sinks{0.5f, -1.0f};
+  for (size_t i = 0; i < c.layers.size(); i += 2)
+    c.layers[i].sinks = make_view(sinks.data(), DType::f32, Device{}, {kHeads});
+
+  std::vector<TensorView> queries, outs, direct_outs;
+  int64_t max_columns = 0;
+  for (const AttentionLayer& l : c.layers) {
+    queries.push_back(c.bf16(T, kHeads));
+    outs.push_back(c.bf16(T, kOutHeads));  // garbage in the padded heads must be zeroed
+    direct_outs.push_back(c.zeros(DType::bf16, {T, kOutHeads, kHeadDim}));
+    max_columns = std::max(max_columns, sparse_index_columns(c.args(l.spec.layer)));
+  }
+  const auto streams = make_streams(Device{});
+  StepExecutor executor(c.layers, *streams, T, max_columns);
+  executor.run_step(c.inputs, queries, outs);
+
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    run_directly(c, c.layers[i], queries[i], direct_outs[i]);
+    EXPECT_EQ(std::memcmp(outs[i].data, direct_outs[i].data, T * kOutHeads * kHeadDim * 2), 0)
+        << "layer " << c.layers[i].spec.layer;
+  }
+  // The layers shared their tables: one build per (group, key).
+  std::set<TableKey> distinct;
+  for (const LayerSpec& s : specs) distinct.insert({s.swa_group, sparse_index_key(s)});
+  int builds = 0;
+  for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
+  EXPECT_EQ(builds, static_cast<int>(distinct.size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Steps, ExecutorMatchesDirectCalls,
+    testing::Values(
+        // MTP decode (q_len 1..3) with padding tokens, three SWA groups, ratios 0 and 2.
+        Case{"v41-flash",
+             3,
+             0,
+             10,
+             {.q_lens = {1, 3, 2},
+              .seq_lens = {300, 200, 40},
+              .num_decodes = 3,
+              .num_groups = 3,
+              .invalid_fraction = 0.2}},
+        // Decode and prefill requests in one step, two groups, ratios 0, 4 and 128.
+        Case{"v4-flash",
+             2,
+             0,
+             8,
+             {.q_lens = {2, 1, 20},
+              .seq_lens = {700, 150, 300},
+              .num_decodes = 2,
+              .num_groups = 2,
+              .block_size = 64,
+              .span = 80}},
+        // The DSpark window on the SWA-only MTP layers.
+        Case{"v41-flash",
+             3,
+             40,
+             3,
+             {.q_lens = {3, 3},
+              .seq_lens = {500, 90},
+              .num_decodes = 2,
+              .num_groups = 3,
+              .decode_swa_width = 192}}));
+
+}  // namespace
+}  // namespace smla

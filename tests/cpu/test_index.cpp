@@ -1,0 +1,406 @@
+// The index builders (SPEC §4): hand-computed rows, then random steps against a plain
+// re-derivation of the rules, written here without the library's structure.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "smla/error.h"
+#include "smla/index.h"
+#include "step_case.h"
+
+namespace smla {
+namespace {
+
+using Rows = std::vector<std::vector<int32_t>>;
+
+struct Built {
+  Rows indices{};
+  std::vector<int32_t> lens{}, seq_lens{};
+};
+
+// A pool of this geometry; only its shape and strides are read by the builders.
+TensorView pool_view(int64_t blocks, int64_t block_size, int64_t span) {
+  static uint16_t data[1];
+  return make_view(data, DType::bf16, Device{}, {blocks, block_size, kHeadDim},
+                   {span * kHeadDim, kHeadDim, 1});
+}
+
+TensorView i32(std::vector<int32_t>& v, std::initializer_list<int64_t> shape) {
+  return make_view(v.data(), DType::i32, Device{}, shape);
+}
+
+// Runs the builder into outputs sized by sparse_index_columns.
+Built build(SparseIndexArgs a) {
+  const int64_t T = a.step.num_tokens;
+  const int64_t K = sparse_index_columns(a);
+  std::vector<int32_t> indices(T * K, 7777), lens(T, 7777), seq_lens(T, 7777);
+  a.out.sparse_indices = i32(indices, {T, K});
+  a.out.sparse_topk_lens = i32(lens, {T});
+  if (a.step.decode_swa_width > a.window) a.out.seq_lens = i32(seq_lens, {T});
+  build_sparse_indices(a);
+  Built b{.lens = lens};
+  for (int64_t t = 0; t < T; ++t) b.indices.emplace_back(&indices[t * K], &indices[(t + 1) * K]);
+  if (a.out.seq_lens.defined()) b.seq_lens = seq_lens;
+  return b;
+}
+
+// The argument an smla::Error names, or "" when `f` does not throw one.
+template <class F>
+std::string error_argument(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.argument();
+  }
+  return "";
+}
+
+TEST(IndexColumns, WidthRules) {
+  EXPECT_EQ(sparse_index_columns(128, 0, 0), 128);
+  EXPECT_EQ(sparse_index_columns(128, 512, 0), 640);
+  EXPECT_EQ(sparse_index_columns(128, 33, 0), 164);   // top-k rounded up to 4
+  EXPECT_EQ(sparse_index_columns(128, 0, 128), 128);  // not wider than W: causal
+  EXPECT_EQ(sparse_index_columns(128, 0, 192), 192);
+  EXPECT_EQ(dspark_swa_width(128, 1), 192);
+  EXPECT_EQ(dspark_swa_width(128, 64), 192);
+  EXPECT_EQ(dspark_swa_width(128, 65), 256);
+  EXPECT_EQ(dspark_swa_width(128, 0), 128);
+}
+
+// W = 4, SWA pages of 4 rows packed with a stride of 6 rows.
+struct SwaOnlyCase {
+  std::vector<int32_t> seq_lens{3, 6}, cum{0, 1, 3}, block_table{5, 1, 2, 7};
+  std::vector<uint8_t> valid{1, 1, 1};
+  SparseIndexArgs args() {
+    SparseIndexArgs a;
+    a.window = 4;
+    a.step = {.num_tokens = 3,
+              .seq_lens = i32(seq_lens, {2}),
+              .cum_seq_lens_q = i32(cum, {3}),
+              .num_decodes = 2,
+              .max_q_len = 2};
+    a.step.is_valid_token = make_view(valid.data(), DType::u8, Device{}, {3});
+    a.swa = {i32(block_table, {2, 2}), pool_view(8, 4, 6)};
+    return a;
+  }
+};
+
+TEST(IndexDecode, SwaWindowOnPackedPages) {
+  SwaOnlyCase c;
+  const Built b = build(c.args());
+  // Token 0: request 0 at pos 2 sees 0..2 on page 5 (rows 30..32 with span 6).
+  // Tokens 1, 2: request 1 at pos 4, 5; positions 0..3 on page 2 (12..15), 4..7 on page 7 (42..).
+  EXPECT_EQ(b.indices, (Rows{{30, 31, 32, -1}, {13, 14, 15, 42}, {14, 15, 42, 43}}));
+  EXPECT_EQ(b.lens, (std::vector<int32_t>{4, 4, 4}));
+}
+
+TEST(IndexDecode, InvalidTokenIsPadding) {
+  SwaOnlyCase c;
+  c.valid = {1, 0, 1};
+  const Built b = build(c.args());
+  EXPECT_EQ(b.indices, (Rows{{30, 31, 32, -1}, {-1, -1, -1, -1}, {14, 15, 42, 43}}));
+  EXPECT_EQ(b.lens, (std::vector<int32_t>{4, 4, 4}));
+}
+
+TEST(IndexDecode, NegativeSlotsStay) {
+  // An evicted page (-1) gives negative slots, which are not rewritten.
+  std::vector<int32_t> seq_lens{6}, block_table{-1, 3};
+  SparseIndexArgs a;
+  a.window = 4;
+  a.step = {.num_tokens = 1, .seq_lens = i32(seq_lens, {1}), .num_decodes = 1};
+  a.swa = {i32(block_table, {1, 2}), pool_view(4, 4, 6)};
+  EXPECT_EQ(build(a).indices, (Rows{{-2, -1, 18, 19}}));
+}
+
+// W = 4, ratio 2, top_k 3 (P = 4). Request 0 decodes 1 token, request 1 prefills 5.
+// SWA pages: 4 rows, unpacked. Compressed pages: E = 2 entries, stride 3 rows.
+struct MixedCase {
+  std::vector<int32_t> seq_lens{5, 5}, cum{0, 1, 6}, block_table{0, 1, 2, 6},
+      compressed_table{3, 0, 1, 4};
+  std::vector<int32_t> topk{1, 0, -1,  // decode: -1 padded
+                            9, 9, 9,   // pos 0 sees no compressed entry: nothing read
+                            1, 9, 9,   // pos 1: one entry
+                            0, 9, 9,   // pos 2: one
+                            1, 0, 9,   // pos 3: two
+                            2, 1, 9};  // pos 4: two
+  SparseIndexArgs args() {
+    SparseIndexArgs a;
+    a.window = 4;
+    a.step = {.num_tokens = 6,
+              .seq_lens = i32(seq_lens, {2}),
+              .cum_seq_lens_q = i32(cum, {3}),
+              .num_decodes = 1,
+              .max_q_len = 5};
+    a.swa = {i32(block_table, {2, 2}), pool_view(8, 4, 4)};
+    a.compressed = {2, i32(topk, {6, 3}), i32(compressed_table, {2, 2}), pool_view(5, 2, 3)};
+    return a;
+  }
+};
+
+TEST(IndexMixed, DecodeThenPrefillRows) {
+  MixedCase c;
+  const Built b = build(c.args());
+  // Decode token: x = 1 -> page 3 slot 7 -> row 10; x = 0 -> slot 6 -> row 9.
+  // Prefill: x = 0, 1 on page 1 -> rows 3, 4; x = 2 on page 4 -> slot 8 -> row 12.
+  EXPECT_EQ(b.indices, (Rows{{1, 2, 3, 4, 10, 9, -1, -1},
+                             {8, -1, -1, -1, -1, -1, -1, -1},
+                             {8, 9, -1, -1, 4, -1, -1, -1},
+                             {8, 9, 10, -1, 3, -1, -1, -1},
+                             {8, 9, 10, 11, 4, 3, -1, -1},
+                             {9, 10, 11, 24, 12, 4, -1, -1}}));
+  EXPECT_EQ(b.lens, (std::vector<int32_t>{6, 4, 5, 5, 6, 6}));
+}
+
+TEST(IndexMixed, DecodeCountsOnlyNonNegativeTopk) {
+  MixedCase c;
+  c.topk[0] = -5;  // a negative index stays as it is and is not counted
+  const Built b = build(c.args());
+  EXPECT_EQ(b.indices[0], (std::vector<int32_t>{1, 2, 3, 4, -5, 9, -1, -1}));
+  EXPECT_EQ(b.lens[0], 5);
+}
+
+TEST(IndexMixed, SwaOnlyLayerOfTheSameStep) {
+  MixedCase c;
+  SparseIndexArgs a = c.args();
+  a.compressed = {};
+  const Built b = build(a);
+  EXPECT_EQ(b.indices, (Rows{{1, 2, 3, 4},
+                             {8, -1, -1, -1},
+                             {8, 9, -1, -1},
+                             {8, 9, 10, -1},
+                             {8, 9, 10, 11},
+                             {9, 10, 11, 24}}));
+  EXPECT_EQ(b.lens, (std::vector<int32_t>(6, 4)));
+}
+
+TEST(IndexDspark, NonCausalWindowPerToken) {
+  // W = 4, 3 draft tokens: rows of 64. Request 0: seq_len 10, q_len 3 sees [3, 10);
+  // request 1: seq_len 2, q_len 1 sees [0, 2).
+  std::vector<int32_t> seq_lens{10, 2}, cum{0, 3, 4}, block_table{2, 0, 1, 3, 9, 9};
+  SparseIndexArgs a;
+  a.window = 4;
+  a.step = {.num_tokens = 4,
+            .seq_lens = i32(seq_lens, {2}),
+            .cum_seq_lens_q = i32(cum, {3}),
+            .num_decodes = 2,
+            .max_q_len = 3,
+            .decode_swa_width = dspark_swa_width(4, 3)};
+  a.swa = {i32(block_table, {2, 3}), pool_view(10, 4, 4)};
+  const Built b = build(a);
+  auto row = [](std::vector<int32_t> head) {
+    head.resize(64, -1);
+    return head;
+  };
+  const std::vector<int32_t> draft = row({11, 0, 1, 2, 3, 4, 5});
+  EXPECT_EQ(b.indices, (Rows{draft, draft, draft, row({12, 13})}));
+  EXPECT_EQ(b.lens, (std::vector<int32_t>{7, 7, 7, 4}));  // max(window len, W)
+  EXPECT_EQ(b.seq_lens, (std::vector<int32_t>{10, 10, 10, 2}));
+}
+
+TEST(IndexErrors, NameTheArgument) {
+  EXPECT_EQ(error_argument([] {
+              SwaOnlyCase c;
+              SparseIndexArgs a = c.args();
+              a.swa.swa_kv_cache = make_view(c.seq_lens.data(), DType::bf16, Device{},
+                                             {8, 4, kHeadDim}, {4 * kHeadDim + 100, kHeadDim, 1});
+              build(a);
+            }),
+            "swa_kv_cache");  // a non-integral span
+  EXPECT_EQ(error_argument([] {
+              SwaOnlyCase c;
+              SparseIndexArgs a = c.args();
+              std::vector<int32_t> out(3 * 8), lens(3);
+              a.out = {i32(out, {3, 8}), i32(lens, {3}), {}};
+              build_sparse_indices(a);
+            }),
+            "sparse_indices");  // K must be W + P
+  EXPECT_EQ(error_argument([] {
+              SwaOnlyCase c;
+              c.seq_lens[1] = 9;  // position 8 needs a third page
+              build(c.args());
+            }),
+            "block_table");
+  EXPECT_EQ(error_argument([] {
+              MixedCase c;
+              c.topk[1] = 4;  // page 2 of a 2-page compressed block table
+              build(c.args());
+            }),
+            "topk_indices");
+  EXPECT_EQ(error_argument([] {
+              MixedCase c;
+              SparseIndexArgs a = c.args();
+              a.step.decode_swa_width = 64;
+              build(a);
+            }),
+            "compress_ratio");  // DSpark is for SWA-only layers
+  EXPECT_EQ(error_argument([] {
+              SwaOnlyCase c;
+              c.seq_lens[1] = 1;  // below its q_len of 2
+              build(c.args());
+            }),
+            "seq_lens");
+  EXPECT_EQ(error_argument([] {
+              SwaOnlyCase c;
+              c.cum[2] = 2;
+              build(c.args());
+            }),
+            "cum_seq_lens_q");
+  EXPECT_EQ(error_argument([] {
+              SwaOnlyCase c;
+              SparseIndexArgs a = c.args();
+              a.swa.block_table.device = {DeviceKind::cuda, 0};
+              build(a);
+            }),
+            "block_table");
+  EXPECT_EQ(error_argument([] {
+              MixedCase c;
+              SparseIndexArgs a = c.args();
+              a.compressed.topk_indices.shape[0] = 5;
+              build(a);
+            }),
+            "topk_indices");
+  EXPECT_EQ(error_argument([] {
+              SwaOnlyCase c;
+              SparseIndexArgs a = c.args();
+              std::vector<int32_t> out(3 * 4), lens(3), seq(3);
+              a.out = {i32(out, {3, 4}), i32(lens, {3}), i32(seq, {3})};
+              build_sparse_indices(a);
+            }),
+            "out.seq_lens");  // written by the DSpark window only
+}
+
+// SPEC §4 re-derived token by token from a StepCase.
+Built expected(const test::StepCase& c, const SparseIndexArgs& a) {
+  const int W = a.window;
+  const bool dspark = a.step.decode_swa_width > W;
+  const int64_t top_k = a.compressed.compress_ratio ? a.compressed.topk_indices.size(1) : 0;
+  const int64_t K = dspark ? a.step.decode_swa_width : W + (top_k + 3) / 4 * 4;
+  const TensorView &bt = a.swa.block_table, &pool = a.swa.swa_kv_cache;
+  auto read = [](const TensorView& v, int64_t i, int64_t j) {
+    return v.ptr<int32_t>()[i * v.strides[0] + j * v.strides[1]];
+  };
+  auto offset = [](int64_t slot, const TensorView& pool) -> int32_t {
+    const int64_t block_size = pool.shape[1], span = pool.strides[0] / pool.strides[1];
+    return slot < 0 ? slot : slot / block_size * span + slot % block_size;
+  };
+  Built e;
+  for (int t = 0; t < c.num_tokens(); ++t) {
+    const int b = c.request(t), pos = c.pos(t);
+    const int seq_len = a.step.seq_lens.ptr<int32_t>()[b];
+    const int q_len =
+        a.step.cum_seq_lens_q.ptr<int32_t>()[b + 1] - a.step.cum_seq_lens_q.ptr<int32_t>()[b];
+    std::vector<int32_t> row(K, -1);
+    int32_t len = W;
+    if (c.valid(t)) {
+      int first = std::max(pos - W + 1, 0), last = pos + 1;
+      if (dspark) first = std::max(seq_len - q_len - W, 0), last = seq_len;
+      for (int p = first; p < last; ++p)
+        row[p - first] = offset(
+            int64_t{read(bt, b, p / pool.shape[1])} * pool.shape[1] + p % pool.shape[1], pool);
+      if (dspark) len = std::max(last - first, W);
+      const int ratio = a.compressed.compress_ratio;
+      if (ratio > 0) {
+        const TensorView& cpool = a.compressed.compressed_kv_cache;
+        const int64_t E = cpool.shape[1];
+        const bool decode = b < a.step.num_decodes;
+        const int64_t used = decode ? top_k : std::min<int64_t>((pos + 1) / ratio, top_k);
+        int count = 0;
+        for (int64_t j = 0; j < used; ++j) {
+          const int32_t x = read(a.compressed.topk_indices, t, j);
+          row[W + j] =
+              x < 0 ? x
+                    : offset(int64_t{read(a.compressed.block_table, b, x / E)} * E + x % E, cpool);
+          count += x >= 0;
+        }
+        len = W + (decode ? count : used);
+      }
+    }
+    e.indices.push_back(row);
+    e.lens.push_back(len);
+    if (dspark) e.seq_lens.push_back(seq_len);
+  }
+  return e;
+}
+
+void expect_matches(const test::StepCase& c, int layer) {
+  const SparseIndexArgs a = c.args(layer);
+  const Built got = build(a), want = expected(c, a);
+  ASSERT_EQ(got.indices.size(), want.indices.size());
+  for (size_t t = 0; t < got.indices.size(); ++t)
+    ASSERT_EQ(got.indices[t], want.indices[t]) << "layer " << layer << " token " << t;
+  EXPECT_EQ(got.lens, want.lens) << "layer " << layer;
+  EXPECT_EQ(got.seq_lens, want.seq_lens) << "layer " << layer;
+}
+
+// One SWA-only, one dense (every entry) and one indexed compressed layer.
+std::vector<LayerSpec> three_layers(int ratio) {
+  return {{.layer = 0, .num_heads = 1},
+          {.layer = 1, .compress_ratio = 128, .kv_source = 1, .index_source = 1, .num_heads = 1},
+          {.layer = 2,
+           .compress_ratio = ratio,
+           .kv_source = 2,
+           .index_source = 2,
+           .index_topk = 30,
+           .num_heads = 1}};
+}
+
+TEST(IndexRandom, MatchesThePlainRules) {
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 30; ++trial) {
+    std::uniform_int_distribution<int> requests(1, 6), q_len(1, 5), prefill_len(1, 90),
+        extra(0, 700), ratio(1, 4), block_size(1, 40), pack(0, 3), entries(1, 12);
+    test::CaseShape s;
+    const int B = requests(rng);
+    s.num_decodes = std::uniform_int_distribution<int>(0, B)(rng);
+    for (int b = 0; b < B; ++b) {
+      s.q_lens.push_back(b < s.num_decodes ? q_len(rng) : prefill_len(rng));
+      s.seq_lens.push_back(s.q_lens.back() + extra(rng));
+    }
+    s.block_size = block_size(rng);
+    s.span = s.block_size + pack(rng);
+    s.entries_per_page = entries(rng);
+    s.compressed_span = s.entries_per_page + pack(rng);
+    s.invalid_fraction = trial % 3 == 0 ? 0.2 : 0.0;
+    s.evict_outside_window = trial % 2 == 1;
+    const test::StepCase c(three_layers(ratio(rng)), s, rng());
+    for (int layer = 0; layer < 3; ++layer) expect_matches(c, layer);
+  }
+}
+
+TEST(IndexRandom, DsparkMatchesThePlainRules) {
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 10; ++trial) {
+    test::CaseShape s;
+    const int draft = std::uniform_int_distribution<int>(1, 70)(rng);
+    s.decode_swa_width = dspark_swa_width(kWindow, draft);
+    const int B = std::uniform_int_distribution<int>(1, 5)(rng);
+    s.num_decodes = B;
+    for (int b = 0; b < B; ++b) {
+      s.q_lens.push_back(std::uniform_int_distribution<int>(1, draft)(rng));
+      s.seq_lens.push_back(s.q_lens.back() + std::uniform_int_distribution<int>(0, 400)(rng));
+    }
+    s.block_size = std::uniform_int_distribution<int>(1, 64)(rng);
+    s.span = s.block_size + trial % 2;
+    s.invalid_fraction = trial % 2 ? 0.25 : 0.0;
+    const test::StepCase c({{.layer = 0, .num_heads = 1}}, s, rng());
+    expect_matches(c, 0);
+  }
+}
+
+TEST(IndexRandom, ThreadCountDoesNotChangeTheRows) {
+  test::CaseShape s{.q_lens = {3, 700, 450}, .seq_lens = {900, 1500, 450}, .num_decodes = 1};
+  const test::StepCase c(three_layers(4), s, 7);
+  const SparseIndexArgs a = c.args(2);
+  setenv("SMLA_NUM_THREADS", "1", 1);
+  const Built one = build(a);
+  setenv("SMLA_NUM_THREADS", "4", 1);
+  const Built four = build(a);
+  unsetenv("SMLA_NUM_THREADS");
+  EXPECT_EQ(one.indices, four.indices);
+  EXPECT_EQ(one.lens, four.lens);
+}
+
+}  // namespace
+}  // namespace smla

@@ -1,0 +1,74 @@
+// The library's bit-level conversions (src/core/numeric.h) against the test tree's own float64
+// decoders, over every code and the rounding corner cases.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "core/numeric.h"
+#include "ref_numeric.h"
+
+namespace smla::test {
+namespace {
+
+// Equal values, or both NaN.
+bool same(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
+
+TEST(Numeric, Bf16EveryCode) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits)
+    ASSERT_TRUE(
+        same(bf16_to_float(static_cast<uint16_t>(bits)), ref_bf16(static_cast<uint16_t>(bits))))
+        << std::hex << bits;
+}
+
+TEST(Numeric, E4m3EveryCode) {
+  for (uint32_t bits = 0; bits < 0x100; ++bits)
+    ASSERT_TRUE(
+        same(e4m3_to_float(static_cast<uint8_t>(bits)), ref_e4m3(static_cast<uint8_t>(bits))))
+        << std::hex << bits;
+  EXPECT_EQ(e4m3_to_float(0x7e), 448.f);
+  EXPECT_EQ(e4m3_to_float(0xfe), -448.f);
+  EXPECT_EQ(e4m3_to_float(0x01), 0x1p-9f);
+  EXPECT_TRUE(std::isnan(e4m3_to_float(0x7f)) && std::isnan(e4m3_to_float(0xff)));
+}
+
+TEST(Numeric, Ue8m0EveryCode) {
+  for (int e = 0; e < 255; ++e)
+    ASSERT_EQ(ue8m0_to_float(static_cast<uint8_t>(e)), ref_ue8m0(static_cast<uint8_t>(e))) << e;
+  EXPECT_EQ(ue8m0_to_float(255), std::numeric_limits<float>::infinity());
+}
+
+// The nearest bf16 in float64 terms, ties to the even code; IEEE overflow: the code past the
+// largest finite one (inf) counts as 2^128.
+uint16_t nearest_bf16(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint16_t down = static_cast<uint16_t>(u >> 16), up = static_cast<uint16_t>(down + 1);
+  const double up_value = (up & 0x7fff) == 0x7f80 ? std::copysign(0x1p128, x) : ref_bf16(up);
+  const double d_down = std::abs(ref_bf16(down) - x), d_up = std::abs(up_value - x);
+  if (d_down != d_up) return d_down < d_up ? down : up;
+  return (down & 1) ? up : down;
+}
+
+TEST(Numeric, FloatToBf16RoundsToNearestEven) {
+  std::mt19937 gen(std::random_device{}());
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t u = gen();
+    const float x = std::bit_cast<float>(u);
+    if (!std::isfinite(x)) continue;
+    ASSERT_EQ(float_to_bf16(x), nearest_bf16(x)) << std::hex << u;
+  }
+  for (uint32_t u : {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x00008000u, 0x00018000u})
+    EXPECT_EQ(float_to_bf16(std::bit_cast<float>(u)), nearest_bf16(std::bit_cast<float>(u)))
+        << std::hex << u;
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7f80);  // past bf16 max: inf
+  EXPECT_EQ(float_to_bf16(-std::numeric_limits<float>::infinity()), 0xff80);
+  const uint16_t nan = float_to_bf16(-std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE(std::isnan(ref_bf16(nan)) && (nan & 0x8000));
+  EXPECT_TRUE(
+      std::isnan(ref_bf16(float_to_bf16(std::bit_cast<float>(0x7f800001u)))));  // low-bit NaN
+}
+
+}  // namespace
+}  // namespace smla::test

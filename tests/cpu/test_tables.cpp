@@ -1,0 +1,284 @@
+// Sharing tables across a step's layers (SPEC §5) over the model layer patterns (SPEC §6).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <ostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "smla/error.h"
+#include "smla/tables.h"
+#include "step_case.h"
+
+namespace smla {
+namespace {
+
+// The CPU's streams, logging each ordering call.
+class RecordingStreams final : public Streams {
+ public:
+  Device device() const override { return inner_->device(); }
+  void* current() const override { return inner_->current(); }
+  void* side() const override { return inner_->side(); }
+  void reserve_events(int n) override { log.push_back("reserve " + std::to_string(n)); }
+  void fork() override { log.push_back("fork"); }
+  void record(int e) override { log.push_back("record " + std::to_string(e)); }
+  void wait(int e) override { log.push_back("wait " + std::to_string(e)); }
+  void join() override { log.push_back("join"); }
+  std::shared_ptr<void> allocate(size_t bytes) override { return inner_->allocate(bytes); }
+  void upload(void* d, const void* s, size_t n) override { inner_->upload(d, s, n); }
+  void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }
+  void synchronize() override { inner_->synchronize(); }
+  std::vector<std::string> log;
+
+ private:
+  std::unique_ptr<Streams> inner_ = make_streams(Device{});
+};
+
+bool runs_indexer(const LayerSpec& s) {
+  return s.compress_ratio > 0 && s.index_topk > 0 && s.index_source == s.layer;
+}
+
+test::CaseShape small_step(int groups) {
+  return {.q_lens = {1, 2, 1},
+          .seq_lens = {150, 260, 40},
+          .num_decodes = 3,
+          .num_groups = groups,
+          .block_size = 64,
+          .span = 64};
+}
+
+// The rows of a table, copied out (a table's memory goes when its group moves on).
+std::vector<int32_t> contents(const SparseIndexTable& t) {
+  const int32_t* i = t.sparse_indices.ptr<int32_t>();
+  const int32_t* n = t.sparse_topk_lens.ptr<int32_t>();
+  std::vector<int32_t> all(i, i + t.sparse_indices.numel());
+  all.insert(all.end(), n, n + t.sparse_topk_lens.numel());
+  return all;
+}
+
+std::vector<int32_t> direct(const test::StepCase& c, int layer) {
+  SparseIndexArgs a = c.args(layer);
+  const int64_t T = c.num_tokens(), K = sparse_index_columns(a);
+  std::vector<int32_t> all(T * K + T);
+  a.out.sparse_indices = make_view(all.data(), DType::i32, Device{}, {T, K});
+  a.out.sparse_topk_lens = make_view(all.data() + T * K, DType::i32, Device{}, {T});
+  build_sparse_indices(a);
+  return all;
+}
+
+// Looks every layer up in order as the executor does (joining at index sources), checking
+// each table against a direct build of that layer's own.
+void run_step(SparseIndexTables& tables, const test::StepCase& c,
+              const std::vector<LayerSpec>& layers) {
+  tables.reset();
+  const TableInputs inputs = [&](int layer) { return c.args(layer); };
+  for (const LayerSpec& s : layers) {
+    if (runs_indexer(s)) tables.join();
+    ASSERT_EQ(contents(tables.lookup(s.layer, inputs)), direct(c, s.layer)) << "layer " << s.layer;
+  }
+  tables.join();
+}
+
+// SPEC §5 stated per run of equal keys: of the groups whose table the run needs and that do
+// not have it yet, the first (in layer order) builds on the current stream and its layer
+// forks the others.
+struct Run {
+  size_t first = 0, end = 0;
+  int leader = -1;  // the layer that builds and forks; -1: every table was there
+  std::vector<TableKey> forks{};
+};
+
+std::vector<Run> expected_runs(const std::vector<LayerSpec>& layers) {
+  std::set<TableKey> built;
+  std::vector<Run> runs;
+  for (size_t first = 0, end; first < layers.size(); first = end) {
+    Run run{.first = first};
+    const std::string key = sparse_index_key(layers[first]);
+    for (end = first; end < layers.size() && sparse_index_key(layers[end]) == key; ++end) {
+      const TableKey k{layers[end].swa_group, key};
+      if (built.contains(k)) continue;
+      built.insert(k);
+      if (run.leader < 0)
+        run.leader = layers[end].layer;
+      else
+        run.forks.push_back(k);
+    }
+    run.end = end;
+    runs.push_back(run);
+  }
+  return runs;
+}
+
+std::vector<TableKey> expected_forks(const std::vector<LayerSpec>& layers) {
+  std::vector<TableKey> forks{};
+  for (const Run& run : expected_runs(layers))
+    forks.insert(forks.end(), run.forks.begin(), run.forks.end());
+  return forks;
+}
+
+// A lookup waits when its table was forked after the last join (joins at index sources).
+std::vector<int> expected_waits(const std::vector<LayerSpec>& layers) {
+  std::set<TableKey> pending;
+  std::vector<int> waits;
+  for (const Run& run : expected_runs(layers)) {
+    for (size_t i = run.first; i < run.end; ++i) {
+      const LayerSpec& s = layers[i];
+      if (runs_indexer(s)) pending.clear();
+      if (s.layer == run.leader)
+        pending.insert(run.forks.begin(), run.forks.end());
+      else if (pending.contains({s.swa_group, sparse_index_key(s)}))
+        waits.push_back(s.layer);
+    }
+  }
+  return waits;
+}
+
+TEST(SparseIndexKey, SwaOnlyOrCacheSourceRatio) {
+  const auto flash = model_layers(model_preset("v4-flash"), 1);
+  EXPECT_EQ(sparse_index_key(flash[0]), "swa_only");
+  EXPECT_EQ(sparse_index_key(flash[2]), "2:2:4");
+  EXPECT_EQ(sparse_index_key(flash[3]), "3:3:128");
+  const auto v41 = model_layers(model_preset("v41-flash"), 1);
+  EXPECT_EQ(sparse_index_key(v41[7]), "2:2:2");
+  EXPECT_EQ(sparse_index_key(v41[27]), "20:24:1");
+  EXPECT_EQ(sparse_index_key(v41[39]), "20:36:1");
+}
+
+TEST(ModelPresets, ShapesOfSpec6) {
+  const auto flash = model_layers(model_preset("v4-flash"), 2, true);
+  ASSERT_EQ(flash.size(), 44u);
+  EXPECT_EQ(flash[42].compress_ratio, 4);
+  EXPECT_TRUE(flash[43].mtp);
+  EXPECT_EQ(flash[43].compress_ratio, 0);
+  EXPECT_EQ(flash[5].swa_group, 1);
+  EXPECT_EQ(flash[3].index_topk, 0);  // ratio 128: every compressed entry
+  EXPECT_EQ(topk_width(flash[3], 4096), 32);
+  EXPECT_EQ(topk_width(flash[2], 4096), 512);
+  const auto pro = model_layers(model_preset("v4-pro"), 1);
+  ASSERT_EQ(pro.size(), 61u);
+  EXPECT_EQ(pro[0].num_heads, 128);
+  EXPECT_EQ(pro[0].compress_ratio, 128);
+  EXPECT_EQ(pro[60].compress_ratio, 4);
+  EXPECT_EQ(pro[60].index_topk, 1024);
+  const auto v41 = model_layers(model_preset("v41-flash"), 3, true);
+  ASSERT_EQ(v41.size(), 43u);
+  EXPECT_EQ(v41[19].compress_ratio, 2);
+  EXPECT_EQ(v41[20].compress_ratio, 1);
+  EXPECT_EQ(v41[25].kv_source, 20);
+  EXPECT_EQ(v41[25].index_source, 24);
+  EXPECT_EQ(v41[13].kv_source, 8);
+  EXPECT_EQ(v41[42].compress_ratio, 0);
+  EXPECT_EQ(v41[4].swa_group, 1);
+  EXPECT_THROW(model_preset("v5"), Error);
+}
+
+TEST(SparseIndexTables, V41ThreeGroupsByHand) {
+  const auto layers = model_layers(model_preset("v41-flash"), 3);
+  const test::StepCase c(layers, small_step(3), 1);
+  RecordingStreams streams;
+  SparseIndexTables tables(layers, streams);
+  run_step(tables, c, layers);
+  // Layer 0 (group 0) forks group 1's swa_only table; each compressed run's first layer forks
+  // the two other groups' tables.
+  const std::vector<TableKey> forks{{1, "swa_only"}, {0, "2:2:2"},   {1, "2:2:2"},   {0, "8:8:2"},
+                                    {1, "8:8:2"},    {0, "14:14:2"}, {1, "14:14:2"}, {0, "20:20:1"},
+                                    {1, "20:20:1"},  {1, "20:24:1"}, {2, "20:24:1"}, {2, "20:28:1"},
+                                    {0, "20:28:1"},  {0, "20:32:1"}, {1, "20:32:1"}, {1, "20:36:1"},
+                                    {2, "20:36:1"}};
+  EXPECT_EQ(tables.stats().forks, forks);
+  const std::vector<int> waits{1,  3,  4,  6,  7,  9,  10, 12, 13, 15, 16, 18,
+                               19, 21, 22, 25, 26, 29, 30, 33, 34, 37, 38};
+  EXPECT_EQ(tables.stats().waits, waits);
+  EXPECT_EQ(streams.log.front(), "reserve 2");  // events reused across forks
+  for (const std::string& entry : streams.log)
+    EXPECT_TRUE(entry.rfind("record", 0) != 0 || entry == "record 0" || entry == "record 1");
+  EXPECT_EQ(streams.log.back(), "join");
+}
+
+struct Pattern {
+  const char* model;
+  int groups;
+  friend std::ostream& operator<<(std::ostream& os, const Pattern& p) {
+    return os << p.model << " with " << p.groups << " SWA groups";
+  }
+};
+
+class TablesOverPatterns : public testing::TestWithParam<Pattern> {};
+
+TEST_P(TablesOverPatterns, EachTableBuiltOnceForkedAsSpecSays) {
+  const auto [model, groups] = GetParam();
+  const auto layers = model_layers(model_preset(model), groups, true);
+  const test::StepCase c(layers, small_step(groups), 2);
+  RecordingStreams streams;
+  SparseIndexTables tables(layers, streams);
+  for (int step = 0; step < 2; ++step) {  // reset between steps: the same work again
+    run_step(tables, c, layers);
+    const TableStats& stats = tables.stats();
+    std::map<TableKey, int> once;
+    for (const LayerSpec& s : layers) once[{s.swa_group, sparse_index_key(s)}] = 1;
+    EXPECT_EQ(stats.builds, once);
+    EXPECT_EQ(stats.forks, expected_forks(layers));
+    EXPECT_EQ(stats.waits, expected_waits(layers));
+    if (groups == 1) {
+      EXPECT_TRUE(stats.forks.empty());
+    }
+    // Bounded memory: a group holds its swa_only table and at most one compressed one.
+    for (const auto& [group, peak] : stats.peak_tables) EXPECT_LE(peak, 2) << "group " << group;
+    EXPECT_GT(stats.bytes, 0u);
+    EXPECT_LE(stats.bytes, stats.peak_bytes);
+  }
+  tables.reset();
+  EXPECT_EQ(tables.stats().bytes, 0u);
+  EXPECT_TRUE(tables.stats().builds.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TablesOverPatterns,
+                         testing::Values(Pattern{"v4-flash", 1}, Pattern{"v4-flash", 2},
+                                         Pattern{"v4-flash", 3}, Pattern{"v41-flash", 1},
+                                         Pattern{"v41-flash", 2}, Pattern{"v41-flash", 3},
+                                         Pattern{"v4-pro", 2}),
+                         [](const auto& info) {
+                           std::string name = info.param.model;
+                           std::erase(name, '-');
+                           return name + "_" + std::to_string(info.param.groups) + "groups";
+                         });
+
+TEST(SparseIndexTables, ErrorInAForkJoinsBeforePropagating) {
+  const auto layers = model_layers(model_preset("v41-flash"), 2);
+  const test::StepCase c(layers, small_step(2), 3);
+  RecordingStreams streams;
+  SparseIndexTables tables(layers, streams);
+  tables.reset();
+  // Layer 3, in group 1, is the fork target of the run that layer 2 leads.
+  const TableInputs inputs = [&](int layer) {
+    SparseIndexArgs a = c.args(layer);
+    if (layer == 3) a.swa.block_table.dtype = DType::f32;
+    return a;
+  };
+  tables.lookup(0, inputs);
+  tables.lookup(1, inputs);
+  tables.join();
+  streams.log.clear();
+  try {
+    tables.lookup(2, inputs);
+    FAIL() << "the fork's error did not propagate";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "block_table");
+  }
+  EXPECT_EQ(streams.log, (std::vector<std::string>{"fork", "join"}));
+  EXPECT_EQ(tables.stats().builds.at({0, "2:2:2"}), 1);
+  tables.join();  // already joined: nothing more to wait for
+  EXPECT_EQ(streams.log.size(), 2u);
+}
+
+TEST(SparseIndexTables, UnknownLayerIsAnError) {
+  const auto layers = model_layers(model_preset("v4-flash"), 1);
+  RecordingStreams streams;
+  SparseIndexTables tables(layers, streams);
+  EXPECT_THROW(tables.lookup(99, [](int) { return SparseIndexArgs{}; }), Error);
+}
+
+}  // namespace
+}  // namespace smla

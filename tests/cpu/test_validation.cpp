@@ -1,0 +1,362 @@
+// Every bad decode argument gets its own smla::Error: the right kind, the DecodeArgs field name
+// as argument(), and a message that says what was expected and what came.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/problem.h"
+#include "oracle.h"
+#include "smla/decode.h"
+#include "smla/error.h"
+
+namespace smla::test {
+namespace {
+
+constexpr Device kCuda{DeviceKind::cuda, 0};
+
+// A valid call (T = 6 tokens in B = 3 requests, H = 8, K = 192, separate bf16 pools) that each
+// test breaks in one way.
+class Validation : public ::testing::Test {
+ protected:
+  DecodeCase c = make_case(
+      {.heads = 8, .q_lens = {1, 3, 2}, .sinks = SinkKind::finite, .pools = PoolSharing::separate},
+      fresh_seed());
+  DecodeArgs a = c.args();
+  std::vector<std::byte> scratch = std::vector<std::byte>(1 << 20);  // behind hand-made views
+
+  void SetUp() override { ASSERT_NO_THROW(validate_decode(a)) << c.summary; }
+
+  TensorView view(DType dtype, std::initializer_list<int64_t> shape) {
+    return make_view(scratch.data(), dtype, Device{}, shape);
+  }
+  TensorView view(DType dtype, std::initializer_list<int64_t> shape,
+                  std::initializer_list<int64_t> strides) {
+    return make_view(scratch.data(), dtype, Device{}, shape, strides);
+  }
+
+  // validate_decode(a) throws kind / argument, and what() quotes `expected` and `got`.
+  void expect_error(ErrorKind kind, const std::string& argument, const std::string& expected,
+                    const std::string& got) {
+    try {
+      validate_decode(a);
+      ADD_FAILURE() << "no error; expected one for " << argument;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.kind(), kind) << what;
+      EXPECT_EQ(e.argument(), argument) << what;
+      EXPECT_NE(what.find("expected " + e.expected()), std::string::npos) << what;
+      EXPECT_NE(e.expected().find(expected), std::string::npos) << what << "\n  lacks " << expected;
+      EXPECT_NE(e.got().find(got), std::string::npos) << what << "\n  lacks " << got;
+    }
+  }
+};
+
+struct Field {
+  const char* name;
+  TensorView DecodeArgs::*member;
+};
+
+const Field kTensorFields[] = {
+    {"query", &DecodeArgs::query},
+    {"swa_kv_cache", &DecodeArgs::swa_kv_cache},
+    {"compressed_kv_cache", &DecodeArgs::compressed_kv_cache},
+    {"sparse_indices", &DecodeArgs::sparse_indices},
+    {"sparse_topk_lens", &DecodeArgs::sparse_topk_lens},
+    {"seq_lens", &DecodeArgs::seq_lens},
+    {"cum_seq_lens_q", &DecodeArgs::cum_seq_lens_q},
+    {"sinks", &DecodeArgs::sinks},
+    {"out", &DecodeArgs::out},
+    {"lse", &DecodeArgs::lse},
+    {"workspace", &DecodeArgs::workspace},
+    {"kv_counters", &DecodeArgs::kv_counters},
+};
+
+TEST_F(Validation, WrongDtypeOfEachTensor) {
+  struct Case {
+    const char* name;
+    DType wrong;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {"query", DType::f32, "bf16 or f8e4m3"},
+      {"swa_kv_cache", DType::i32, "bf16, f8e4m3 or u8"},
+      {"sparse_indices", DType::f32, "i32"},
+      {"sparse_topk_lens", DType::u8, "i32"},
+      {"seq_lens", DType::f32, "i32"},
+      {"cum_seq_lens_q", DType::bf16, "i32"},
+      {"sinks", DType::bf16, "f32"},
+      {"out", DType::f32, "bf16"},
+      {"lse", DType::bf16, "f32"},
+      {"workspace", DType::i32, "u8"},
+      {"kv_counters", DType::f32, "i32 or u8"},
+  };
+  a.workspace = view(DType::u8, {1024});
+  a.kv_counters = view(DType::i32, {64});
+  ASSERT_NO_THROW(validate_decode(a));
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    for (const Field& f : kTensorFields) {
+      if (std::string(f.name) != k.name) continue;
+      const DType saved = (a.*f.member).dtype;
+      (a.*f.member).dtype = k.wrong;
+      expect_error(ErrorKind::type, k.name, k.expected, dtype_name(k.wrong));
+      (a.*f.member).dtype = saved;
+    }
+  }
+}
+
+TEST_F(Validation, PoolsOfDifferentLayouts) {
+  a.compressed_kv_cache.dtype = DType::f8e4m3;
+  expect_error(ErrorKind::type, "compressed_kv_cache", "bf16", "f8e4m3");
+}
+
+TEST_F(Validation, Fp8QueryNeedsPerTensorFp8Cache) {
+  a.query.dtype = DType::f8e4m3;
+  expect_error(ErrorKind::type, "query", "an f8e4m3 query needs an f8e4m3 cache", "f8e4m3");
+  DecodeCase ds = make_case({.layout = KvLayout::fp8_ds_mla}, fresh_seed());
+  a = ds.args();
+  a.query.dtype = DType::f8e4m3;
+  expect_error(ErrorKind::type, "query", "not fp8_ds_mla", "f8e4m3");
+}
+
+TEST_F(Validation, TensorOnAnotherDevice) {
+  a.workspace = view(DType::u8, {1024});
+  a.kv_counters = view(DType::u8, {64});
+  for (const Field& f : kTensorFields) {
+    if (std::string(f.name) == "query") continue;
+    SCOPED_TRACE(f.name);
+    (a.*f.member).device = kCuda;
+    expect_error(ErrorKind::type, f.name, "cpu", "cuda:0");
+    (a.*f.member).device = Device{};
+  }
+  a.query.device = kCuda;  // then the first other tensor is the odd one
+  expect_error(ErrorKind::type, "swa_kv_cache", "cuda:0", "cpu");
+}
+
+TEST_F(Validation, RequiredTensorAbsent) {
+  for (const char* name :
+       {"query", "swa_kv_cache", "sparse_indices", "sparse_topk_lens", "seq_lens", "out"}) {
+    SCOPED_TRACE(name);
+    DecodeArgs broken = a;
+    for (const Field& f : kTensorFields)
+      if (std::string(f.name) == name) broken.*f.member = TensorView{};
+    std::swap(a, broken);
+    expect_error(ErrorKind::value, name, "", "absent");
+    std::swap(a, broken);
+  }
+}
+
+TEST_F(Validation, NullData) {
+  a.sinks.data = nullptr;
+  expect_error(ErrorKind::value, "sinks", "data", "a null pointer");
+}
+
+TEST_F(Validation, QueryNotRank3) {
+  a.query = view(DType::bf16, {6, 8 * 512});
+  expect_error(ErrorKind::value, "query", "[T, H, 512]", "[6, 4096]");
+}
+
+TEST_F(Validation, HeadDimNot512) {
+  a.query = view(DType::bf16, {6, 8, 576});
+  expect_error(ErrorKind::value, "query", "[T, H, 512]", "[6, 8, 576]");
+}
+
+TEST_F(Validation, ZeroHeads) {
+  a.query = view(DType::bf16, {6, 0, 512});
+  expect_error(ErrorKind::value, "query", "H >= 1", "[6, 0, 512]");
+}
+
+TEST_F(Validation, MoreThan128Heads) {
+  a.query = view(DType::bf16, {6, 129, 512});
+  expect_error(ErrorKind::unsupported, "query", "H <= 128", "[6, 129, 512]");
+}
+
+TEST_F(Validation, OutHeadsBelowHeads) {
+  a.out = view(DType::bf16, {6, 4, 512});
+  expect_error(ErrorKind::value, "out", "H_out >= H = 8", "[6, 4, 512]");
+}
+
+TEST_F(Validation, OutShape) {
+  a.out = view(DType::bf16, {6, 8, 256});
+  expect_error(ErrorKind::value, "out", "[T=6, H_out, 512]", "[6, 8, 256]");
+  a.out = view(DType::bf16, {5, 8, 512});
+  expect_error(ErrorKind::value, "out", "[T=6, H_out, 512]", "[5, 8, 512]");
+}
+
+TEST_F(Validation, ColumnsNotMultipleOf4) {
+  a.sparse_indices = view(DType::i32, {6, 130});
+  expect_error(ErrorKind::value, "sparse_indices", "[T=6, K] with K % 4 == 0", "[6, 130]");
+}
+
+TEST_F(Validation, ColumnsBelowWindow) {
+  a.window = 256;
+  expect_error(ErrorKind::value, "sparse_indices", "K >= window = 256", "[6, 192]");
+}
+
+TEST_F(Validation, WindowBelowOne) {
+  a.window = 0;
+  expect_error(ErrorKind::value, "window", ">= 1", "0");
+}
+
+TEST_F(Validation, SparseIndicesRows) {
+  a.sparse_indices = view(DType::i32, {7, 192});
+  expect_error(ErrorKind::value, "sparse_indices", "[T=6, K]", "[7, 192]");
+}
+
+TEST_F(Validation, TopkLensShape) {
+  a.sparse_topk_lens = view(DType::i32, {6, 1});
+  expect_error(ErrorKind::value, "sparse_topk_lens", "[T=6]", "[6, 1]");
+}
+
+TEST_F(Validation, LastDimNotContiguous) {
+  a.query = view(DType::bf16, {6, 8, 512}, {8 * 1024, 1024, 2});
+  expect_error(ErrorKind::value, "query", "contiguous last dim", "stride 2");
+  a = c.args();
+  a.seq_lens.strides[0] = 2;
+  expect_error(ErrorKind::value, "seq_lens", "contiguous last dim", "stride 2");
+  a = c.args();
+  a.swa_kv_cache.strides[a.swa_kv_cache.ndim - 1] = 3;
+  expect_error(ErrorKind::value, "swa_kv_cache", "contiguous last dim", "stride 3");
+}
+
+TEST_F(Validation, SinksShape) {
+  a.sinks = view(DType::f32, {9});
+  expect_error(ErrorKind::value, "sinks", "[H=8]", "[9]");
+}
+
+TEST_F(Validation, LseShape) {
+  a.lse = view(DType::f32, {6, 16});
+  expect_error(ErrorKind::value, "lse", "[T=6, H=8]", "[6, 16]");
+}
+
+TEST_F(Validation, CumSeqLensShape) {
+  a.cum_seq_lens_q = view(DType::i32, {3});
+  expect_error(ErrorKind::value, "cum_seq_lens_q", "[B+1=4]", "[3]");
+}
+
+TEST_F(Validation, NoCumSeqLensMeansOneTokenPerRequest) {
+  a.cum_seq_lens_q = TensorView{};
+  expect_error(ErrorKind::value, "seq_lens", "[B=T=6]", "[3]");
+}
+
+TEST_F(Validation, MaxQLenBelowOne) {
+  a.max_q_len = 0;
+  expect_error(ErrorKind::value, "max_q_len", ">= 1", "0");
+}
+
+TEST_F(Validation, NonFiniteScales) {
+  a.bmm1_scale = std::numeric_limits<float>::quiet_NaN();
+  expect_error(ErrorKind::value, "bmm1_scale", "finite", "nan");
+  a.bmm1_scale = 1.f;
+  a.bmm2_scale = std::numeric_limits<float>::infinity();
+  expect_error(ErrorKind::value, "bmm2_scale", "finite", "inf");
+}
+
+TEST_F(Validation, PoolRank) {
+  a.swa_kv_cache = view(DType::bf16, {64, 512});
+  expect_error(ErrorKind::value, "swa_kv_cache", "[blocks, block_size, 512]", "[64, 512]");
+  a.swa_kv_cache = view(DType::bf16, {4, 16, 2, 512});
+  expect_error(ErrorKind::value, "swa_kv_cache", "[blocks, block_size, 1, 512]", "[4, 16, 2, 512]");
+}
+
+TEST_F(Validation, PoolRowSize) {
+  a.swa_kv_cache = view(DType::bf16, {4, 16, 584});
+  expect_error(ErrorKind::value, "swa_kv_cache", "[blocks, block_size, 512]", "[4, 16, 584]");
+  a = c.args();
+  a.compressed_kv_cache = TensorView{};
+  a.swa_kv_cache = view(DType::u8, {4, 16, 576}, {16 * 576, 576, 1});
+  expect_error(ErrorKind::value, "swa_kv_cache", "[blocks, block_size, 584]", "[4, 16, 576]");
+}
+
+TEST_F(Validation, PoolBlockSizeZero) {
+  a.swa_kv_cache = view(DType::bf16, {4, 0, 512});
+  expect_error(ErrorKind::value, "swa_kv_cache", "block_size >= 1", "[4, 0, 512]");
+}
+
+TEST_F(Validation, NonIntegralSpan) {
+  a.swa_kv_cache = view(DType::bf16, {4, 16, 512}, {16 * 512 + 100, 512, 1});
+  expect_error(ErrorKind::value, "swa_kv_cache", "whole number of token strides",
+               "a non-integral span: block stride 8292 / token stride 512");
+}
+
+TEST_F(Validation, SpanBelowBlockSize) {
+  a.compressed_kv_cache = view(DType::bf16, {4, 16, 1, 512}, {8 * 512, 512, 512, 1});
+  expect_error(ErrorKind::value, "compressed_kv_cache", ">= block_size = 16", "span 8");
+}
+
+TEST_F(Validation, TokenStrideBelowRow) {
+  a.swa_kv_cache = view(DType::bf16, {4, 16, 512}, {16 * 256, 256, 1});
+  expect_error(ErrorKind::value, "swa_kv_cache", "token stride >= 512", "256");
+}
+
+TEST_F(Validation, DsMlaPageStride) {
+  a.compressed_kv_cache = TensorView{};
+  a.swa_kv_cache = view(DType::u8, {4, 16, 584});  // 9344 B pages: not a multiple of 576
+  expect_error(ErrorKind::value, "swa_kv_cache", "multiple of 576 B and >= block_size * 584 = 9344",
+               "9344 B");
+  a.swa_kv_cache = view(DType::u8, {4, 16, 584}, {16 * 576, 584, 1});  // too small
+  expect_error(ErrorKind::value, "swa_kv_cache", "multiple of 576 B", "9216 B");
+  a.swa_kv_cache = view(DType::u8, {4, 16, 1, 584}, {17 * 576, 584, 584, 1});
+  EXPECT_NO_THROW(validate_decode(a));
+}
+
+TEST_F(Validation, CumSeqLensStartsAtZero) {
+  c.cum_seq_lens_q.set<int32_t>(0, 1);
+  expect_error(ErrorKind::value, "cum_seq_lens_q", "cum_seq_lens_q[0] == 0",
+               "cum_seq_lens_q[0] = 1");
+}
+
+TEST_F(Validation, CumSeqLensNotMonotone) {
+  c.cum_seq_lens_q.set<int32_t>(2, 0);  // {0, 1, 4, 6} -> {0, 1, 0, 6}
+  expect_error(ErrorKind::value, "cum_seq_lens_q", "non-decreasing",
+               "cum_seq_lens_q[1] = 1 > cum_seq_lens_q[2] = 0");
+}
+
+TEST_F(Validation, CumSeqLensEndsAtT) {
+  c.cum_seq_lens_q.set<int32_t>(3, 5);
+  expect_error(ErrorKind::value, "cum_seq_lens_q", "cum_seq_lens_q[B] == T = 6",
+               "cum_seq_lens_q[3] = 5");
+}
+
+TEST_F(Validation, QLenAboveMaxQLen) {
+  a.max_q_len = 2;
+  expect_error(ErrorKind::value, "max_q_len", "request 1 has q_len 3", "2");
+}
+
+TEST_F(Validation, QLenAboveSeqLen) {
+  c.seq_lens.set<int32_t>(1, 2);
+  expect_error(ErrorKind::value, "seq_lens", "seq_lens[1] >= q_len = 3", "seq_lens[1] = 2");
+}
+
+TEST_F(Validation, NegativeSeqLen) {
+  c.seq_lens.set<int32_t>(0, -5);
+  expect_error(ErrorKind::value, "seq_lens", "seq_lens[0] >= 0", "seq_lens[0] = -5");
+}
+
+TEST_F(Validation, TopkLenOutsideColumns) {
+  c.sparse_topk_lens.set<int32_t>(4, 193);
+  expect_error(ErrorKind::value, "sparse_topk_lens", "[0, K = 192]", "sparse_topk_lens[4] = 193");
+  c.sparse_topk_lens.set<int32_t>(4, -1);
+  expect_error(ErrorKind::value, "sparse_topk_lens", "[0, K = 192]", "sparse_topk_lens[4] = -1");
+}
+
+// Device-resident values cannot be read without a sync: only shapes and the like are checked.
+TEST_F(Validation, DeviceValuesAreNotRead) {
+  c.cum_seq_lens_q.set<int32_t>(2, 0);
+  c.seq_lens.set<int32_t>(0, -5);
+  c.sparse_topk_lens.set<int32_t>(4, 1000);
+  for (const Field& f : kTensorFields) (a.*f.member).device = kCuda;
+  EXPECT_NO_THROW(validate_decode(a));
+}
+
+// The public entry point validates before it dispatches.
+TEST_F(Validation, PublicCallValidates) {
+  a.query.dtype = DType::f32;
+  EXPECT_THROW(sparse_mla_decode(a), Error);
+}
+
+}  // namespace
+}  // namespace smla::test

@@ -1,0 +1,89 @@
+// A DecodeCase copied to the GPU: every tensor in device memory, plus the split-KV workspace
+// and counters that the public API sizes, so tests run the same call on both backends.
+#pragma once
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "host_case.h"
+#include "smla/decode.h"
+
+namespace smla::test {
+
+#define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
+#define CUDA_OK(call) EXPECT_EQ((call), cudaSuccess) << #call
+
+inline bool have_gpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU tests skipped"
+
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(size_t bytes) : bytes_(bytes) {
+    if (cudaMalloc(&ptr_, bytes ? bytes : 16) != cudaSuccess) ptr_ = nullptr;
+  }
+  ~DeviceMemory() { cudaFree(ptr_); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+struct DeviceCase {
+  static constexpr Device kDevice{DeviceKind::cuda, 0};
+  std::map<const HostTensor*, std::unique_ptr<DeviceMemory>> tensors;
+  std::unique_ptr<DeviceMemory> workspace, counters;
+  DecodeArgs args;
+
+  // `counter_bytes` / `workspace_bytes` below the API's sizes exercise the fallback.
+  explicit DeviceCase(DecodeCase& c, size_t counter_bytes = SIZE_MAX, size_t ws_bytes = SIZE_MAX) {
+    c.for_each_tensor([&](const char*, HostTensor& t) {
+      auto memory = std::make_unique<DeviceMemory>(t.bytes.size());
+      cudaMemcpy(memory->get(), t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice);
+      tensors[&t] = std::move(memory);
+    });
+    args = c.args(kDevice, [&](const HostTensor& t) { return tensors.at(&t)->get(); });
+    const int64_t T = c.query.size(0), K = c.sparse_indices.size(1);
+    const int H = static_cast<int>(c.query.size(1));
+    counter_bytes = std::min(counter_bytes, kv_counter_bytes(T, H));
+    ws_bytes = std::min(ws_bytes, workspace_bytes(T, H, K, kDevice));
+    counters = std::make_unique<DeviceMemory>(counter_bytes);
+    workspace = std::make_unique<DeviceMemory>(ws_bytes);
+    cudaMemset(counters->get(), 0, counters->bytes());
+    if (counter_bytes) args.kv_counters = make_view(counters->get(), DType::u8, kDevice, {int64_t(counter_bytes)});
+    if (ws_bytes) args.workspace = make_view(workspace->get(), DType::u8, kDevice, {int64_t(ws_bytes)});
+  }
+
+  void* device_ptr(const HostTensor& t) const { return tensors.at(&t)->get(); }
+
+  // Copies the outputs back into the case (so the oracle comparison reads them).
+  void fetch(DecodeCase& c) const {
+    cudaMemcpy(c.out.bytes.data(), device_ptr(c.out), c.out.bytes.size(), cudaMemcpyDeviceToHost);
+    if (c.lse.defined())
+      cudaMemcpy(c.lse.bytes.data(), device_ptr(c.lse), c.lse.bytes.size(), cudaMemcpyDeviceToHost);
+  }
+
+  std::vector<int32_t> counter_values() const {
+    std::vector<int32_t> v(counters->bytes() / 4);
+    cudaMemcpy(v.data(), counters->get(), v.size() * 4, cudaMemcpyDeviceToHost);
+    return v;
+  }
+};
+
+inline bool all_zero(const std::vector<int32_t>& v) {
+  for (int32_t x : v)
+    if (x != 0) return false;
+  return true;
+}
+
+}  // namespace smla::test

@@ -1,0 +1,163 @@
+// The CUDA kernel against the float64 oracle and the CPU backend on fresh random cases, plus
+// the persistent-counter, determinism and graph-capture contracts of SPEC §3.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "device_case.h"
+#include "oracle.h"
+#include "smla/decode.h"
+#include "smla/error.h"
+
+namespace smla::test {
+namespace {
+
+// A CPU-backend result as a Reference, to hold the GPU to it with the device tolerance.
+Reference reference_of(const DecodeCase& c) {
+  Reference r;
+  r.tokens = c.out.size(0), r.out_heads = static_cast<int>(c.out.size(1));
+  r.heads = static_cast<int>(c.query.size(1));
+  for (int64_t t = 0; t < r.tokens; ++t)
+    for (int h = 0; h < r.out_heads; ++h)
+      for (int d = 0; d < 512; ++d)
+        r.out.push_back(ref_bf16(c.out.get<uint16_t>(t * c.out.stride(0) + h * c.out.stride(1) + d)));
+  if (c.lse.defined())
+    for (int64_t t = 0; t < r.tokens; ++t)
+      for (int h = 0; h < r.heads; ++h) r.lse.push_back(c.lse.get<float>(t * c.lse.stride(0) + h * c.lse.stride(1)));
+  return r;
+}
+
+// The GPU's result for `c` (poisoned outputs and unattended rows), checked against the
+// oracle and the CPU backend.
+void check_against_oracle_and_cpu(const CaseSpec& spec) {
+  DecodeCase gpu = make_case(spec, fresh_seed());
+  poison_unattended_rows(gpu);
+  DecodeCase cpu = gpu;
+  sparse_mla_decode(cpu.args());
+  DeviceCase d(gpu);
+  sparse_mla_decode(d.args);
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  d.fetch(gpu);
+  EXPECT_TRUE(matches(gpu, oracle(gpu), Tolerance::device(spec.layout))) << "vs oracle";
+  EXPECT_TRUE(matches(gpu, reference_of(cpu), Tolerance::device(spec.layout))) << "vs CPU backend";
+  EXPECT_TRUE(all_zero(d.counter_values())) << "counters not returned to zero; " << gpu.summary;
+}
+
+TEST(GpuDecode, RandomCasesAgainstOracleAndCpu) {
+  SKIP_WITHOUT_GPU();
+  const int heads[] = {1, 8, 16, 32, 64, 100, 128};
+  const int widths[] = {4, 64, 128, 512, 1024};
+  int cases = 0;
+  for (int round = 0; round < 6; ++round)
+    for (int h : heads)
+      for (int width : widths) {
+        CaseSpec spec{.heads = h, .compressed_width = width};
+        spec.requests = h >= 64 ? 2 : 3 + round % 3;
+        spec.max_q = round % 2 ? 6 : 2;
+        spec.out_heads = round % 3 == 0 ? (h <= 64 ? 64 : 128) : 0;
+        spec.all_masked = round == 5 && width == 64;
+        check_against_oracle_and_cpu(spec);
+        ++cases;
+        if (HasFailure()) return;
+      }
+  EXPECT_GE(cases, 200);
+}
+
+// A row split over many CTAs reuses one counter buffer 1000 times without a reset between
+// launches: every launch equals the first bitwise and the buffer ends zeroed.
+TEST(GpuDecode, ThousandLaunchesOnOneCounterBuffer) {
+  SKIP_WITHOUT_GPU();
+  DecodeCase c = make_case({.heads = 64, .requests = 1, .max_q = 2, .compressed_width = 1024,
+                            .sinks = SinkKind::finite, .masked = 0.02},
+                           fresh_seed());
+  DeviceCase d(c);
+  const size_t out_bytes = c.out.bytes.size();
+  constexpr int kLaunches = 1000;
+  DeviceMemory outs(out_bytes * kLaunches);
+  ASSERT_NE(outs.get(), nullptr);
+  for (int i = 0; i < kLaunches; ++i) {
+    DecodeArgs a = d.args;
+    a.out.data = static_cast<char*>(outs.get()) + i * out_bytes;
+    sparse_mla_decode(a);
+  }
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  std::vector<std::byte> all(out_bytes * kLaunches);
+  ASSERT_CUDA(cudaMemcpy(all.data(), outs.get(), all.size(), cudaMemcpyDeviceToHost));
+  for (int i = 1; i < kLaunches; ++i)
+    ASSERT_EQ(std::memcmp(all.data(), all.data() + i * out_bytes, out_bytes), 0) << "launch " << i;
+  std::memcpy(c.out.bytes.data(), all.data(), out_bytes);
+  d.fetch(c);  // lse of the last launch
+  std::memcpy(c.out.bytes.data(), all.data(), out_bytes);
+  EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(KvLayout::bf16)));
+  EXPECT_TRUE(all_zero(d.counter_values()));
+}
+
+// A captured launch replayed 100 times equals the eager launch bitwise.
+TEST(GpuDecode, GraphReplayEqualsEagerBitwise) {
+  SKIP_WITHOUT_GPU();
+  DecodeCase c = make_case({.heads = 128, .requests = 2, .max_q = 3, .compressed_width = 512}, fresh_seed());
+  DeviceCase d(c);
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  sparse_mla_decode(d.args, stream);
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  d.fetch(c);
+  const DecodeCase eager = c;
+  ASSERT_CUDA(cudaMemset(d.device_ptr(c.out), 0xff, c.out.bytes.size()));  // poison again
+
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  sparse_mla_decode(d.args, stream);
+  ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    if (i % 25 == 24) {
+      ASSERT_CUDA(cudaStreamSynchronize(stream));
+      d.fetch(c);
+      ASSERT_EQ(c.out.bytes, eager.out.bytes) << "replay " << i;
+      ASSERT_EQ(c.lse.bytes, eager.lse.bytes) << "replay " << i;
+    }
+  }
+  EXPECT_TRUE(matches(eager, oracle(eager), Tolerance::device(KvLayout::bf16)));
+  EXPECT_TRUE(all_zero(d.counter_values()));
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+// Too small a counter buffer or workspace, or none, falls back to fewer splits: still right.
+TEST(GpuDecode, SmallCountersOrWorkspaceFallBack) {
+  SKIP_WITHOUT_GPU();
+  for (auto [counters, workspace] : {std::pair<size_t, size_t>{0, 0}, {4, SIZE_MAX}, {SIZE_MAX, 1 << 16}}) {
+    DecodeCase c = make_case({.heads = 32, .requests = 2, .max_q = 2, .compressed_width = 1024}, fresh_seed());
+    DeviceCase d(c, counters, workspace);
+    sparse_mla_decode(d.args);
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    d.fetch(c);
+    EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(KvLayout::bf16)))
+        << "counters " << counters << " workspace " << workspace;
+  }
+}
+
+TEST(GpuDecode, CapabilityNamesWhatIsMissing) {
+  SKIP_WITHOUT_GPU();
+  const Device gpu{DeviceKind::cuda, 0};
+  EXPECT_TRUE(query_capability(512, DType::bf16, DType::bf16, 64, gpu).supported);
+  const Capability fp8 = query_capability(512, DType::bf16, DType::u8, 64, gpu);
+  EXPECT_FALSE(fp8.supported);
+  EXPECT_NE(fp8.reason.find("u8"), std::string::npos) << fp8.reason;
+  DecodeCase c = make_case({.layout = KvLayout::fp8_ds_mla, .heads = 16}, fresh_seed());
+  DeviceCase d(c);
+  try {
+    sparse_mla_decode(d.args);
+    ADD_FAILURE() << "an fp8_ds_mla cache ran on CUDA";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+    EXPECT_EQ(e.argument(), "swa_kv_cache");
+  }
+}
+
+}  // namespace
+}  // namespace smla::test

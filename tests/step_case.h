@@ -1,0 +1,206 @@
+// A random decode step in host memory for the index, table and executor tests: request
+// lengths, the SWA groups' block tables, each layer's pools, each kv source's compressed pool
+// and block table, and each index source's local top-k.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "smla/executor.h"
+#include "smla/model.h"
+
+namespace smla::test {
+
+struct CaseShape {
+  std::vector<int> q_lens;    // per request; decode requests first
+  std::vector<int> seq_lens;  // per request, >= q_len
+  int num_decodes = 0;
+  int num_groups = 1;        // block tables made for groups 0..num_groups-1
+  int block_size = 16;       // SWA page rows
+  int span = 16;             // SWA page stride in rows (> block_size: packed)
+  int entries_per_page = 8;  // E: compressed page rows
+  int compressed_span = 8;
+  double invalid_fraction = 0.0;      // share of padding tokens (is_valid_token = 0)
+  int decode_swa_width = 0;           // > window: DSpark
+  bool evict_outside_window = false;  // SWA pages wholly before every window are -1
+};
+
+class StepCase {
+ public:
+  StepCase(const std::vector<LayerSpec>& specs, const CaseShape& shape, uint64_t seed)
+      : shape_(shape), rng_(seed) {
+    const int B = static_cast<int>(shape.q_lens.size());
+    std::vector<int32_t> cum{0};
+    for (int q : shape.q_lens) cum.push_back(cum.back() + q);
+    T_ = cum.back();
+    StepMetadata& m = inputs.metadata;
+    m.num_tokens = T_;
+    m.seq_lens = keep(std::vector<int32_t>(shape.seq_lens.begin(), shape.seq_lens.end()), {B});
+    m.cum_seq_lens_q = keep(cum, {B + 1});
+    m.num_decodes = shape.num_decodes;
+    m.max_q_len = std::max(1, *std::max_element(shape.q_lens.begin(), shape.q_lens.end()));
+    m.decode_swa_width = shape.decode_swa_width;
+    if (shape.invalid_fraction > 0) {
+      std::vector<uint8_t> valid(T_);
+      std::bernoulli_distribution invalid(shape.invalid_fraction);
+      for (auto& v : valid) v = !invalid(rng_);
+      valid_ = valid;
+      m.is_valid_token = keep_u8(valid, {T_});
+    }
+    for (int t = 0; t < T_; ++t) {
+      const int b = static_cast<int>(std::upper_bound(cum.begin(), cum.end(), t) - cum.begin()) - 1;
+      request_.push_back(b);
+      pos_.push_back(shape.seq_lens[b] - shape.q_lens[b] + (t - cum[b]));
+    }
+    const int max_seq = *std::max_element(shape.seq_lens.begin(), shape.seq_lens.end());
+    swa_pages_ = (max_seq + shape.block_size - 1) / shape.block_size;
+    for (int g = 0; g < shape.num_groups; ++g) inputs.block_tables.push_back(swa_block_table());
+    for (const LayerSpec& s : specs) {
+      AttentionLayer layer{.spec = s,
+                           .swa_kv_cache = pool(B * swa_pages_, shape.block_size, shape.span)};
+      layer.bmm1_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+      if (s.compress_ratio > 0) {
+        if (!compressed_pools_.contains(s.kv_source)) add_kv_source(s, max_seq);
+        layer.compressed_kv_cache = compressed_pools_.at(s.kv_source);
+        if (!inputs.topk_indices.contains(s.index_source)) add_index_source(s, max_seq);
+      }
+      layers.push_back(layer);
+    }
+  }
+
+  int64_t num_tokens() const { return T_; }
+  int request(int t) const { return request_[t]; }
+  int pos(int t) const { return pos_[t]; }
+  bool valid(int t) const { return valid_.empty() || valid_[t]; }
+
+  // The build arguments of `layer`'s table, outputs unset (what StepExecutor passes).
+  SparseIndexArgs args(int layer) const {
+    const AttentionLayer& l = layers.at(index_of(layer));
+    SparseIndexArgs a;
+    a.step = inputs.metadata;
+    a.window = l.spec.window;
+    a.swa = {inputs.block_tables.at(l.spec.swa_group), l.swa_kv_cache};
+    if (l.spec.compress_ratio > 0)
+      a.compressed = {l.spec.compress_ratio, inputs.topk_indices.at(l.spec.index_source),
+                      inputs.compressed_block_tables.at(l.spec.kv_source), l.compressed_kv_cache};
+    return a;
+  }
+
+  // A random bf16 tensor [rows, heads, 512].
+  TensorView bf16(int64_t rows, int64_t heads) {
+    u16_.push_back(random_bf16(rows * heads * kHeadDim));
+    return make_view(u16_.back().data(), DType::bf16, Device{}, {rows, heads, kHeadDim});
+  }
+
+  // Zeroed host storage viewed as `dtype` with this shape.
+  TensorView zeros(DType dtype, std::initializer_list<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    bytes_.emplace_back(n * dtype_size(dtype));
+    return make_view(bytes_.back().data(), dtype, Device{}, shape);
+  }
+
+  TensorView keep(std::vector<int32_t> data, std::initializer_list<int64_t> shape) {
+    i32_.push_back(std::move(data));
+    return make_view(i32_.back().data(), DType::i32, Device{}, shape);
+  }
+
+  StepInputs inputs;
+  std::vector<AttentionLayer> layers;
+
+ private:
+  size_t index_of(int layer) const {
+    for (size_t i = 0; i < layers.size(); ++i)
+      if (layers[i].spec.layer == layer) return i;
+    throw std::out_of_range("layer");
+  }
+
+  TensorView keep_u8(std::vector<uint8_t> data, std::initializer_list<int64_t> shape) {
+    u8_.push_back(std::move(data));
+    return make_view(u8_.back().data(), DType::u8, Device{}, shape);
+  }
+
+  // bf16 values of magnitude in [2^-7, 1) and random sign, four from each draw.
+  std::vector<uint16_t> random_bf16(int64_t n) {
+    std::vector<uint16_t> data(n);
+    for (int64_t i = 0; i < n; i += 4) {
+      uint64_t bits = rng_();
+      for (int64_t j = i; j < std::min(i + 4, n); ++j, bits >>= 16) {
+        const uint16_t exponent = 120 + (bits >> 7) % 7;  // 2^-7 .. 2^-1
+        data[j] = static_cast<uint16_t>((bits & 0x8000) | (exponent << 7) | (bits & 0x7f));
+      }
+    }
+    return data;
+  }
+
+  // [blocks, block_size, 512] bf16 with a page stride of `span` rows.
+  TensorView pool(int64_t blocks, int64_t block_size, int64_t span) {
+    u16_.push_back(random_bf16(blocks * span * kHeadDim));
+    return make_view(u16_.back().data(), DType::bf16, Device{}, {blocks, block_size, kHeadDim},
+                     {span * kHeadDim, kHeadDim, 1});
+  }
+
+  // Each request's pages are a random permutation of distinct pool pages.
+  std::vector<int32_t> page_ids(int rows, int pages) {
+    std::vector<int32_t> ids(rows * pages);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng_);
+    return ids;
+  }
+
+  TensorView swa_block_table() {
+    const int B = static_cast<int>(shape_.q_lens.size());
+    std::vector<int32_t> table = page_ids(B, swa_pages_);
+    if (shape_.evict_outside_window) {
+      for (int b = 0; b < B; ++b) {
+        const int first_seen = std::max(0, shape_.seq_lens[b] - shape_.q_lens[b] - kWindow);
+        for (int p = 0; (p + 1) * shape_.block_size <= first_seen; ++p)
+          table[b * swa_pages_ + p] = -1;
+      }
+    }
+    return keep(table, {B, swa_pages_});
+  }
+
+  void add_kv_source(const LayerSpec& s, int max_seq) {
+    const int B = static_cast<int>(shape_.q_lens.size());
+    const int pages = max_seq / s.compress_ratio / shape_.entries_per_page + 1;
+    compressed_pools_[s.kv_source] =
+        pool(B * pages, shape_.entries_per_page, shape_.compressed_span);
+    inputs.compressed_block_tables[s.kv_source] = keep(page_ids(B, pages), {B, pages});
+  }
+
+  // Local top-k of an index source: distinct entries of those visible at pos, then -1.
+  void add_index_source(const LayerSpec& s, int max_seq) {
+    const int64_t width = topk_width(s, max_seq);
+    std::vector<int32_t> topk(T_ * width, -1);
+    for (int t = 0; t < T_; ++t) {
+      const int visible = (pos_[t] + 1) / s.compress_ratio;
+      std::vector<int32_t> entries(visible);
+      std::iota(entries.begin(), entries.end(), 0);
+      if (s.index_topk > 0) std::shuffle(entries.begin(), entries.end(), rng_);
+      for (int j = 0; j < std::min<int64_t>(visible, width); ++j) topk[t * width + j] = entries[j];
+    }
+    inputs.topk_indices[s.index_source] = keep(topk, {T_, width});
+  }
+
+  CaseShape shape_;
+  std::mt19937_64 rng_;
+  int T_ = 0;
+  int swa_pages_ = 0;
+  std::vector<int> request_, pos_;
+  std::vector<uint8_t> valid_;
+  std::map<int, TensorView> compressed_pools_;
+  // Lists keep every buffer at a fixed address while views point into them.
+  std::list<std::vector<int32_t>> i32_;
+  std::list<std::vector<uint16_t>> u16_;
+  std::list<std::vector<uint8_t>> u8_;
+  std::list<std::vector<std::byte>> bytes_;
+};
+
+}  // namespace smla::test

@@ -1,0 +1,136 @@
+#include "args.h"
+
+#include <charconv>
+#include <string_view>
+#include <vector>
+
+#include "smla/model.h"
+
+namespace smla::cli {
+namespace {
+
+template <class T>
+T number(std::string_view flag, std::string_view text, T least, T most) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < least || value > most)
+    throw UsageError(std::string(flag) + ": expected an integer in [" + std::to_string(least) +
+                     ", " + std::to_string(most) + "], got '" + std::string(text) + "'");
+  return value;
+}
+
+template <class T>
+T choice(std::string_view flag, std::string_view text,
+         std::initializer_list<std::pair<std::string_view, T>> options) {
+  std::string names;
+  for (const auto& [name, value] : options) {
+    if (name == text) return value;
+    names += (names.empty() ? "" : "|") + std::string(name);
+  }
+  throw UsageError(std::string(flag) + ": expected " + names + ", got '" + std::string(text) + "'");
+}
+
+std::string model_names() {
+  std::string names;
+  for (const ModelPreset& p : model_presets()) names += (names.empty() ? "" : "|") + p.name;
+  return names;
+}
+
+void set_run_option(RunOptions& o, std::string_view flag, std::string_view value) {
+  constexpr int kMaxInt = 1 << 30;
+  if (flag == "--model") {
+    for (const ModelPreset& p : model_presets())
+      if (p.name == value) return void(o.model = p.name);
+    throw UsageError("--model: expected " + model_names() + ", got '" + std::string(value) + "'");
+  }
+  if (flag == "--requests") return void(o.requests = number(flag, value, 1, kMaxInt));
+  if (flag == "--context") return void(o.context = number(flag, value, 1, kMaxInt));
+  if (flag == "--mtp") return void(o.mtp = number(flag, value, 1, 1024));
+  if (flag == "--check") return void(o.check = number(flag, value, 0, kMaxInt));
+  if (flag == "--groups") return void(o.groups = number(flag, value, 1, 64));
+  if (flag == "--seed") return void(o.seed = number<uint64_t>(flag, value, 0, UINT64_MAX));
+  if (flag == "--kv")
+    return void(o.kv = choice<KvLayout>(flag, value,
+                                        {{"bf16", KvLayout::bf16},
+                                         {"fp8", KvLayout::fp8_e4m3},
+                                         {"fp8_ds_mla", KvLayout::fp8_ds_mla}}));
+  if (flag == "--device")
+    return void(o.device = choice<DeviceChoice>(flag, value,
+                                                {{"auto", DeviceChoice::auto_},
+                                                 {"cpu", DeviceChoice::cpu},
+                                                 {"cuda", DeviceChoice::cuda}}));
+  throw UsageError("unknown flag '" + std::string(flag) + "'");
+}
+
+}  // namespace
+
+Invocation parse_args(int argc, const char* const* argv) {
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  for (std::string_view a : args)
+    if (a == "--help" || a == "-h") return {};
+  if (args.empty()) throw UsageError("no command");
+  Invocation inv;
+  if (args[0] == "help") return inv;
+  if (args[0] == "info") {
+    if (args.size() > 1)
+      throw UsageError("info takes no arguments, got '" + std::string(args[1]) + "'");
+    inv.command = Command::info;
+    return inv;
+  }
+  if (args[0] != "run") throw UsageError("unknown command '" + std::string(args[0]) + "'");
+  inv.command = Command::run;
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string_view flag = args[i], value;
+    if (const size_t eq = flag.find('='); eq != std::string_view::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (flag.starts_with("--") && i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      throw UsageError(flag.starts_with("--") ? std::string(flag) + ": missing value"
+                                              : "unexpected argument '" + std::string(flag) + "'");
+    }
+    set_run_option(inv.run, flag, value);
+  }
+  if (inv.run.mtp > inv.run.context)
+    throw UsageError("--mtp: expected at most --context = " + std::to_string(inv.run.context) +
+                     " tokens, got " + std::to_string(inv.run.mtp));
+  return inv;
+}
+
+std::string usage() {
+  const RunOptions d;
+  return "usage: smla <command> [flags]\n"
+         "\n"
+         "commands:\n"
+         "  run    run the attention of every layer of one decode step on synthetic caches\n"
+         "  info   print the backends this build has and what each supports\n"
+         "  help   print this text (also --help)\n"
+         "\n"
+         "run flags:\n"
+         "  --model " +
+         model_names() + "   model preset (default " + d.model +
+         ")\n"
+         "  --requests N      requests in the batch (default " +
+         std::to_string(d.requests) +
+         ")\n"
+         "  --context N       KV length of each request, new tokens included (default " +
+         std::to_string(d.context) +
+         ")\n"
+         "  --mtp N           query tokens per request (default " +
+         std::to_string(d.mtp) +
+         ")\n"
+         "  --kv bf16|fp8|fp8_ds_mla   KV cache dtype (default bf16)\n"
+         "  --device auto|cpu|cuda     where to run (default auto: the GPU when there is one)\n"
+         "  --check N         (token, head) rows per layer checked against a float64 oracle\n"
+         "                    (default " +
+         std::to_string(d.check) +
+         ", 0: no check)\n"
+         "  --groups N        interleaved SWA KV-cache groups (default " +
+         std::to_string(d.groups) +
+         ")\n"
+         "  --seed N          seed of the synthetic step (default " +
+         std::to_string(d.seed) + ")\n";
+}
+
+}  // namespace smla::cli

@@ -1,0 +1,38 @@
+// The `smla` command: parse, then run the command; usage errors exit 2, failures 1.
+#include <cstdio>
+#include <exception>
+
+#include "args.h"
+#include "run.h"
+#include "smla/decode.h"
+#include "smla/error.h"
+
+int main(int argc, char** argv) {
+  using namespace smla::cli;
+  Invocation invocation;
+  try {
+    invocation = parse_args(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "smla: %s\n\n%s", e.what(), usage().c_str());
+    return 2;
+  }
+  try {
+    switch (invocation.command) {
+      case Command::help:
+        std::fputs(usage().c_str(), stdout);
+        return 0;
+      case Command::info:
+        std::fputs(smla::backend_info().c_str(), stdout);
+        return 0;
+      case Command::run:
+        return run_step(invocation.run);
+    }
+  } catch (const smla::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());  // already "smla: argument: expected ..., got ..."
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "smla: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

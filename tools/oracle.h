@@ -1,0 +1,22 @@
+// The check of `smla run`: SPEC §2 in float64 for sampled (token, head) rows, attending what
+// the synthetic step's block tables and top-k say directly (not the library's tables).
+#pragma once
+#include <cstdint>
+#include <random>
+
+#include "synth.h"
+
+namespace smla::cli {
+
+struct CheckResult {
+  int64_t rows = 0;
+  double max_error = 0;           // max |out - oracle| over the rows' 512 values
+  double max_relative_error = 0;  // the same, over the row's largest |oracle| value
+};
+
+// `rows` random (token, head) rows of layer `index` of `host` (outs already on the host).
+CheckResult check_layer(const StepData& host, size_t index, int rows, std::mt19937_64& rng);
+
+void merge(CheckResult& into, const CheckResult& more);
+
+}  // namespace smla::cli

@@ -1,0 +1,69 @@
+#include "report.h"
+
+#include <cstdio>
+
+#include "synth.h"
+
+namespace smla::cli {
+namespace {
+
+struct Totals {
+  std::string kind;
+  int layers = 0;
+  double seconds = 0, bytes = 0, flops = 0;
+};
+
+void print_row(const Totals& t) {
+  std::printf("%-10s %6d %10.3f %10.3f %9.2f %9.3f\n", t.kind.c_str(), t.layers, t.seconds * 1e3,
+              t.seconds * 1e3 / t.layers, t.bytes / t.seconds / 1e9, t.flops / t.seconds / 1e12);
+}
+
+}  // namespace
+
+std::string layer_kind(const LayerSpec& layer) {
+  return layer.compress_ratio == 0 ? "swa-only" : "ratio " + std::to_string(layer.compress_ratio);
+}
+
+void print_report(const RunReport& r) {
+  const RunOptions& o = r.options;
+  const char* kv = o.kv == KvLayout::fp8_e4m3 ? "fp8" : kv_layout_name(o.kv);
+  std::printf(
+      "%s: %zu layers, %d requests x %d token%s, context %d, %s KV (%.1f MiB), "
+      "%d SWA group%s, on %s\n",
+      o.model.c_str(), r.layers.size(), o.requests, o.mtp, o.mtp > 1 ? "s" : "", o.context, kv,
+      r.kv_bytes / 1048576.0, o.groups, o.groups > 1 ? "s" : "", r.device.c_str());
+  std::printf("%-10s %6s %10s %10s %9s %9s\n", "layers", "count", "time ms", "ms/layer", "GB/s",
+              "TFLOP/s");
+  std::vector<Totals> kinds;  // in order of first appearance
+  Totals all{.kind = "total"};
+  for (const LayerRun& l : r.layers) {
+    auto it =
+        std::find_if(kinds.begin(), kinds.end(), [&](const Totals& t) { return t.kind == l.kind; });
+    if (it == kinds.end()) it = kinds.insert(kinds.end(), Totals{.kind = l.kind});
+    // Bytes of the KV rows gathered; 4 * H * 512 FLOP (QK and PV) per attended column.
+    const double bytes = static_cast<double>(l.columns) * kv_row_bytes(o.kv);
+    const double flops = 4.0 * l.num_heads * kHeadDim * static_cast<double>(l.columns);
+    for (Totals* t : {&*it, &all}) {
+      ++t->layers;
+      t->seconds += l.seconds;
+      t->bytes += bytes;
+      t->flops += flops;
+    }
+  }
+  for (const Totals& t : kinds) print_row(t);
+  print_row(all);
+  int builds = 0;
+  for (const auto& [key, count] : r.tables.builds) builds += count;
+  std::printf("tables: %d built (%zu forked), %zu lookups waited for a fork, peak %.2f MiB\n",
+              builds, r.tables.forks.size(), r.tables.waits.size(),
+              r.tables.peak_bytes / 1048576.0);
+  if (!r.check) return;
+  const CheckResult& c = *r.check;
+  std::printf(
+      "check: %lld (token, head) rows vs a float64 oracle: max |error| %.2e, "
+      "max relative %.2e (tolerance %.0e): %s\n",
+      static_cast<long long>(c.rows), c.max_error, c.max_relative_error, r.tolerance,
+      c.max_relative_error <= r.tolerance ? "ok" : "FAILED");
+}
+
+}  // namespace smla::cli

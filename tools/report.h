@@ -1,0 +1,37 @@
+// What `smla run` prints: time per layer kind and in total, effective GB/s and TFLOP/s, the
+// tables' bookkeeping and the check.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "oracle.h"
+#include "smla/tables.h"
+
+namespace smla::cli {
+
+struct LayerRun {
+  std::string kind{};  // "swa-only", "ratio 4", ...
+  int num_heads = 0;
+  double seconds = 0;
+  int64_t columns = 0;  // attended columns, all tokens
+};
+
+std::string layer_kind(const LayerSpec& layer);
+
+struct RunReport {
+  RunOptions options{};
+  std::string device{};  // "cpu (2 threads)", "cuda:0"
+  int64_t num_tokens = 0;
+  int64_t kv_bytes = 0;
+  std::vector<LayerRun> layers{};
+  TableStats tables{};
+  std::optional<CheckResult> check{};
+  double tolerance = 0;  // on the check's relative error
+};
+
+void print_report(const RunReport& report);
+
+}  // namespace smla::cli

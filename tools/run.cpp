@@ -1,0 +1,87 @@
+#include "run.h"
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "cpu/parallel.h"
+#include "oracle.h"
+#include "progress.h"
+#include "report.h"
+#include "smla/error.h"
+#include "synth.h"
+
+namespace smla::cli {
+namespace {
+
+// Relative to the row's largest value: bf16 output rounding is 2^-9, float32 sums add little.
+constexpr double kTolerance = 1e-2;
+
+// The GPU when it can run this step, else the CPU (with a note, unless cuda was asked for).
+Device pick_device(const RunOptions& o) {
+  if (o.device == DeviceChoice::cpu) return {};
+  const Device gpu{DeviceKind::cuda, 0};
+  std::string why =
+      query_capability(kHeadDim, query_dtype(o.kv), kv_dtype(o.kv), kSwaBlockSize, gpu).reason;
+  if (why.empty()) {
+    try {
+      make_streams(gpu);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  if (why.empty()) return gpu;
+  if (o.device == DeviceChoice::cuda)
+    throw Error(ErrorKind::unsupported, "--device", "a CUDA device that can run this step", why);
+  std::fprintf(stderr, "note: running on the CPU; cuda: %s\n", why.c_str());
+  return {};
+}
+
+}  // namespace
+
+int run_step(const RunOptions& o) {
+  const std::vector<LayerSpec> specs = model_layers(model_preset(o.model), o.groups);
+  const Device device = pick_device(o);
+  const std::unique_ptr<Streams> streams = make_streams(device);
+  SynthStep step(o, specs, *streams);
+  StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns);
+
+  RunReport report{.options = o,
+                   .num_tokens = step.num_tokens,
+                   .kv_bytes = step.kv_bytes,
+                   .tolerance = kTolerance};
+  report.device = device.kind == DeviceKind::cpu
+                      ? "cpu (" + std::to_string(cpu::num_threads()) + " threads)"
+                      : device_name(device);
+  {
+    Progress progress("running", static_cast<int64_t>(specs.size()));
+    executor.begin_step(step.device.inputs);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      executor.run_layer(specs[i].layer, step.device.queries[i], step.device.outs[i]);
+      streams->synchronize();
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+      report.layers.push_back(
+          {layer_kind(specs[i]), specs[i].num_heads, took.count(), step.attended[i]});
+      progress.advance();
+    }
+    executor.end_step();
+  }
+  report.tables = executor.tables().stats();
+
+  if (o.check > 0) {
+    step.download_outs();
+    std::mt19937_64 rng(o.seed ^ 0x5eed);
+    CheckResult check;
+    Progress progress("checking", static_cast<int64_t>(specs.size()));
+    for (size_t i = 0; i < specs.size(); ++i) {
+      merge(check, check_layer(step.host, i, o.check, rng));
+      progress.advance();
+    }
+    report.check = check;
+  }
+  print_report(report);
+  return report.check && report.check->max_relative_error > kTolerance ? 1 : 0;
+}
+
+}  // namespace smla::cli

@@ -1,0 +1,254 @@
+#include "synth.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "progress.h"
+#include "smla/error.h"
+
+namespace smla::cli {
+namespace {
+
+using Rng = std::mt19937_64;
+constexpr int64_t kMaxKvBytes = int64_t{16} << 30;  // of the machine's 24 GiB
+
+// Random storage codes of moderate magnitude, several from each 64-bit draw.
+void fill_bf16(std::byte* out, int64_t count, Rng& rng) {  // |x| in [2^-7, 1)
+  for (int64_t i = 0; i < count; i += 4) {
+    uint64_t bits = rng();
+    for (int64_t j = i; j < std::min(i + 4, count); ++j, bits >>= 16) {
+      const uint16_t v = static_cast<uint16_t>((bits & 0x807f) | ((120 + (bits >> 7) % 7) << 7));
+      std::memcpy(out + 2 * j, &v, 2);
+    }
+  }
+}
+void fill_e4m3(std::byte* out, int64_t count, Rng& rng) {  // |x| in [2^-6, 4): never NaN
+  for (int64_t i = 0; i < count; i += 8) {
+    uint64_t bits = rng();
+    for (int64_t j = i; j < std::min(i + 8, count); ++j, bits >>= 8)
+      out[j] = static_cast<std::byte>((bits & 0x87) | ((1 + (bits >> 3) % 8) << 3));
+  }
+}
+
+int64_t page_bytes(KvLayout layout, int64_t block_size) {
+  switch (layout) {
+    case KvLayout::bf16:
+      return block_size * kHeadDim * 2;
+    case KvLayout::fp8_e4m3:
+      return block_size * kHeadDim;
+    case KvLayout::fp8_ds_mla: {  // SPEC §2: padded to a multiple of 576 B
+      const int64_t used = block_size * (kDsMlaRecordBytes + kDsMlaScaleBytes);
+      return (used + kDsMlaRecordBytes - 1) / kDsMlaRecordBytes * kDsMlaRecordBytes;
+    }
+  }
+  return 0;
+}
+
+// One page of `layout`: every row random, fp8_ds_mla's scales 2^-3..2^3.
+void fill_page(std::byte* page, KvLayout layout, int64_t block_size, Rng& rng) {
+  if (layout == KvLayout::bf16) return fill_bf16(page, block_size * kHeadDim, rng);
+  if (layout == KvLayout::fp8_e4m3) return fill_e4m3(page, block_size * kHeadDim, rng);
+  for (int64_t i = 0; i < block_size; ++i) {
+    std::byte* record = page + i * kDsMlaRecordBytes;
+    fill_e4m3(record, kNopeDim, rng);
+    fill_bf16(record + kNopeDim, kRopeDim, rng);
+    std::byte* scales = page + block_size * kDsMlaRecordBytes + i * kDsMlaScaleBytes;
+    for (int s = 0; s < kNopeDim / 64; ++s) scales[s] = static_cast<std::byte>(124 + rng() % 7);
+  }
+}
+
+template <class T>
+std::vector<std::byte> bytes_of(const std::vector<T>& values) {
+  std::vector<std::byte> bytes(values.size() * sizeof(T));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+// Request-major pages: each request gets its own pages, `pages` ids in a shuffled pool of
+// requests * pages; pages wholly before `first_seen` are evicted (-1).
+std::vector<int32_t> block_table(int64_t requests, int64_t pages, int64_t evicted, Rng& rng) {
+  std::vector<int32_t> ids((pages - evicted) * requests);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> table(requests * pages, -1);
+  for (int64_t b = 0, next = 0; b < requests; ++b)
+    for (int64_t p = evicted; p < pages; ++p) table[b * pages + p] = ids[next++];
+  return table;
+}
+
+}  // namespace
+
+DType kv_dtype(KvLayout layout) {
+  switch (layout) {
+    case KvLayout::bf16:
+      return DType::bf16;
+    case KvLayout::fp8_e4m3:
+      return DType::f8e4m3;
+    case KvLayout::fp8_ds_mla:
+      return DType::u8;
+  }
+  return DType::u8;
+}
+
+DType query_dtype(KvLayout layout) {
+  return layout == KvLayout::fp8_e4m3 ? DType::f8e4m3 : DType::bf16;
+}
+
+int64_t kv_row_bytes(KvLayout layout) {
+  if (layout == KvLayout::fp8_ds_mla) return kDsMlaRecordBytes + kDsMlaScaleBytes;
+  return kHeadDim * static_cast<int64_t>(dtype_size(kv_dtype(layout)));
+}
+
+void SynthStep::place(std::vector<std::byte> bytes, DType dtype,
+                      std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides,
+                      TensorView& host_view, TensorView& device_view) {
+  Buffer& buffer = buffers_.emplace_back(Buffer{std::move(bytes), nullptr});
+  host_view = make_view(buffer.host.data(), dtype, Device{}, shape, strides);
+  device_view = host_view;
+  if (streams_.device().kind == DeviceKind::cpu) return;
+  buffer.device = streams_.allocate(buffer.host.size());
+  streams_.upload(buffer.device.get(), buffer.host.data(), buffer.host.size());
+  device_view.data = buffer.device.get();
+  device_view.device = streams_.device();
+}
+
+SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, Streams& streams)
+    : streams_(streams) {
+  Rng rng(o.seed);
+  const int64_t B = o.requests, q_len = o.mtp, context = o.context;
+  const int window = specs.front().window;
+  const int64_t T = B * q_len;
+  num_tokens = T;
+  const KvLayout layout = o.kv;
+  const int64_t swa_page = page_bytes(layout, kSwaBlockSize);
+  const int64_t c_page = page_bytes(layout, kCompressedBlockSize);
+  const int64_t swa_pages = (context + kSwaBlockSize - 1) / kSwaBlockSize;
+  const int64_t first_seen = std::max<int64_t>(context - q_len - window + 1, 0);
+  const int64_t evicted = first_seen / kSwaBlockSize;  // SWA pages no token of the step sees
+  auto compressed_pages = [&](const LayerSpec& s) {
+    return std::max<int64_t>(
+        1, (context / s.compress_ratio + kCompressedBlockSize - 1) / kCompressedBlockSize);
+  };
+  for (const LayerSpec& s : specs) {
+    kv_bytes += B * (swa_pages - evicted) * swa_page;
+    if (s.compress_ratio > 0 && s.kv_source == s.layer)
+      kv_bytes += B * compressed_pages(s) * c_page;
+  }
+  if (kv_bytes > kMaxKvBytes)
+    throw Error(ErrorKind::value, "--context",
+                "a step whose caches fit in " + std::to_string(kMaxKvBytes >> 30) + " GiB",
+                std::to_string(kv_bytes >> 20) + " MiB of KV pools");
+
+  // Step metadata: every request decodes q_len tokens at the end of its context.
+  StepMetadata meta{.num_tokens = T, .num_decodes = B, .max_q_len = static_cast<int>(q_len)};
+  std::vector<int32_t> seq_lens(B, static_cast<int32_t>(context)), cum(B + 1);
+  for (int64_t b = 0; b <= B; ++b) cum[b] = static_cast<int32_t>(b * q_len);
+  host.inputs.metadata = device.inputs.metadata = meta;
+  place(bytes_of(seq_lens), DType::i32, {B}, {1}, host.inputs.metadata.seq_lens,
+        device.inputs.metadata.seq_lens);
+  place(bytes_of(cum), DType::i32, {B + 1}, {1}, host.inputs.metadata.cum_seq_lens_q,
+        device.inputs.metadata.cum_seq_lens_q);
+  int groups = 0;
+  for (const LayerSpec& s : specs) groups = std::max(groups, s.swa_group + 1);
+  host.inputs.block_tables.resize(groups);
+  device.inputs.block_tables.resize(groups);
+  for (int g = 0; g < groups; ++g)
+    place(bytes_of(block_table(B, swa_pages, evicted, rng)), DType::i32, {B, swa_pages},
+          {swa_pages, 1}, host.inputs.block_tables[g], device.inputs.block_tables[g]);
+
+  Progress progress("synthesizing", static_cast<int64_t>(specs.size()));
+  auto pool = [&](int64_t pages, int64_t block_size, int64_t bytes_per_page, TensorView& h,
+                  TensorView& d) {
+    std::vector<std::byte> bytes(pages * bytes_per_page);
+    for (int64_t p = 0; p < pages; ++p)
+      fill_page(bytes.data() + p * bytes_per_page, layout, block_size, rng);
+    // Rows of 512 elements, or fp8_ds_mla's 584 bytes: strides in elements of the pool dtype.
+    const DType dtype = kv_dtype(layout);
+    const int64_t elem = static_cast<int64_t>(dtype_size(dtype)), row = kv_row_bytes(layout) / elem;
+    place(std::move(bytes), dtype, {pages, block_size, row}, {bytes_per_page / elem, row, 1}, h, d);
+  };
+  const bool fp8 = query_dtype(layout) == DType::f8e4m3;
+  const float q_scale = 1.0f, kv_scale = fp8 ? 0.5f : 1.0f;           // per-tensor fp8 scales
+  std::map<int, std::pair<TensorView, TensorView>> compressed_pools;  // by kv source
+  for (const LayerSpec& s : specs) {
+    AttentionLayer h{.spec = s}, d{.spec = s};
+    h.bmm1_scale = d.bmm1_scale = q_scale * kv_scale / std::sqrt(static_cast<float>(kHeadDim));
+    h.bmm2_scale = d.bmm2_scale = kv_scale;
+    pool(B * (swa_pages - evicted), kSwaBlockSize, swa_page, h.swa_kv_cache, d.swa_kv_cache);
+    if (s.compress_ratio > 0) {
+      if (!compressed_pools.contains(s.kv_source)) {
+        const int64_t pages = compressed_pages(s);
+        auto& [ph, pd] = compressed_pools[s.kv_source];
+        pool(B * pages, kCompressedBlockSize, c_page, ph, pd);
+        place(bytes_of(block_table(B, pages, 0, rng)), DType::i32, {B, pages}, {pages, 1},
+              host.inputs.compressed_block_tables[s.kv_source],
+              device.inputs.compressed_block_tables[s.kv_source]);
+      }
+      std::tie(h.compressed_kv_cache, d.compressed_kv_cache) = compressed_pools.at(s.kv_source);
+      if (!host.inputs.topk_indices.contains(s.index_source)) {
+        // The index source's local top-k: distinct visible entries (all of them, in order,
+        // for a layer without an indexer), -1 padded.
+        const int64_t width = topk_width(s, context);
+        std::vector<int32_t> topk(T * width, -1), entries;
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t pos = context - q_len + t % q_len;
+          entries.resize((pos + 1) / s.compress_ratio);
+          std::iota(entries.begin(), entries.end(), 0);
+          const int64_t kept = std::min<int64_t>(width, static_cast<int64_t>(entries.size()));
+          for (int64_t j = 0; j < kept; ++j) {
+            if (s.index_topk > 0) std::swap(entries[j], entries[j + rng() % (entries.size() - j)]);
+            topk[t * width + j] = entries[j];
+          }
+        }
+        place(bytes_of(topk), DType::i32, {T, width}, {width, 1},
+              host.inputs.topk_indices[s.index_source], device.inputs.topk_indices[s.index_source]);
+      }
+    }
+    std::vector<float> sinks(s.num_heads);
+    for (float& v : sinks) v = std::uniform_real_distribution<float>(-1.f, 1.f)(rng);
+    place(bytes_of(sinks), DType::f32, {s.num_heads}, {1}, h.sinks, d.sinks);
+    std::vector<std::byte> query(T * s.num_heads * kHeadDim * (fp8 ? 1 : 2));
+    (fp8 ? fill_e4m3 : fill_bf16)(query.data(), T * s.num_heads * kHeadDim, rng);
+    TensorView qh, qd, oh, od;
+    place(std::move(query), query_dtype(layout), {T, s.num_heads, kHeadDim},
+          {s.num_heads * kHeadDim, kHeadDim, 1}, qh, qd);
+    place(std::vector<std::byte>(T * s.num_heads * kHeadDim * 2), DType::bf16,
+          {T, s.num_heads, kHeadDim}, {s.num_heads * kHeadDim, kHeadDim, 1}, oh, od);
+    host.queries.push_back(qh);
+    device.queries.push_back(qd);
+    host.outs.push_back(oh);
+    device.outs.push_back(od);
+    host.layers.push_back(h);
+    device.layers.push_back(d);
+
+    // What the step attends: each token's causal window, plus its valid top-k entries.
+    int64_t columns = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t pos = context - q_len + t % q_len;
+      columns += std::min<int64_t>(pos + 1, window);
+      if (s.compress_ratio == 0) continue;
+      const TensorView& topk = host.inputs.topk_indices.at(s.index_source);
+      for (int64_t j = 0; j < topk.size(1); ++j)
+        columns += topk.ptr<int32_t>()[t * topk.size(1) + j] >= 0;
+    }
+    attended.push_back(columns);
+    SparseIndexArgs args{.step = meta, .window = window};
+    if (s.compress_ratio > 0)
+      args.compressed = {s.compress_ratio, host.inputs.topk_indices.at(s.index_source)};
+    max_columns = std::max(max_columns, sparse_index_columns(args));
+    progress.advance();
+  }
+}
+
+void SynthStep::download_outs() {
+  for (size_t i = 0; i < host.outs.size(); ++i)
+    if (host.outs[i].data != device.outs[i].data)
+      streams_.download(host.outs[i].data, device.outs[i].data,
+                        static_cast<size_t>(host.outs[i].numel()) * 2);
+}
+
+}  // namespace smla::cli
