@@ -31,6 +31,56 @@ struct CaseShape {
   bool evict_outside_window = false;  // SWA pages wholly before every window are -1
 };
 
+// One SWA-only, one dense (every entry) and one indexed compressed layer: each kind of table.
+inline std::vector<LayerSpec> three_layers(int ratio) {
+  return {{.layer = 0, .num_heads = 1},
+          {.layer = 1, .compress_ratio = 128, .kv_source = 1, .index_source = 1, .num_heads = 1},
+          {.layer = 2,
+           .compress_ratio = ratio,
+           .kv_source = 2,
+           .index_source = 2,
+           .index_topk = 30,
+           .num_heads = 1}};
+}
+
+// A random step of decode and prefill requests (trial % 3 == 0: with padding tokens; odd
+// trials: SWA pages before every window evicted), on packed pages of random sizes.
+inline CaseShape random_shape(std::mt19937& rng, int trial) {
+  std::uniform_int_distribution<int> requests(1, 6), q_len(1, 5), prefill_len(1, 90), extra(0, 700),
+      block_size(1, 40), pack(0, 3), entries(1, 12);
+  CaseShape s;
+  const int B = requests(rng);
+  s.num_decodes = std::uniform_int_distribution<int>(0, B)(rng);
+  for (int b = 0; b < B; ++b) {
+    s.q_lens.push_back(b < s.num_decodes ? q_len(rng) : prefill_len(rng));
+    s.seq_lens.push_back(s.q_lens.back() + extra(rng));
+  }
+  s.block_size = block_size(rng);
+  s.span = s.block_size + pack(rng);
+  s.entries_per_page = entries(rng);
+  s.compressed_span = s.entries_per_page + pack(rng);
+  s.invalid_fraction = trial % 3 == 0 ? 0.2 : 0.0;
+  s.evict_outside_window = trial % 2 == 1;
+  return s;
+}
+
+// A random DSpark step: draft blocks of up to 70 tokens (odd trials: packed pages and padding).
+inline CaseShape random_dspark_shape(std::mt19937& rng, int trial) {
+  CaseShape s;
+  const int draft = std::uniform_int_distribution<int>(1, 70)(rng);
+  s.decode_swa_width = dspark_swa_width(kWindow, draft);
+  const int B = std::uniform_int_distribution<int>(1, 5)(rng);
+  s.num_decodes = B;
+  for (int b = 0; b < B; ++b) {
+    s.q_lens.push_back(std::uniform_int_distribution<int>(1, draft)(rng));
+    s.seq_lens.push_back(s.q_lens.back() + std::uniform_int_distribution<int>(0, 400)(rng));
+  }
+  s.block_size = std::uniform_int_distribution<int>(1, 64)(rng);
+  s.span = s.block_size + trial % 2;
+  s.invalid_fraction = trial % 2 ? 0.25 : 0.0;
+  return s;
+}
+
 class StepCase {
  public:
   StepCase(const std::vector<LayerSpec>& specs, const CaseShape& shape, uint64_t seed)

@@ -36,30 +36,50 @@ std::string model_names() {
   return names;
 }
 
-void set_run_option(RunOptions& o, std::string_view flag, std::string_view value) {
-  constexpr int kMaxInt = 1 << 30;
-  if (flag == "--model") {
-    for (const ModelPreset& p : model_presets())
-      if (p.name == value) return void(o.model = p.name);
-    throw UsageError("--model: expected " + model_names() + ", got '" + std::string(value) + "'");
-  }
-  if (flag == "--requests") return void(o.requests = number(flag, value, 1, kMaxInt));
-  if (flag == "--context") return void(o.context = number(flag, value, 1, kMaxInt));
-  if (flag == "--mtp") return void(o.mtp = number(flag, value, 1, 1024));
-  if (flag == "--check") return void(o.check = number(flag, value, 0, kMaxInt));
-  if (flag == "--groups") return void(o.groups = number(flag, value, 1, 64));
-  if (flag == "--seed") return void(o.seed = number<uint64_t>(flag, value, 0, UINT64_MAX));
-  if (flag == "--kv")
-    return void(o.kv = choice<KvLayout>(flag, value,
-                                        {{"bf16", KvLayout::bf16},
-                                         {"fp8", KvLayout::fp8_e4m3},
-                                         {"fp8_ds_mla", KvLayout::fp8_ds_mla}}));
-  if (flag == "--device")
-    return void(o.device = choice<DeviceChoice>(flag, value,
-                                                {{"auto", DeviceChoice::auto_},
-                                                 {"cpu", DeviceChoice::cpu},
-                                                 {"cuda", DeviceChoice::cuda}}));
-  throw UsageError("unknown flag '" + std::string(flag) + "'");
+constexpr int kMaxInt = 1 << 30;
+using Text = std::string_view;
+
+// The flags of `run`, each with what it sets from its value (f: the flag, v: the value).
+struct RunFlag {
+  Text name;
+  void (*set)(RunOptions& options, Text f, Text v);
+};
+
+constexpr RunFlag kRunFlags[] = {
+    {"--model",
+     [](RunOptions& o, Text f, Text v) {
+       for (const ModelPreset& p : model_presets())
+         if (p.name == v) return void(o.model = p.name);
+       throw UsageError(std::string(f) + ": expected " + model_names() + ", got '" +
+                        std::string(v) + "'");
+     }},
+    {"--requests", [](RunOptions& o, Text f, Text v) { o.requests = number(f, v, 1, kMaxInt); }},
+    {"--context", [](RunOptions& o, Text f, Text v) { o.context = number(f, v, 1, kMaxInt); }},
+    {"--mtp", [](RunOptions& o, Text f, Text v) { o.mtp = number(f, v, 1, 1024); }},
+    {"--check", [](RunOptions& o, Text f, Text v) { o.check = number(f, v, 0, kMaxInt); }},
+    {"--groups", [](RunOptions& o, Text f, Text v) { o.groups = number(f, v, 1, 64); }},
+    {"--seed",
+     [](RunOptions& o, Text f, Text v) { o.seed = number<uint64_t>(f, v, 0, UINT64_MAX); }},
+    {"--kv",
+     [](RunOptions& o, Text f, Text v) {
+       o.kv = choice<KvLayout>(f, v,
+                               {{"bf16", KvLayout::bf16},
+                                {"fp8", KvLayout::fp8_e4m3},
+                                {"fp8_ds_mla", KvLayout::fp8_ds_mla}});
+     }},
+    {"--device",
+     [](RunOptions& o, Text f, Text v) {
+       o.device = choice<DeviceChoice>(f, v,
+                                       {{"auto", DeviceChoice::auto_},
+                                        {"cpu", DeviceChoice::cpu},
+                                        {"cuda", DeviceChoice::cuda}});
+     }},
+};
+
+const RunFlag& run_flag(std::string_view name) {
+  for (const RunFlag& flag : kRunFlags)
+    if (flag.name == name) return flag;
+  throw UsageError("unknown flag " + std::string(name));
 }
 
 }  // namespace
@@ -80,17 +100,19 @@ Invocation parse_args(int argc, const char* const* argv) {
   if (args[0] != "run") throw UsageError("unknown command '" + std::string(args[0]) + "'");
   inv.command = Command::run;
   for (size_t i = 1; i < args.size(); ++i) {
-    std::string_view flag = args[i], value;
-    if (const size_t eq = flag.find('='); eq != std::string_view::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else if (flag.starts_with("--") && i + 1 < args.size()) {
+    std::string_view word = args[i];
+    if (!word.starts_with("--"))
+      throw UsageError("unexpected argument '" + std::string(word) + "'");
+    const size_t eq = word.find('=');
+    const RunFlag& flag = run_flag(word.substr(0, eq));  // known before its value is taken
+    std::string_view value;
+    if (eq != std::string_view::npos)
+      value = word.substr(eq + 1);
+    else if (i + 1 < args.size())
       value = args[++i];
-    } else {
-      throw UsageError(flag.starts_with("--") ? std::string(flag) + ": missing value"
-                                              : "unexpected argument '" + std::string(flag) + "'");
-    }
-    set_run_option(inv.run, flag, value);
+    else
+      throw UsageError(std::string(flag.name) + ": missing value");
+    flag.set(inv.run, flag.name, value);
   }
   if (inv.run.mtp > inv.run.context)
     throw UsageError("--mtp: expected at most --context = " + std::to_string(inv.run.context) +

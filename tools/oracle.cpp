@@ -121,20 +121,24 @@ CheckResult check_row(const AttentionLayer& layer, const TensorView& query, cons
 
 }  // namespace
 
-CheckResult check_layer(const StepData& host, size_t index, int rows, std::mt19937_64& rng) {
+std::vector<Row> sample_rows(const TensorView& query, int count, std::mt19937_64& rng) {
+  std::vector<Row> rows(count);
+  for (Row& r : rows) {
+    r.token = static_cast<int64_t>(rng() % query.shape[0]);
+    r.head = static_cast<int64_t>(rng() % query.shape[1]);
+  }
+  std::sort(rows.begin(), rows.end());  // each token's attended rows are decoded once
+  return rows;
+}
+
+CheckResult check_layer(const StepData& host, size_t index, const std::vector<Row>& rows) {
   const AttentionLayer& layer = host.layers[index];
   const TensorView &query = host.queries[index], &out = host.outs[index];
-  std::vector<std::pair<int64_t, int64_t>> samples(rows);  // (token, head)
-  for (auto& [t, h] : samples) {
-    t = static_cast<int64_t>(rng() % query.shape[0]);
-    h = static_cast<int64_t>(rng() % query.shape[1]);
-  }
-  std::sort(samples.begin(), samples.end());  // each token's rows are decoded once
   CheckResult result;
   std::vector<std::vector<double>> keys;
-  for (size_t i = 0; i < samples.size(); ++i) {
-    const auto [t, h] = samples[i];
-    if (i == 0 || samples[i - 1].first != t) keys = attended_rows(host.inputs, layer, t);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto [t, h] = rows[i];
+    if (i == 0 || rows[i - 1].token != t) keys = attended_rows(host.inputs, layer, t);
     merge(result, check_row(layer, query, out, t, h, keys));
   }
   return result;

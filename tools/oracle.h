@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "synth.h"
 
@@ -14,8 +15,11 @@ struct CheckResult {
   double max_relative_error = 0;  // the same, over the row's largest |oracle| value
 };
 
-// `rows` random (token, head) rows of layer `index` of `host` (outs already on the host).
-CheckResult check_layer(const StepData& host, size_t index, int rows, std::mt19937_64& rng);
+// `count` random (token, head) rows of a query [T, H, 512], sorted.
+std::vector<Row> sample_rows(const TensorView& query, int count, std::mt19937_64& rng);
+
+// The rows of layer `index` of `host` (those rows of its out already on the host).
+CheckResult check_layer(const StepData& host, size_t index, const std::vector<Row>& rows);
 
 void merge(CheckResult& into, const CheckResult& more);
 

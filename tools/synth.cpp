@@ -244,11 +244,15 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
   }
 }
 
-void SynthStep::download_outs() {
-  for (size_t i = 0; i < host.outs.size(); ++i)
-    if (host.outs[i].data != device.outs[i].data)
-      streams_.download(host.outs[i].data, device.outs[i].data,
-                        static_cast<size_t>(host.outs[i].numel()) * 2);
+void SynthStep::download_rows(size_t index, const std::vector<Row>& rows) {
+  const TensorView &h = host.outs[index], &d = device.outs[index];
+  if (h.data == d.data) return;               // on the CPU they are one tensor
+  constexpr size_t kRowBytes = kHeadDim * 2;  // bf16
+  for (const Row& r : rows) {
+    const int64_t offset = (r.token * h.strides[0] + r.head * h.strides[1]) * 2;
+    streams_.download(static_cast<std::byte*>(h.data) + offset,
+                      static_cast<const std::byte*>(d.data) + offset, kRowBytes);
+  }
 }
 
 }  // namespace smla::cli

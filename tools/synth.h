@@ -1,6 +1,7 @@
 // A synthetic decode step of a model preset: random caches, block tables, local top-k, queries
 // and sinks, on the run's device, with host copies for the oracle.
 #pragma once
+#include <compare>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -19,6 +20,12 @@ constexpr int kCompressedBlockSize = 64;  // compressed entries per page (E)
 DType kv_dtype(KvLayout layout);        // the pool dtype that means this layout
 DType query_dtype(KvLayout layout);     // f8e4m3 with a per-tensor fp8 cache, else bf16
 int64_t kv_row_bytes(KvLayout layout);  // bytes a token row occupies (fp8_ds_mla: with scales)
+
+// A (token, head) row of a layer's query and out.
+struct Row {
+  int64_t token = 0, head = 0;
+  auto operator<=>(const Row&) const = default;
+};
 
 // Everything a step's layers read and write, as views on one device.
 struct StepData {
@@ -40,8 +47,8 @@ class SynthStep {
   int64_t max_columns = 0;  // widest table of the step
   int64_t kv_bytes = 0;     // bytes of all pools
 
-  // Copies the layers' outputs from the device into host.outs.
-  void download_outs();
+  // Copies `rows` of layer `index`'s out from the device into host.outs.
+  void download_rows(size_t index, const std::vector<Row>& rows);
 
  private:
   struct Buffer {

@@ -50,7 +50,8 @@ void sparse_mla_decode(const DecodeArgs& args, void* stream = nullptr);
 
 // Bytes of multi-CTA counters for launches of up to `max_tokens` tokens of `num_heads` heads.
 size_t kv_counter_bytes(int64_t max_tokens, int num_heads);
-// Bytes of split-KV workspace a launch of this shape uses at most on `device` (0 on the CPU).
+// Bytes of split-KV workspace enough for every launch of `num_heads` heads with at most
+// `num_tokens` tokens and `num_columns` columns on `device` (0 on the CPU).
 size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, Device device);
 
 // "supported" or the reason why not, for one configuration on one device.

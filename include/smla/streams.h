@@ -1,7 +1,7 @@
 // How a decode step orders its work on a device: the current stream, a side stream for forked
 // table builds, reusable events, and memory. On the CPU every call runs in order on the
-// caller's thread, so ordering is trivial; a CUDA implementation maps these onto a side
-// cudaStream_t, one cudaEvent per event slot and stream-ordered allocations.
+// caller's thread, so ordering is trivial; on CUDA these are the caller's cudaStream_t, a side
+// stream, one cudaEvent per event slot, and a block cache that also serves graph captures.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -22,10 +22,15 @@ class Streams {
   virtual void record(int event) = 0;  // the slot marks the side stream's work so far
   virtual void wait(int event) = 0;    // the current stream waits for the slot's mark
   virtual void join() = 0;             // the current stream waits for all side-stream work
-  // Zero-filled memory on device(); released when its last owner drops it, after the work
-  // already queued on the current stream.
+  // Uninitialized memory on device() (callers write what they read; see zero). It is released
+  // when its last owner drops it, to be reused by work queued after that on the current stream
+  // (or on the side stream after a later fork). On CUDA, inside a graph capture, only blocks an
+  // eager step has released can be served: a capture must follow one eager step of its shape,
+  // and its graph, which keeps using the blocks it was served, replays on the current stream.
   virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
-  // Host <-> device() copies on the current stream; download returns once the bytes are there.
+  // Zeroes `bytes` at `dst` on the current stream; not inside a graph capture.
+  virtual void zero(void* dst, size_t bytes) = 0;
+  // Host <-> device() copies on the current stream; each returns once the copy is done.
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;  // returns when the current stream's work is done

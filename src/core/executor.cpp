@@ -1,6 +1,7 @@
 #include "smla/executor.h"
 
 #include <algorithm>
+#include <set>
 
 #include "core/check.h"
 
@@ -17,7 +18,19 @@ std::vector<LayerSpec> specs_of(const std::vector<AttentionLayer>& layers) {
 TensorView zeroed(Streams& streams, size_t bytes, std::shared_ptr<void>& owner) {
   if (bytes == 0) return {};
   owner = streams.allocate(bytes);
+  streams.zero(owner.get(), bytes);
   return make_view(owner.get(), DType::u8, streams.device(), {static_cast<int64_t>(bytes)});
+}
+
+// Workspace for every decode launch of the step: up to max_tokens tokens and max_columns
+// columns (workspace_bytes covers both), any layer's heads.
+size_t step_workspace_bytes(const std::vector<AttentionLayer>& layers, int64_t max_tokens,
+                            int64_t max_columns, Device device) {
+  std::set<int> heads;
+  for (const AttentionLayer& l : layers) heads.insert(l.spec.num_heads);
+  size_t most = 0;
+  for (int h : heads) most = std::max(most, workspace_bytes(max_tokens, h, max_columns, device));
+  return most;
 }
 
 template <class Map>
@@ -37,8 +50,9 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
   int max_heads = 1;
   for (const AttentionLayer& l : layers_) max_heads = std::max(max_heads, l.spec.num_heads);
   counters_view_ = zeroed(streams_, kv_counter_bytes(max_tokens, max_heads), counters_);
-  workspace_view_ = zeroed(
-      streams_, workspace_bytes(max_tokens, max_heads, max_columns, streams_.device()), workspace_);
+  workspace_view_ =
+      zeroed(streams_, step_workspace_bytes(layers_, max_tokens, max_columns, streams_.device()),
+             workspace_);
 }
 
 const AttentionLayer& StepExecutor::layer_at(int layer) const {

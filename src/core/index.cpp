@@ -3,6 +3,9 @@
 
 #include "core/check.h"
 #include "core/index_problem.h"
+#if SMLA_WITH_CUDA
+#include "cuda/index.h"
+#endif
 
 namespace smla {
 
@@ -27,10 +30,13 @@ int dspark_swa_width(int window, int num_draft_tokens) {
 void build_sparse_indices(const SparseIndexArgs& args, void* stream) {
   const IndexProblem problem = validate_index(args);
   if (problem.device.kind == DeviceKind::cpu) return cpu::build_sparse_indices(problem, args);
+#if SMLA_WITH_CUDA
+  cuda::build_sparse_indices(problem, args, stream);
+#else
   (void)stream;
   check::fail(ErrorKind::unsupported, "sparse_indices",
-              "a cpu tensor (the device index builders are not written yet)",
-              device_name(problem.device));
+              "a cpu tensor (this build has no CUDA backend)", device_name(problem.device));
+#endif
 }
 
 }  // namespace smla

@@ -1,10 +1,10 @@
 #include "cpu/index.h"
 
 #include <algorithm>
-#include <climits>
 #include <string>
 
 #include "core/check.h"
+#include "core/index_rules.h"
 #include "cpu/parallel.h"
 
 namespace smla::cpu {
@@ -15,12 +15,9 @@ constexpr int64_t kTokensPerTask = 64;
 
 std::string num(int64_t v) { return std::to_string(v); }
 
-// SPEC §4: a slot's storage offset in `pool`'s pages. Negatives stay; an offset int32 cannot
-// hold addresses no pool and becomes padding.
+// SPEC §4's storage offset of a slot in `pool`'s pages.
 int32_t storage_offset(int64_t slot, const KvPool& pool) {
-  if (slot < 0) return static_cast<int32_t>(std::max<int64_t>(slot, INT32_MIN));
-  const int64_t offset = slot / pool.block_size * pool.span + slot % pool.block_size;
-  return offset <= INT32_MAX ? static_cast<int32_t>(offset) : -1;
+  return rules::storage_offset(slot, pool.block_size, pool.span);
 }
 
 class RowWriter {
@@ -36,12 +33,11 @@ class RowWriter {
       if (p_.dspark) set_seq_len(t, seq_len);
       return;
     }
-    if (p_.dspark) return dspark_row(t, b, seq_len, q_len);
-    const int64_t pos = seq_len - q_len + i;
-    const int64_t start = std::max<int64_t>(pos - p_.window + 1, 0);
-    swa_columns(t, b, start, pos + 1, p_.window);
+    const rules::Window w = rules::swa_window(seq_len, q_len, i, p_.window, p_.dspark);
+    if (p_.dspark) return dspark_row(t, b, w, seq_len);
+    swa_columns(t, b, w.start, w.end, p_.window);
     // An SWA-only layer's causal table is W wide: no compressed columns to pad.
-    set_len(t, p_.window + (p_.compress_ratio > 0 ? compressed_columns(t, b, pos) : 0));
+    set_len(t, p_.window + (p_.compress_ratio > 0 ? compressed_columns(t, b, w.end - 1) : 0));
   }
 
  private:
@@ -78,8 +74,8 @@ class RowWriter {
                     "a page for position " + num(pos) + " of request " + num(b) +
                         " (>= " + num(page + 1) + " pages)",
                     check::shape_of(table));
-      const int64_t slot = int64_t{check::at(table, b, page)} * block_size + pos % block_size;
-      index(t, pos - start) = storage_offset(slot, p_.swa);
+      index(t, pos - start) =
+          storage_offset(rules::slot(check::at(table, b, page), block_size, pos), p_.swa);
     }
     fill(t, end - start, last);
   }
@@ -90,7 +86,7 @@ class RowWriter {
     const int64_t entries_per_page = p_.compressed.block_size;  // E
     const bool decode = b < p_.num_decodes;
     // A decode token's top-k is -1 padded; a prefill token's is valid up to what it can see.
-    const int64_t used = decode ? p_.top_k : std::min((pos + 1) / p_.compress_ratio, p_.top_k);
+    const int64_t used = rules::topk_used(decode, pos, p_.compress_ratio, p_.top_k);
     int64_t count = 0;
     for (int64_t j = 0; j < used; ++j) {
       const int64_t x = check::at(c.topk_indices, t, j);
@@ -103,7 +99,7 @@ class RowWriter {
                       "local indices below compressed.block_table pages * E = " +
                           num(c.block_table.size(1) * entries_per_page),
                       "topk_indices[" + num(t) + "][" + num(j) + "] = " + num(x));
-        slot = int64_t{check::at(c.block_table, b, page)} * entries_per_page + x % entries_per_page;
+        slot = rules::slot(check::at(c.block_table, b, page), entries_per_page, x);
       }
       index(t, p_.window + j) = storage_offset(slot, p_.compressed);
     }
@@ -113,10 +109,9 @@ class RowWriter {
 
   // DSpark: every token of the draft block sees [max(seq_len - q_len - W, 0), seq_len) and
   // becomes its own request of that seq_len.
-  void dspark_row(int64_t t, int64_t b, int64_t seq_len, int64_t q_len) const {
-    const int64_t start = std::max<int64_t>(seq_len - q_len - p_.window, 0);
-    swa_columns(t, b, start, seq_len, p_.num_columns);
-    set_len(t, std::max<int64_t>(seq_len - start, p_.window));
+  void dspark_row(int64_t t, int64_t b, rules::Window w, int64_t seq_len) const {
+    swa_columns(t, b, w.start, w.end, p_.num_columns);
+    set_len(t, std::max<int64_t>(w.end - w.start, p_.window));
     set_seq_len(t, seq_len);
   }
 

@@ -18,10 +18,11 @@ class HostStreams final : public Streams {
   void wait(int) override {}
   void join() override {}
   std::shared_ptr<void> allocate(size_t bytes) override {
-    void* memory = std::calloc(bytes ? bytes : 1, 1);
+    void* memory = std::malloc(bytes ? bytes : 1);
     if (!memory) throw std::bad_alloc();
     return {memory, std::free};
   }
+  void zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}

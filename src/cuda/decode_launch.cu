@@ -53,15 +53,7 @@ size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
 }
 
 size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, int device) {
-  // Fewer tokens may split more: the buffer must serve every launch up to num_tokens.
-  const int sms = sm_count(device);
-  size_t most = 0;
-  for (int64_t t = 1; t <= num_tokens; ++t) {
-    const DecodePlan plan = plan_decode(t, num_heads, num_columns, sms, SIZE_MAX, SIZE_MAX);
-    most = std::max(most, plan.workspace_bytes);
-    if (plan.num_splits == 1 && t * plan.head_blocks >= 2 * sms) break;
-  }
-  return most;
+  return workspace_bound(num_tokens, num_heads, num_columns, sm_count(device));
 }
 
 void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) {

@@ -46,4 +46,16 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns, i
   return best;
 }
 
+size_t workspace_bound(int64_t num_tokens, int num_heads, int64_t num_columns, int sm_count) {
+  // Past sm_count rows of 64 heads no plan splits (splitting stops at two waves).
+  const int64_t tiles = (num_columns + kTileColumns - 1) / kTileColumns;
+  const int64_t blocks = (num_heads + kMmaRows - 1) / kMmaRows;
+  size_t most = 0;
+  for (int64_t t = 1; t <= num_tokens && t * blocks <= sm_count; ++t)
+    for (int64_t tile = 1; tile <= tiles; ++tile)
+      most = std::max(most, plan_decode(t, num_heads, tile * kTileColumns, sm_count, SIZE_MAX, SIZE_MAX)
+                                .workspace_bytes);
+  return most;
+}
+
 }  // namespace smla::cuda

@@ -30,4 +30,8 @@ struct DecodePlan {
 DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns, int sm_count,
                        size_t workspace_limit, size_t counter_limit);
 
+// Workspace enough for every plan of `num_heads` heads with at most `num_tokens` tokens and
+// `num_columns` columns: fewer of either may split more.
+size_t workspace_bound(int64_t num_tokens, int num_heads, int64_t num_columns, int sm_count);
+
 }  // namespace smla::cuda

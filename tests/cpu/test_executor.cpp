@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "direct_call.h"
 #include "smla/executor.h"
 #include "step_case.h"
 
@@ -30,27 +31,10 @@ struct Case {
 void run_directly(test::StepCase& c, const AttentionLayer& layer, const TensorView& query,
                   const TensorView& out) {
   SparseIndexArgs a = c.args(layer.spec.layer);
-  const int64_t T = c.num_tokens();
-  const int64_t K = sparse_index_columns(a);
-  const bool dspark = a.step.decode_swa_width > a.window;
-  a.out = {c.zeros(DType::i32, {T, K}), c.zeros(DType::i32, {T}),
-           dspark ? c.zeros(DType::i32, {T}) : TensorView{}};
+  a.out = test::table_outputs(
+      a, [&](DType dtype, std::initializer_list<int64_t> shape) { return c.zeros(dtype, shape); });
   build_sparse_indices(a);
-  DecodeArgs d;
-  d.query = query;
-  d.out = out;
-  d.swa_kv_cache = layer.swa_kv_cache;
-  if (layer.spec.compress_ratio > 0) d.compressed_kv_cache = layer.compressed_kv_cache;
-  d.sparse_indices = a.out.sparse_indices;
-  d.sparse_topk_lens = a.out.sparse_topk_lens;
-  d.seq_lens = dspark ? a.out.seq_lens : a.step.seq_lens;
-  if (!dspark) d.cum_seq_lens_q = a.step.cum_seq_lens_q;
-  d.max_q_len = dspark ? 1 : a.step.max_q_len;
-  d.sinks = layer.sinks;
-  d.bmm1_scale = layer.bmm1_scale;
-  d.bmm2_scale = layer.bmm2_scale;
-  d.window = layer.spec.window;
-  sparse_mla_decode(d);
+  sparse_mla_decode(test::direct_decode_args(layer, a, query, out));
 }
 
 class ExecutorMatchesDirectCalls : public testing::TestWithParam<Case> {};

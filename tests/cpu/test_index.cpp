@@ -334,37 +334,12 @@ void expect_matches(const test::StepCase& c, int layer) {
   EXPECT_EQ(got.seq_lens, want.seq_lens) << "layer " << layer;
 }
 
-// One SWA-only, one dense (every entry) and one indexed compressed layer.
-std::vector<LayerSpec> three_layers(int ratio) {
-  return {{.layer = 0, .num_heads = 1},
-          {.layer = 1, .compress_ratio = 128, .kv_source = 1, .index_source = 1, .num_heads = 1},
-          {.layer = 2,
-           .compress_ratio = ratio,
-           .kv_source = 2,
-           .index_source = 2,
-           .index_topk = 30,
-           .num_heads = 1}};
-}
-
 TEST(IndexRandom, MatchesThePlainRules) {
   std::mt19937 rng(1234);
   for (int trial = 0; trial < 30; ++trial) {
-    std::uniform_int_distribution<int> requests(1, 6), q_len(1, 5), prefill_len(1, 90),
-        extra(0, 700), ratio(1, 4), block_size(1, 40), pack(0, 3), entries(1, 12);
-    test::CaseShape s;
-    const int B = requests(rng);
-    s.num_decodes = std::uniform_int_distribution<int>(0, B)(rng);
-    for (int b = 0; b < B; ++b) {
-      s.q_lens.push_back(b < s.num_decodes ? q_len(rng) : prefill_len(rng));
-      s.seq_lens.push_back(s.q_lens.back() + extra(rng));
-    }
-    s.block_size = block_size(rng);
-    s.span = s.block_size + pack(rng);
-    s.entries_per_page = entries(rng);
-    s.compressed_span = s.entries_per_page + pack(rng);
-    s.invalid_fraction = trial % 3 == 0 ? 0.2 : 0.0;
-    s.evict_outside_window = trial % 2 == 1;
-    const test::StepCase c(three_layers(ratio(rng)), s, rng());
+    const test::CaseShape s = test::random_shape(rng, trial);
+    const int ratio = std::uniform_int_distribution<int>(1, 4)(rng);
+    const test::StepCase c(test::three_layers(ratio), s, rng());
     for (int layer = 0; layer < 3; ++layer) expect_matches(c, layer);
   }
 }
@@ -372,18 +347,7 @@ TEST(IndexRandom, MatchesThePlainRules) {
 TEST(IndexRandom, DsparkMatchesThePlainRules) {
   std::mt19937 rng(99);
   for (int trial = 0; trial < 10; ++trial) {
-    test::CaseShape s;
-    const int draft = std::uniform_int_distribution<int>(1, 70)(rng);
-    s.decode_swa_width = dspark_swa_width(kWindow, draft);
-    const int B = std::uniform_int_distribution<int>(1, 5)(rng);
-    s.num_decodes = B;
-    for (int b = 0; b < B; ++b) {
-      s.q_lens.push_back(std::uniform_int_distribution<int>(1, draft)(rng));
-      s.seq_lens.push_back(s.q_lens.back() + std::uniform_int_distribution<int>(0, 400)(rng));
-    }
-    s.block_size = std::uniform_int_distribution<int>(1, 64)(rng);
-    s.span = s.block_size + trial % 2;
-    s.invalid_fraction = trial % 2 ? 0.25 : 0.0;
+    const test::CaseShape s = test::random_dspark_shape(rng, trial);
     const test::StepCase c({{.layer = 0, .num_heads = 1}}, s, rng());
     expect_matches(c, 0);
   }
@@ -391,7 +355,7 @@ TEST(IndexRandom, DsparkMatchesThePlainRules) {
 
 TEST(IndexRandom, ThreadCountDoesNotChangeTheRows) {
   test::CaseShape s{.q_lens = {3, 700, 450}, .seq_lens = {900, 1500, 450}, .num_decodes = 1};
-  const test::StepCase c(three_layers(4), s, 7);
+  const test::StepCase c(test::three_layers(4), s, 7);
   const SparseIndexArgs a = c.args(2);
   setenv("SMLA_NUM_THREADS", "1", 1);
   const Built one = build(a);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <ostream>
 #include <set>
@@ -15,7 +16,8 @@
 namespace smla {
 namespace {
 
-// The CPU's streams, logging each ordering call.
+// The CPU's streams, logging each ordering call; allocations come poisoned (0xa5 bytes), as
+// the contract allows, so a table that relied on zeroed memory would differ from a direct build.
 class RecordingStreams final : public Streams {
  public:
   Device device() const override { return inner_->device(); }
@@ -26,7 +28,12 @@ class RecordingStreams final : public Streams {
   void record(int e) override { log.push_back("record " + std::to_string(e)); }
   void wait(int e) override { log.push_back("wait " + std::to_string(e)); }
   void join() override { log.push_back("join"); }
-  std::shared_ptr<void> allocate(size_t bytes) override { return inner_->allocate(bytes); }
+  std::shared_ptr<void> allocate(size_t bytes) override {
+    std::shared_ptr<void> memory = inner_->allocate(bytes);
+    std::memset(memory.get(), 0xa5, bytes);
+    return memory;
+  }
+  void zero(void* d, size_t n) override { inner_->zero(d, n); }
   void upload(void* d, const void* s, size_t n) override { inner_->upload(d, s, n); }
   void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }
   void synchronize() override { inner_->synchronize(); }

@@ -1,0 +1,63 @@
+#include "core/block_cache.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/check.h"
+
+namespace smla {
+
+std::shared_ptr<BlockCache> BlockCache::create(RawMemory memory) {
+  return std::shared_ptr<BlockCache>(new BlockCache(std::move(memory)));
+}
+
+BlockCache::~BlockCache() {
+  // Every block is free here: a live one would have kept the cache alive.
+  for (auto& [size, bucket] : buckets_)
+    for (void* block : bucket.free) memory_.release(block);
+}
+
+std::shared_ptr<void> BlockCache::allocate(size_t bytes) {
+  const size_t size = (std::max<size_t>(bytes, 1) + kGranule - 1) / kGranule * kGranule;
+  void* block = nullptr;
+  {
+    const std::lock_guard lock(mutex_);
+    Bucket& bucket = buckets_[size];
+    if (!bucket.free.empty()) {
+      block = bucket.free.back();
+      bucket.free.pop_back();
+    } else {
+      // A capture would record the allocation as a graph node, or fail: the memory a captured
+      // step uses must already be in the cache.
+      if (memory_.capturing())
+        check::fail(ErrorKind::unsupported, "allocate",
+                    "a free block of " + std::to_string(size) +
+                        " B during a CUDA-graph capture (run one eager step of the same shape "
+                        "before capturing it)",
+                    "none in the cache");
+      bucket.free.reserve(bucket.blocks + 1);  // so that giving a block back never allocates
+      block = memory_.allocate(size);
+      ++bucket.blocks;
+      ++blocks_;
+      bytes_ += size;
+    }
+  }
+  return {block, [cache = shared_from_this(), size](void* b) { cache->give_back(size, b); }};
+}
+
+void BlockCache::give_back(size_t size, void* block) {
+  const std::lock_guard lock(mutex_);
+  buckets_.at(size).free.push_back(block);
+}
+
+size_t BlockCache::blocks() const {
+  const std::lock_guard lock(mutex_);
+  return blocks_;
+}
+
+size_t BlockCache::bytes() const {
+  const std::lock_guard lock(mutex_);
+  return bytes_;
+}
+
+}  // namespace smla

@@ -1,0 +1,144 @@
+#include "cuda/streams.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "core/block_cache.h"
+#include "cuda/backend.h"
+#include "cuda/check.h"
+
+namespace smla::cuda {
+namespace {
+
+struct StreamDestroy {
+  void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
+};
+struct EventDestroy {
+  void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
+};
+using OwnedStream = std::unique_ptr<CUstream_st, StreamDestroy>;
+using OwnedEvent = std::unique_ptr<CUevent_st, EventDestroy>;
+
+// Makes `device` current for a scope: streams, events and memory are made on the current one.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    SMLA_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) SMLA_CUDA_CHECK(cudaSetDevice(device));
+    changed_ = previous_ != device;
+  }
+  ~DeviceScope() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  SMLA_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+OwnedEvent new_event() {
+  cudaEvent_t event = nullptr;
+  SMLA_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return OwnedEvent(event);
+}
+
+class CudaStreams final : public Streams {
+ public:
+  CudaStreams(Device device, cudaStream_t stream) : device_(device), current_(stream) {
+    const DeviceScope scope(device.id);
+    int stream_device = 0;
+    SMLA_CUDA_CHECK(cudaStreamGetDevice(current_, &stream_device));
+    if (stream_device != device.id)
+      throw Error(ErrorKind::value, "stream", "a stream of " + device_name(device),
+                  "a stream of cuda:" + std::to_string(stream_device));
+    cudaStream_t side = nullptr;
+    SMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    side_.reset(side);
+    fork_ = new_event();
+    join_ = new_event();
+    cache_ = BlockCache::create({.allocate =
+                                     [id = device.id](size_t bytes) {
+                                       const DeviceScope scope(id);
+                                       void* block = nullptr;
+                                       SMLA_CUDA_CHECK(cudaMalloc(&block, bytes));
+                                       return block;
+                                     },
+                                 .release = [](void* block) { cudaFree(block); },
+                                 .capturing = [current = current_] { return capturing(current); }});
+  }
+
+  Device device() const override { return device_; }
+  void* current() const override { return current_; }
+  void* side() const override { return side_.get(); }
+
+  void reserve_events(int count) override {
+    const DeviceScope scope(device_.id);
+    while (static_cast<int>(events_.size()) < count) events_.push_back(new_event());
+  }
+
+  void fork() override {
+    SMLA_CUDA_CHECK(cudaEventRecord(fork_.get(), current_));
+    SMLA_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), fork_.get(), 0));
+  }
+  void record(int event) override { SMLA_CUDA_CHECK(cudaEventRecord(slot(event), side_.get())); }
+  void wait(int event) override { SMLA_CUDA_CHECK(cudaStreamWaitEvent(current_, slot(event), 0)); }
+  void join() override {
+    SMLA_CUDA_CHECK(cudaEventRecord(join_.get(), side_.get()));
+    SMLA_CUDA_CHECK(cudaStreamWaitEvent(current_, join_.get(), 0));
+  }
+
+  std::shared_ptr<void> allocate(size_t bytes) override { return cache_->allocate(bytes); }
+  void zero(void* dst, size_t bytes) override {
+    if (capturing(current_))
+      throw Error(ErrorKind::unsupported, "zero",
+                  "no CUDA-graph capture on the stream (a memset node would rerun on every "
+                  "replay)",
+                  "a capturing stream");
+    SMLA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, current_));
+  }
+  void upload(void* dst, const void* host_src, size_t bytes) override {
+    SMLA_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, current_));
+    synchronize();
+  }
+  void download(void* host_dst, const void* src, size_t bytes) override {
+    SMLA_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, current_));
+    synchronize();
+  }
+  void synchronize() override { SMLA_CUDA_CHECK(cudaStreamSynchronize(current_)); }
+
+ private:
+  cudaEvent_t slot(int event) const {
+    if (event < 0 || event >= static_cast<int>(events_.size()))
+      throw Error(ErrorKind::value, "event",
+                  "a slot below reserve_events' " + std::to_string(events_.size()),
+                  std::to_string(event));
+    return events_[event].get();
+  }
+
+  Device device_;
+  cudaStream_t current_;
+  OwnedStream side_;
+  OwnedEvent fork_, join_;             // fork: the current stream's mark; join: the side's
+  std::vector<OwnedEvent> events_;     // the slots
+  std::shared_ptr<BlockCache> cache_;  // outlives this object while a block is held
+};
+
+}  // namespace
+
+std::unique_ptr<Streams> make_streams(Device device, void* stream) {
+  if (const std::string why = unsupported_reason(device.id); !why.empty())
+    throw Error(ErrorKind::unsupported, "device", "a CUDA device that can run the kernels", why);
+  return std::make_unique<CudaStreams>(device, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace smla::cuda

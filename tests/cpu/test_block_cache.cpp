@@ -1,0 +1,139 @@
+// BlockCache, the allocator of the CUDA Streams, on host memory: reuse by size, blocks that keep
+// the cache alive, and captures served only from blocks an eager step released.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/block_cache.h"
+#include "cpu/streams.h"
+#include "smla/error.h"
+#include "smla/tables.h"
+#include "step_case.h"
+
+namespace smla {
+namespace {
+
+// Host memory standing in for a device's, counting what the cache takes and gives back.
+struct FakeDevice {
+  int allocations = 0, releases = 0;
+  bool capturing = false;
+  RawMemory memory() {
+    return {.allocate =
+                [this](size_t bytes) {
+                  ++allocations;
+                  return std::malloc(bytes);
+                },
+            .release =
+                [this](void* block) {
+                  ++releases;
+                  std::free(block);
+                },
+            .capturing = [this] { return capturing; }};
+  }
+};
+
+TEST(BlockCache, ReusesAReleasedBlockOfItsSize) {
+  FakeDevice device;
+  const auto cache = BlockCache::create(device.memory());
+  void* first = cache->allocate(1000).get();  // dropped at once
+  EXPECT_EQ(cache->allocate(1000).get(), first);
+  EXPECT_EQ(cache->allocate(600).get(), first);  // 600 and 1000 both round to 1024
+  EXPECT_NE(cache->allocate(1025).get(), first);
+  EXPECT_EQ(device.allocations, 2);
+  EXPECT_EQ(cache->blocks(), 2u);
+  EXPECT_EQ(cache->bytes(), 1024u + 1536u);
+}
+
+TEST(BlockCache, HeldBlocksAreDistinctAndAllComeBack) {
+  FakeDevice device;
+  const auto cache = BlockCache::create(device.memory());
+  std::vector<std::shared_ptr<void>> held;
+  for (int i = 0; i < 3; ++i) held.push_back(cache->allocate(0));  // 0 bytes: one granule
+  EXPECT_EQ(std::set<void*>({held[0].get(), held[1].get(), held[2].get()}).size(), 3u);
+  held.clear();
+  for (int i = 0; i < 3; ++i) held.push_back(cache->allocate(BlockCache::kGranule));
+  EXPECT_EQ(device.allocations, 3);
+  EXPECT_EQ(device.releases, 0);  // grow-only
+}
+
+TEST(BlockCache, ACaptureIsServedOnlyFromTheCache) {
+  FakeDevice device;
+  const auto cache = BlockCache::create(device.memory());
+  void* eager = cache->allocate(4096).get();
+  device.capturing = true;
+  EXPECT_EQ(cache->allocate(4096).get(), eager);
+  try {
+    cache->allocate(8192);
+    FAIL() << "a capture allocated device memory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+    EXPECT_NE(std::string(e.what()).find("eager step"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(device.allocations, 1);
+}
+
+TEST(BlockCache, ABlockKeepsTheCacheAlive) {
+  FakeDevice device;
+  auto cache = BlockCache::create(device.memory());
+  std::shared_ptr<void> block = cache->allocate(100);
+  cache.reset();
+  EXPECT_EQ(device.releases, 0);
+  block.reset();  // the last owner: the cache goes, and its blocks with it
+  EXPECT_EQ(device.releases, 1);
+}
+
+// The CPU's ordering with the cache's memory: what the CUDA Streams do, minus the device.
+class CachedStreams final : public Streams {
+ public:
+  explicit CachedStreams(FakeDevice& device) : cache_(BlockCache::create(device.memory())) {}
+  Device device() const override { return {}; }
+  void* current() const override { return nullptr; }
+  void* side() const override { return nullptr; }
+  void reserve_events(int) override {}
+  void fork() override {}
+  void record(int) override {}
+  void wait(int) override {}
+  void join() override {}
+  std::shared_ptr<void> allocate(size_t bytes) override { return cache_->allocate(bytes); }
+  void zero(void* d, size_t n) override { inner_->zero(d, n); }
+  void upload(void* d, const void* s, size_t n) override { inner_->upload(d, s, n); }
+  void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }
+  void synchronize() override {}
+  const BlockCache& cache() const { return *cache_; }
+
+ private:
+  std::shared_ptr<BlockCache> cache_;
+  std::unique_ptr<Streams> inner_ = cpu::make_streams();
+};
+
+// A step's tables after one eager step of the same shape take no new memory, so the same step
+// can run inside a capture.
+TEST(BlockCache, ACapturedStepReusesTheEagerStepsBlocks) {
+  for (const char* model : {"v4-flash", "v41-flash"}) {
+    const auto layers = model_layers(model_preset(model), 3, true);
+    const test::StepCase c(
+        layers,
+        {.q_lens = {1, 2, 1}, .seq_lens = {150, 260, 40}, .num_decodes = 3, .num_groups = 3}, 5);
+    FakeDevice device;
+    CachedStreams streams(device);
+    SparseIndexTables tables(layers, streams);
+    const TableInputs inputs = [&](int layer) { return c.args(layer); };
+    int eager_allocations = 0;
+    for (int step = 0; step < 3; ++step) {
+      device.capturing = step == 2;
+      tables.reset();
+      for (const LayerSpec& s : layers) tables.lookup(s.layer, inputs);
+      tables.join();
+      if (step == 0) eager_allocations = device.allocations;
+    }
+    EXPECT_GT(eager_allocations, 0) << model;
+    EXPECT_EQ(device.allocations, eager_allocations) << model;
+  }
+}
+
+}  // namespace
+}  // namespace smla

@@ -1,0 +1,339 @@
+// StepExecutor on CUDA (SPEC §5): a whole step equals per-layer direct calls bit for bit, a
+// captured step replays bitwise with the graph SPEC §5 implies, and the tables' bookkeeping
+// equals the CPU path's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <list>
+#include <map>
+#include <ostream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cuda/index.h"
+#include "device_step.h"
+#include "direct_call.h"
+#include "smla/error.h"
+#include "smla/executor.h"
+#include "step_case.h"
+
+namespace smla::test {
+namespace {
+
+struct Pattern {
+  const char* model;
+  int groups;
+  int first_layer, num_layers;  // a slice of the model's layers, MTP ones included
+  CaseShape shape;
+  friend std::ostream& operator<<(std::ostream& os, const Pattern& p) {
+    return os << p.model << " layers " << p.first_layer << ".." << p.first_layer + p.num_layers - 1
+              << ", " << p.groups << " SWA groups";
+  }
+};
+
+// MTP decode (q_len 1..3) with padding tokens.
+CaseShape decode_shape(int groups) {
+  return {.q_lens = {1, 3, 2},
+          .seq_lens = {700, 300, 150},
+          .num_decodes = 3,
+          .num_groups = groups,
+          .block_size = 64,
+          .span = 80,
+          .entries_per_page = 64,
+          .compressed_span = 64,
+          .invalid_fraction = 0.2};
+}
+
+// Decode and prefill requests in one step.
+CaseShape mixed_shape(int groups) {
+  return {.q_lens = {2, 1, 20},
+          .seq_lens = {700, 150, 300},
+          .num_decodes = 2,
+          .num_groups = groups,
+          .block_size = 64,
+          .span = 64,
+          .entries_per_page = 16,
+          .compressed_span = 24};
+}
+
+// DSpark's window on the SWA-only MTP layers.
+CaseShape dspark_shape(int groups) {
+  return {.q_lens = {3, 3},
+          .seq_lens = {500, 90},
+          .num_decodes = 2,
+          .num_groups = groups,
+          .decode_swa_width = dspark_swa_width(kWindow, 3)};
+}
+
+std::vector<Pattern> patterns() {
+  std::vector<Pattern> all;
+  for (int groups = 1; groups <= 3; ++groups) {
+    all.push_back({"v4-flash", groups, 0, 44, decode_shape(groups)});
+    all.push_back({"v4-pro", groups, 0, 12, mixed_shape(groups)});  // shortened: 2 + 5 x [4, 128]
+    all.push_back({"v41-flash", groups, 0, 43, decode_shape(groups)});
+    all.push_back({"v41-flash", groups, 40, 3, dspark_shape(groups)});
+  }
+  return all;
+}
+
+std::vector<LayerSpec> slice(const Pattern& p, int num_heads = 0) {
+  const auto all = model_layers(model_preset(p.model), p.groups, true);
+  std::vector<LayerSpec> specs(all.begin() + p.first_layer,
+                               all.begin() + p.first_layer + p.num_layers);
+  if (num_heads > 0)
+    for (LayerSpec& s : specs) s.num_heads = num_heads;
+  return specs;
+}
+
+// A pattern's step on the host (StepCase) and on the GPU: layers with sinks on every other one,
+// random queries, and outs poisoned with NaN.
+struct GpuStep {
+  explicit GpuStep(const Pattern& p, int num_heads = 0)
+      : specs(slice(p, num_heads)), c(specs, p.shape, 17) {
+    std::mt19937 rng(3);
+    for (size_t i = 0; i < c.layers.size(); i += 2) {
+      sinks.emplace_back(c.layers[i].spec.num_heads);
+      for (float& v : sinks.back()) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+      c.layers[i].sinks = make_view(sinks.back().data(), DType::f32, Device{},
+                                    {static_cast<int64_t>(sinks.back().size())});
+    }
+    const int64_t T = c.num_tokens();
+    for (const AttentionLayer& l : c.layers) {
+      host_queries.push_back(c.bf16(T, l.spec.num_heads));
+      queries.push_back(gpu(host_queries.back()));
+      outs.push_back(gpu.output(DType::bf16, {T, l.spec.num_heads, kHeadDim}, 0xff));
+      max_columns = std::max(max_columns, sparse_index_columns(c.args(l.spec.layer)));
+    }
+    inputs = gpu(c.inputs);
+    layers = gpu(c.layers);
+  }
+
+  // The number of distinct (SWA group, key) tables: what a step builds.
+  int distinct_tables() const {
+    std::set<TableKey> distinct;
+    for (const LayerSpec& s : specs) distinct.insert({s.swa_group, sparse_index_key(s)});
+    return static_cast<int>(distinct.size());
+  }
+
+  // Zeroed device bytes; absent when none are asked for.
+  TensorView zeroed(size_t bytes) {
+    return bytes ? gpu.output(DType::u8, {static_cast<int64_t>(bytes)}, 0) : TensorView{};
+  }
+
+  std::vector<std::vector<std::byte>> out_bytes() const {
+    std::vector<std::vector<std::byte>> all;
+    for (const TensorView& o : outs) all.push_back(bytes_of(o));
+    return all;
+  }
+
+  void poison_outs(cudaStream_t stream) const {
+    for (const TensorView& o : outs)
+      CUDA_THROW(cudaMemsetAsync(o.data, 0xff, extent_bytes(o), stream));
+  }
+
+  std::vector<LayerSpec> specs;
+  StepCase c;
+  std::list<std::vector<float>> sinks;
+  DeviceMirror gpu;
+  StepInputs inputs;
+  std::vector<AttentionLayer> layers;
+  std::vector<TensorView> host_queries, queries, outs;
+  int64_t max_columns = 0;
+};
+
+class GpuExecutor : public testing::TestWithParam<Pattern> {};
+
+// (b) Each layer by itself (its own table built on the GPU, sparse_mla_decode called directly
+// with counters and workspace sized for that one launch) gives the executor's outputs bit for
+// bit: the shared tables are the layers' own, and the shared buffers let every launch plan
+// the splits it would plan alone.
+TEST_P(GpuExecutor, StepEqualsDirectCallsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  GpuStep g(GetParam());
+  TestStream stream;
+  const auto streams = make_streams(DeviceMirror::kDevice, stream.get());
+  StepExecutor executor(g.layers, *streams, g.c.num_tokens(), g.max_columns);
+  executor.run_step(g.inputs, g.queries, g.outs);
+  stream.synchronize();
+  const auto stepped = g.out_bytes();
+
+  g.poison_outs(stream.get());
+  const int64_t T = g.c.num_tokens();
+  for (size_t i = 0; i < g.layers.size(); ++i) {
+    SparseIndexArgs a = g.gpu(g.c.args(g.layers[i].spec.layer));
+    a.out = table_outputs(
+        a, [&](DType d, std::initializer_list<int64_t> s) { return g.gpu.output(d, s); });
+    build_sparse_indices(a, stream.get());
+    DecodeArgs d = direct_decode_args(g.layers[i], a, g.queries[i], g.outs[i]);
+    const int heads = g.layers[i].spec.num_heads;
+    d.kv_counters = g.zeroed(kv_counter_bytes(T, heads));
+    d.workspace =
+        g.zeroed(workspace_bytes(T, heads, a.out.sparse_indices.size(1), DeviceMirror::kDevice));
+    sparse_mla_decode(d, stream.get());
+  }
+  stream.synchronize();
+  const auto direct = g.out_bytes();
+  for (size_t i = 0; i < g.layers.size(); ++i)
+    EXPECT_TRUE(stepped[i] == direct[i]) << "layer " << g.layers[i].spec.layer;
+
+  int builds = 0;
+  for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
+  EXPECT_EQ(builds, g.distinct_tables());
+}
+
+// (c) The step captured on a non-default stream after one eager step, replayed 10 times, equals
+// the eager step bitwise; its graph is one table build per distinct (group, key), one decode
+// per layer, and no memset, memcpy or allocation node.
+TEST_P(GpuExecutor, CapturedStepReplaysBitwise) {
+  SKIP_WITHOUT_GPU();
+  GpuStep g(GetParam());
+  TestStream stream;
+  const auto streams = make_streams(DeviceMirror::kDevice, stream.get());
+  StepExecutor executor(g.layers, *streams, g.c.num_tokens(), g.max_columns);
+  executor.run_step(g.inputs, g.queries, g.outs);
+  stream.synchronize();
+  const auto eager = g.out_bytes();
+  const TableStats eager_stats = executor.tables().stats();
+
+  cudaGraph_t graph = nullptr;
+  ASSERT_CUDA(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+  executor.run_step(g.inputs, g.queries, g.outs);
+  ASSERT_CUDA(cudaStreamEndCapture(stream.get(), &graph));
+  EXPECT_EQ(executor.tables().stats().builds, eager_stats.builds);
+  EXPECT_EQ(executor.tables().stats().forks, eager_stats.forks);
+
+  size_t count = 0;
+  ASSERT_CUDA(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  ASSERT_CUDA(cudaGraphGetNodes(graph, nodes.data(), &count));
+  std::map<const void*, int> kernels;  // by function
+  std::map<int, int> others;           // by node type
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    ASSERT_CUDA(cudaGraphNodeGetType(node, &type));
+    if (type == cudaGraphNodeTypeKernel) {
+      cudaKernelNodeParams params{};
+      ASSERT_CUDA(cudaGraphKernelNodeGetParams(node, &params));
+      ++kernels[params.func];
+    } else {
+      ++others[static_cast<int>(type)];
+    }
+  }
+  const int builds = g.distinct_tables(), layers = static_cast<int>(g.layers.size());
+  EXPECT_EQ(kernels[cuda::index_kernel()], builds) << "table builds";
+  kernels.erase(cuda::index_kernel());
+  ASSERT_EQ(kernels.size(), 1u) << "one decode kernel";
+  EXPECT_EQ(kernels.begin()->second, layers) << "decode launches";
+  for (const auto& [type, n] : others)
+    EXPECT_EQ(type, static_cast<int>(cudaGraphNodeTypeEmpty)) << n << " nodes of type " << type;
+
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 10; ++replay) {
+    g.poison_outs(stream.get());
+    ASSERT_CUDA(cudaGraphLaunch(exec, stream.get()));
+    stream.synchronize();
+    const auto replayed = g.out_bytes();
+    for (size_t i = 0; i < g.layers.size(); ++i)
+      ASSERT_TRUE(replayed[i] == eager[i])
+          << "replay " << replay << ", layer " << g.layers[i].spec.layer;
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuExecutor, testing::ValuesIn(patterns()), [](const auto& info) {
+  const Pattern& p = info.param;
+  std::string name = p.model;
+  std::erase(name, '-');
+  return name + "_layers" + std::to_string(p.first_layer) + "to" +
+         std::to_string(p.first_layer + p.num_layers - 1) + "_" + std::to_string(p.groups) +
+         "groups";
+});
+
+// (d) The same step's table bookkeeping through the CUDA path equals the CPU path's: builds,
+// forks in order, waiting layers, tables per group, bytes. Two steps: reset() starts afresh.
+TEST(GpuTables, BookkeepingEqualsTheCpuPath) {
+  SKIP_WITHOUT_GPU();
+  for (const char* model : {"v4-flash", "v4-pro", "v41-flash"})
+    for (int groups = 1; groups <= 3; ++groups) {
+      const int all = static_cast<int>(model_layers(model_preset(model), groups, true).size());
+      const Pattern p{model, groups, 0, all, decode_shape(groups)};
+      GpuStep g(p, 4);  // few heads: the CPU decodes the step too
+      const auto cpu_streams = make_streams(Device{});
+      StepExecutor cpu(g.c.layers, *cpu_streams, g.c.num_tokens(), g.max_columns);
+      std::vector<TensorView> host_outs;
+      for (const TensorView& q : g.host_queries)
+        host_outs.push_back(g.c.zeros(DType::bf16, {q.size(0), q.size(1), kHeadDim}));
+      cpu.run_step(g.c.inputs, g.host_queries, host_outs);
+
+      TestStream stream;
+      const auto streams = make_streams(DeviceMirror::kDevice, stream.get());
+      StepExecutor gpu(g.layers, *streams, g.c.num_tokens(), g.max_columns);
+      for (int step = 0; step < 2; ++step) {
+        gpu.run_step(g.inputs, g.queries, g.outs);
+        stream.synchronize();
+        const TableStats &want = cpu.tables().stats(), &got = gpu.tables().stats();
+        const std::string where = std::string(model) + ", " + std::to_string(groups) +
+                                  " groups, step " + std::to_string(step);
+        EXPECT_EQ(got.builds, want.builds) << where;
+        EXPECT_EQ(got.forks, want.forks) << where;
+        EXPECT_EQ(got.waits, want.waits) << where;
+        EXPECT_EQ(got.peak_tables, want.peak_tables) << where;
+        EXPECT_EQ(got.bytes, want.bytes) << where;
+        EXPECT_EQ(got.peak_bytes, want.peak_bytes) << where;
+      }
+    }
+}
+
+// A capture before any eager step would allocate device memory: it fails, saying what to do,
+// and leaves the stream usable.
+TEST(GpuTables, CaptureBeforeAnEagerStepSaysSo) {
+  SKIP_WITHOUT_GPU();
+  GpuStep g({"v4-flash", 2, 0, 6, decode_shape(2)});
+  TestStream stream;
+  const auto streams = make_streams(DeviceMirror::kDevice, stream.get());
+  StepExecutor executor(g.layers, *streams, g.c.num_tokens(), g.max_columns);
+  ASSERT_CUDA(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+  try {
+    executor.run_step(g.inputs, g.queries, g.outs);
+    ADD_FAILURE() << "a step was captured without an eager step first";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+    EXPECT_NE(std::string(e.what()).find("eager step"), std::string::npos) << e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  ASSERT_CUDA(cudaStreamEndCapture(stream.get(), &graph));
+  if (graph) CUDA_OK(cudaGraphDestroy(graph));
+  executor.run_step(g.inputs, g.queries, g.outs);  // eager now: fine
+  stream.synchronize();
+}
+
+// fp8 caches are not built on CUDA yet: the step fails with the decode's error, joined.
+TEST(GpuTables, Fp8CacheFailsWithTheDecodeError) {
+  SKIP_WITHOUT_GPU();
+  GpuStep g({"v4-flash", 1, 0, 4, decode_shape(1)});
+  for (AttentionLayer& l : g.layers)
+    for (TensorView* pool : {&l.swa_kv_cache, &l.compressed_kv_cache}) {
+      if (!pool->defined()) continue;
+      pool->dtype = DType::f8e4m3;  // the same bytes as rows of 512 e4m3, 1 KiB apart
+      pool->strides[0] *= 2;
+      pool->strides[1] *= 2;
+    }
+  TestStream stream;
+  const auto streams = make_streams(DeviceMirror::kDevice, stream.get());
+  StepExecutor executor(g.layers, *streams, g.c.num_tokens(), g.max_columns);
+  try {
+    executor.run_step(g.inputs, g.queries, g.outs);
+    ADD_FAILURE() << "an fp8 cache ran on CUDA";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+    EXPECT_EQ(e.argument(), "swa_kv_cache");
+  }
+  stream.synchronize();
+}
+
+}  // namespace
+}  // namespace smla::test

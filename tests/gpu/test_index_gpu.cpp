@@ -1,0 +1,199 @@
+// The CUDA index builder against the CPU builder (the spec) bit for bit over random steps, and
+// its -1 columns where the CPU throws.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <list>
+#include <random>
+#include <vector>
+
+#include "device_step.h"
+#include "direct_call.h"
+#include "smla/error.h"
+#include "smla/index.h"
+#include "step_case.h"
+
+namespace smla::test {
+namespace {
+
+struct Built {
+  std::vector<std::byte> indices, lens, seq_lens;
+};
+
+// Outputs for `a` in host memory, every byte 0xa5 like DeviceMirror::output's.
+class HostOutputs {
+ public:
+  TensorView operator()(DType dtype, std::initializer_list<int64_t> shape) {
+    TensorView v = make_view(nullptr, dtype, Device{}, shape);
+    buffers_.emplace_back(extent_bytes(v), std::byte{0xa5});
+    v.data = buffers_.back().data();
+    return v;
+  }
+
+ private:
+  std::list<std::vector<std::byte>> buffers_;
+};
+
+// The table of `host_args` built on the CPU, or on the GPU through `gpu` when given. Outputs
+// start as garbage (0xa5 bytes), so an unwritten element shows; the indices' rows lie `pad`
+// columns further apart than K, so strides must be honoured.
+Built build(const SparseIndexArgs& host_args, DeviceMirror* gpu, int64_t pad = 0) {
+  SparseIndexArgs a = gpu ? (*gpu)(host_args) : host_args;
+  const int64_t T = a.step.num_tokens, K = sparse_index_columns(a);
+  HostOutputs host;
+  auto make = [&](DType dtype, std::initializer_list<int64_t> shape) {
+    return gpu ? gpu->output(dtype, shape) : host(dtype, shape);
+  };
+  a.out.sparse_indices = make(DType::i32, {T, K + pad});
+  a.out.sparse_indices.shape[1] = K;  // row stride K + pad
+  a.out.sparse_topk_lens = make(DType::i32, {T});
+  if (a.step.decode_swa_width > a.window) a.out.seq_lens = make(DType::i32, {T});
+  if (gpu) {
+    TestStream stream;
+    build_sparse_indices(a, stream.get());
+    stream.synchronize();
+  } else {
+    build_sparse_indices(a);
+  }
+  return {bytes_of(a.out.sparse_indices), bytes_of(a.out.sparse_topk_lens),
+          bytes_of(a.out.seq_lens)};
+}
+
+void expect_same(const StepCase& c, int layer, int64_t pad, const std::string& what) {
+  DeviceMirror gpu;
+  const SparseIndexArgs a = c.args(layer);
+  const Built cpu = build(a, nullptr, pad), device = build(a, &gpu, pad);
+  EXPECT_TRUE(cpu.indices == device.indices) << what << ", layer " << layer << ": indices";
+  EXPECT_TRUE(cpu.lens == device.lens) << what << ", layer " << layer << ": lengths";
+  EXPECT_TRUE(cpu.seq_lens == device.seq_lens) << what << ", layer " << layer << ": seq_lens";
+}
+
+int32_t* i32_data(const TensorView& v) { return static_cast<int32_t*>(v.data); }
+
+// Negative entries other than -1 in some top-k rows (copied as they are, never counted by a
+// decode row), and a huge page id whose offsets int32 cannot hold (-1).
+void add_odd_entries(StepCase& c, std::mt19937& rng) {
+  const int32_t odd[] = {-2, -77, INT32_MIN};
+  for (auto& [layer, topk] : c.inputs.topk_indices)
+    for (int64_t t = 0; t < topk.size(0) && topk.size(1) > 0; t += 3)
+      i32_data(topk)[t * topk.strides[0] + rng() % topk.size(1)] = odd[rng() % 3];
+  const TensorView& table = c.inputs.block_tables.front();
+  i32_data(table)[table.numel() - 1] = INT32_MAX / 2;
+}
+
+TEST(GpuIndex, RandomStepsMatchTheCpuBitForBit) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(2024);
+  for (int trial = 0; trial < 40; ++trial) {
+    const CaseShape s = random_shape(rng, trial);
+    StepCase c(three_layers(std::uniform_int_distribution<int>(1, 4)(rng)), s, rng());
+    if (trial % 4 == 2) add_odd_entries(c, rng);
+    for (int layer = 0; layer < 3; ++layer)
+      expect_same(c, layer, trial % 2 ? 3 : 0, "trial " + std::to_string(trial));
+    if (HasFailure()) return;
+  }
+}
+
+TEST(GpuIndex, RandomDsparkStepsMatchTheCpuBitForBit) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(77);
+  for (int trial = 0; trial < 16; ++trial) {
+    const StepCase c({{.layer = 0, .num_heads = 1}}, random_dspark_shape(rng, trial), rng());
+    expect_same(c, 0, trial % 3 == 1 ? 5 : 0, "trial " + std::to_string(trial));
+    if (HasFailure()) return;
+  }
+}
+
+// Large steps: many CTAs, rows wider than one pass of the CTA's threads.
+TEST(GpuIndex, WideAndLongTablesMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const CaseShape s{.q_lens = {4, 1, 1500, 700},
+                    .seq_lens = {9000, 130, 4000, 700},
+                    .num_decodes = 2,
+                    .block_size = 64,
+                    .span = 72,
+                    .entries_per_page = 64,
+                    .compressed_span = 64};
+  std::vector<LayerSpec> layers = three_layers(4);
+  layers[2].index_topk = 1024;
+  const StepCase c(layers, s, 3);
+  for (int layer = 0; layer < 3; ++layer) expect_same(c, layer, 0, "wide");
+}
+
+// SPEC §4 / docs/sparse_index.md: a block-table page or top-k index out of range throws on the
+// CPU; the GPU (which cannot read values without a sync) writes -1 in that column instead.
+TEST(GpuIndex, OutOfRangePagesAndIndicesBecomePadding) {
+  SKIP_WITHOUT_GPU();
+  const CaseShape s{.q_lens = {1, 3, 1},
+                    .seq_lens = {200, 260, 90},
+                    .num_decodes = 3,
+                    .block_size = 16,
+                    .span = 16};
+  StepCase c(three_layers(4), s, 9);
+  const int64_t T = c.num_tokens();
+  const int W = kWindow;
+
+  // Layer 2: each decode token's first valid top-k entry points past the compressed pages.
+  SparseIndexArgs a = c.args(2);
+  const Built good = build(a, nullptr);
+  const int64_t K = sparse_index_columns(a);
+  std::vector<int32_t> want(T * K);
+  std::memcpy(want.data(), good.indices.data(), good.indices.size());
+  TensorView& topk = a.compressed.topk_indices;
+  const int64_t past = a.compressed.block_table.size(1) * a.compressed.compressed_kv_cache.size(1);
+  for (int64_t t = 0; t < T; ++t)
+    if (i32_data(topk)[t * topk.strides[0]] >= 0) {
+      i32_data(topk)[t * topk.strides[0]] = static_cast<int32_t>(past + t);
+      want[t * K + W] = -1;
+    }
+  EXPECT_THROW(build(a, nullptr), Error);
+  DeviceMirror gpu;
+  Built device = build(a, &gpu);
+  EXPECT_EQ(std::memcmp(device.indices.data(), want.data(), device.indices.size()), 0)
+      << "top-k past the compressed block table";
+  EXPECT_TRUE(device.lens == good.lens) << "the entry still counts: it is >= 0";
+
+  // Layer 0: the SWA block table loses its last page.
+  SparseIndexArgs swa = c.args(0);
+  const Built whole = build(swa, nullptr);
+  std::vector<int32_t> swa_want(T * W);
+  std::memcpy(swa_want.data(), whole.indices.data(), whole.indices.size());
+  swa.swa.block_table.shape[1] -= 1;
+  const int64_t pages = swa.swa.block_table.size(1), block_size = s.block_size;
+  int dropped = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = c.pos(static_cast<int>(t)), start = std::max<int64_t>(pos - W + 1, 0);
+    for (int64_t p = start; p <= pos; ++p)
+      if (p / block_size >= pages) swa_want[t * W + (p - start)] = -1, ++dropped;
+  }
+  ASSERT_GT(dropped, 0);
+  EXPECT_THROW(build(swa, nullptr), Error);
+  DeviceMirror gpu2;
+  device = build(swa, &gpu2);
+  EXPECT_EQ(std::memcmp(device.indices.data(), swa_want.data(), device.indices.size()), 0)
+      << "positions past the SWA block table";
+  EXPECT_TRUE(device.lens == whole.lens);
+}
+
+TEST(GpuIndex, DeviceArgumentsAreCheckedOnTheHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  const StepCase c(three_layers(2), random_shape(rng, 1), 5);
+  DeviceMirror gpu;
+  SparseIndexArgs a = gpu(c.args(2));
+  a.out =
+      table_outputs(a, [&](DType d, std::initializer_list<int64_t> s) { return gpu.output(d, s); });
+  a.compressed.block_table.device = Device{};  // a host block table with device outputs
+  try {
+    build_sparse_indices(a);
+    ADD_FAILURE() << "a cpu block table passed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "compressed.block_table");
+    EXPECT_EQ(e.kind(), ErrorKind::type);
+  }
+}
+
+}  // namespace
+}  // namespace smla::test
