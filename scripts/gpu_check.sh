@@ -17,7 +17,7 @@ if [ ! -x "$BUILD/tests/smla_gpu_tests" ]; then
   cmake -S . -B "$BUILD" -G Ninja >"$OUT/build.log" 2>&1 && cmake --build "$BUILD" -j 16 >>"$OUT/build.log" 2>&1 ||
     { tail -30 "$OUT/build.log"; exit 1; }
 fi
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
 
 run_step() {  # name, log, command...
   local name=$1 log=$2; shift 2
@@ -32,14 +32,17 @@ run_step() {  # name, log, command...
 for step in $steps; do
   case $step in
     tests) run_step tests gpu_tests.log "$BUILD/tests/smla_gpu_tests" ;;
-    sanitize)
-      filter='GpuDecode.SmallCountersOrWorkspaceFallBack'
-      run_step memcheck memcheck.log compute-sanitizer --tool memcheck --error-exitcode 9 \
+    sanitize)  # a small decode case, and a 3-layer step with forks on 3 SWA groups
+      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups'
+      run_step memcheck memcheck.log timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter
-      run_step racecheck racecheck.log compute-sanitizer --tool racecheck --error-exitcode 9 \
+      run_step racecheck racecheck.log timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter ;;
     bench) run_step bench bench.log "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
-    run) run_step run run.log "$BUILD/smla" run --device cuda --check 4 ;;
+    run)
+      run_step info info.log "$BUILD/smla" info
+      run_step run run.log "$BUILD/smla" run --device cuda --requests 64 --mtp 2 --context 16384 --check 4
+      run_step run-v41 run_v41.log "$BUILD/smla" run --device cuda --model v41-flash --groups 3 --mtp 2 --check 4 ;;
   esac
 done
 
