@@ -34,9 +34,9 @@ for step in $steps; do
     tests) run_step tests gpu_tests.log "$BUILD/tests/smla_gpu_tests" ;;
     sanitize)  # a small decode case, and a 3-layer step with forks on 3 SWA groups
       filter='GpuDecode.SmallCountersOrWorkspaceFallBack:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups'
-      run_step memcheck memcheck.log timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      run_step memcheck memcheck.log timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter
-      run_step racecheck racecheck.log timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      run_step racecheck racecheck.log timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter ;;
     bench) run_step bench bench.log "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
     run)
