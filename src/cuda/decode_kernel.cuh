@@ -291,6 +291,8 @@ __device__ __forceinline__ void write_staged(const DecodeParams& p, const Work& 
 // + (i & 1) of this warpgroup's half.
 __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& w, const Consumer& c,
                                              uint8_t* smem, int thread) {
+  // The stage overlays the KV tiles: the other warpgroup's last P.V may still read them.
+  ptx::named_sync(5, 256);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = c.warp * 16 + c.lane / 4 + 8 * r;
