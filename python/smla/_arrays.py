@@ -1,0 +1,141 @@
+"""Arrays in, `_smla.Tensor` views out (DLPack, no copy), and the stream a call runs on.
+
+NumPy has no bf16 or fp8 dtypes: arrays of ml_dtypes' bfloat16 / float8_e4m3fn are passed as
+their raw bits with the dtype named, and so is any array wrapped in `with_dtype`. Frameworks
+are recognised by their type's module, so a NumPy caller never imports torch.
+"""
+
+import sys
+from typing import Any, NamedTuple
+
+from . import _smla
+from ._errors import type_error
+
+# ml_dtypes dtype name -> (the NumPy integer type of the same size, smla's dtype name)
+_RAW_NUMPY = {"bfloat16": ("uint16", "bf16"), "float8_e4m3fn": ("uint8", "f8e4m3")}
+
+
+class Typed(NamedTuple):
+    """An array whose elements are to be read as `dtype` (see with_dtype)."""
+
+    array: Any
+    dtype: str
+
+
+def with_dtype(array, dtype: str) -> Typed:
+    """Read `array`'s elements as smla dtype `dtype` ("bf16", "f8e4m3", "f32", "i32", "u8"):
+    a uint16 array holding bf16 bits, a uint8 one holding e4m3 values (a uint8 pool without it
+    is fp8_ds_mla bytes). The element sizes must agree; nothing is copied."""
+    return Typed(array, dtype)
+
+
+def _framework(x) -> str:
+    return type(x).__module__.partition(".")[0]
+
+
+def _stream_framework(like) -> str:
+    """Whose current stream a CUDA call without an explicit stream runs on: the framework of
+    `like`, or, with nothing to go by (tables, executors), PyTorch's or CuPy's if imported."""
+    if like is not None:
+        return _framework(like)
+    for name in ("torch", "cupy"):
+        if name in sys.modules:
+            return name
+    return ""
+
+
+def tensor(x, name: str, writable: bool = False):
+    """The `_smla.Tensor` view of `x`, None for None. `name` is the argument's name, used in
+    errors; `writable` for outputs."""
+    if x is None:
+        return None
+    dtype = None
+    if isinstance(x, Typed):
+        x, dtype = x.array, x.dtype
+    framework = _framework(x)
+    if framework == "numpy":
+        raw = _RAW_NUMPY.get(getattr(getattr(x, "dtype", None), "name", ""))
+        if raw is not None:
+            x, dtype = x.view(raw[0]), dtype or raw[1]
+    elif framework == "torch":
+        if x.requires_grad:  # DLPack refuses tensors that require grad; we only read them
+            x = x.detach()
+        if str(x.dtype) == "torch.float8_e4m3fn":  # older DLPack exports lack fp8 codes
+            x, dtype = x.view(sys.modules["torch"].uint8), dtype or "f8e4m3"
+    return _smla.Tensor(x, name, dtype, writable)
+
+
+def device_of(t) -> tuple:
+    """("cpu", 0) or ("cuda", index) of a `_smla.Tensor`."""
+    kind, _, index = t.device.partition(":")
+    return kind, int(index or 0)
+
+
+def parse_device(device) -> tuple:
+    """A device given as "cpu", "cuda", "cuda:1", a torch.device or a (kind, index) pair."""
+    if isinstance(device, tuple):
+        return device
+    text = str(device)
+    kind, _, index = text.partition(":")
+    if kind not in ("cpu", "cuda"):
+        raise type_error("device", "cpu, cuda or cuda:<index>", repr(device))
+    if kind == "cuda" and not index:
+        torch = sys.modules.get("torch")
+        index = torch.cuda.current_device() if torch is not None else 0
+    return kind, int(index or 0)
+
+
+def stream_handle(stream, device: tuple, like=None) -> int:
+    """The cudaStream_t, as an integer, that a call on `device` runs on: `stream` when given
+    (an int, a torch.cuda.Stream or anything with .cuda_stream / .ptr), else the current
+    stream of the framework `like` comes from (PyTorch, CuPy), else the legacy default (0)."""
+    if device[0] != "cuda":
+        return 0
+    if stream is None:
+        framework = _stream_framework(like)
+        if framework == "torch":
+            return sys.modules["torch"].cuda.current_stream(device[1]).cuda_stream
+        if framework == "cupy":
+            return sys.modules["cupy"].cuda.get_current_stream().ptr
+        return 0
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    raise type_error("stream", "an int cudaStream_t or a stream object", type(stream).__name__)
+
+
+class on_device:
+    """Makes `device` PyTorch's current CUDA device for a call: the CUDA backend launches on
+    the current device and checks that it is the tensors'."""
+
+    def __init__(self, device: tuple, like=None):
+        self._guard = None
+        if device[0] == "cuda" and _stream_framework(like) == "torch":
+            torch = sys.modules["torch"]
+            if torch.cuda.current_device() != device[1]:
+                self._guard = torch.cuda.device(device[1])
+
+    def __enter__(self):
+        if self._guard is not None:
+            self._guard.__enter__()
+
+    def __exit__(self, *exc):
+        if self._guard is not None:
+            self._guard.__exit__(*exc)
+
+
+def scale(x, name: str) -> float:
+    """A scale as a Python float: floats, NumPy scalars and one-element host tensors. A device
+    tensor is refused: reading it would synchronise the stream and break graph capture."""
+    if isinstance(x, (int, float)):
+        return float(x)
+    device = getattr(x, "device", None)
+    if device is not None and "cuda" in str(device):
+        raise type_error(name, "a Python float (a device tensor cannot be read without a "
+                         "synchronisation, which graph capture forbids)", f"a tensor on {device}")
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        raise type_error(name, "a float", type(x).__name__) from None

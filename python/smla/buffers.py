@@ -1,0 +1,62 @@
+"""Persistent CUDA buffers for the decode op (SPEC §3), one of each per device, as PyTorch
+tensors: allocated and zeroed outside any graph capture, grown only, shared by every layer
+(their launches run one after another on one stream)."""
+
+import sys
+
+from ._errors import runtime_error
+from .decode import kv_counter_bytes, workspace_bytes
+
+_MAX_HEADS = 128
+_buffers = {}  # (kind, torch.device) -> uint8 tensor
+# Replaced buffers stay alive: a captured graph keeps their addresses, not a reference.
+_retired = []
+
+
+def _device(device):
+    torch = sys.modules.get("torch") or __import__("torch")
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _zeroed(kind: str, nbytes: int, device):
+    torch = sys.modules["torch"]
+    device = _device(device)
+    buffer = _buffers.get((kind, device))
+    if buffer is not None and buffer.numel() >= nbytes:
+        return buffer
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise runtime_error(kind, f"a buffer of {nbytes} B made before graph capture "
+                            f"(call {kind} once with the largest shape first)",
+                            "a call during capture")
+    fresh = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device=device)
+    if device.type == "cuda":
+        # Launches may come on another stream than the one that zeroed it.
+        torch.cuda.current_stream(device).synchronize()
+    if buffer is not None:
+        _retired.append(buffer)
+    _buffers[(kind, device)] = fresh
+    return fresh
+
+
+def kv_counter_buffer(max_tokens: int, num_heads: int = _MAX_HEADS, device=None):
+    """Zeroed multi-CTA KV counters (a uint8 torch tensor) on `device` (default: the current
+    CUDA device) for launches of up to `max_tokens` tokens of up to `num_heads` heads. Every
+    launch leaves them zero, so they are zeroed once; launches that overlap on one buffer race.
+    """
+    return _zeroed("kv_counter_buffer", kv_counter_bytes(max_tokens, num_heads), device)
+
+
+def workspace_buffer(max_tokens: int, num_heads: int, max_columns: int, device=None):
+    """Split-KV workspace (a uint8 torch tensor) for launches of up to `max_tokens` tokens,
+    `num_heads` heads and any width up to `max_columns` (a narrower launch may split more, so
+    every width counts). Smaller or absent is not an error: launches then split less."""
+    dev = _device(device)
+    where = ("cuda", dev.index) if dev.type == "cuda" else ("cpu", 0)
+    nbytes = max((workspace_bytes(max_tokens, num_heads, k, where)
+                  for k in range(4, max_columns + 1, 4)), default=0)
+    return _zeroed("workspace_buffer", nbytes, dev)

@@ -1,0 +1,72 @@
+"""The decode op (SPEC §2) and the sizes of its buffers (SPEC §3)."""
+
+from . import _smla
+from ._arrays import device_of, on_device, parse_device, scale, stream_handle, tensor
+
+WINDOW = _smla.WINDOW
+
+
+def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, seq_lens, out,
+                      bmm1_scale, compressed_kv_cache=None, cum_seq_lens_q=None, max_q_len=1,
+                      sinks=None, bmm2_scale=1.0, lse=None, workspace=None, kv_counters=None,
+                      window=WINDOW, stream=None) -> None:
+    """Writes the sparse MLA attention of `query` into `out` (and `lse`), as smla::DecodeArgs
+    describes (SPEC §2): query [T, H, 512], pools [blocks, block_size, (1,) row],
+    sparse_indices [T, K] i32 storage offsets (-1 padding), sparse_topk_lens [T], seq_lens [B],
+    cum_seq_lens_q [B+1] (None: one token per request), sinks [H] f32, out [T, H_out, 512] bf16
+    (heads >= H get zeros), lse [T, H] f32, workspace u8 and kv_counters (CUDA; see
+    kv_counter_buffer / workspace_buffer).
+
+    Runs on the arrays' device: NumPy arrays on the CPU; CUDA tensors on `stream` (default: the
+    framework's current stream), one launch, capturable in a CUDA graph. Bad input raises
+    TypeError (dtype, device) or ValueError (shape, value) naming the argument;
+    NotImplementedError for valid input this build or device cannot run."""
+    q = tensor(query, "query")
+    device = device_of(q)
+    args = dict(
+        query=q,
+        swa_kv_cache=tensor(swa_kv_cache, "swa_kv_cache"),
+        compressed_kv_cache=tensor(compressed_kv_cache, "compressed_kv_cache"),
+        sparse_indices=tensor(sparse_indices, "sparse_indices"),
+        sparse_topk_lens=tensor(sparse_topk_lens, "sparse_topk_lens"),
+        seq_lens=tensor(seq_lens, "seq_lens"),
+        cum_seq_lens_q=tensor(cum_seq_lens_q, "cum_seq_lens_q"),
+        max_q_len=int(max_q_len),
+        sinks=tensor(sinks, "sinks"),
+        bmm1_scale=scale(bmm1_scale, "bmm1_scale"),
+        bmm2_scale=scale(bmm2_scale, "bmm2_scale"),
+        out=tensor(out, "out", writable=True),
+        lse=tensor(lse, "lse", writable=True),
+        workspace=tensor(workspace, "workspace", writable=True),
+        kv_counters=tensor(kv_counters, "kv_counters", writable=True),
+        window=int(window),
+        stream=stream_handle(stream, device, query),
+    )
+    with on_device(device, query):
+        _smla.sparse_mla_decode(**args)
+
+
+def kv_counter_bytes(max_tokens: int, num_heads: int) -> int:
+    """Bytes of multi-CTA counters for launches of up to `max_tokens` tokens of `num_heads`
+    heads (0 in a build without CUDA)."""
+    return _smla.kv_counter_bytes(int(max_tokens), int(num_heads))
+
+
+def workspace_bytes(num_tokens: int, num_heads: int, num_columns: int, device="cuda") -> int:
+    """Bytes of split-KV workspace a launch of this shape uses at most on `device` (0 on the
+    CPU)."""
+    kind, index = parse_device(device)
+    return _smla.workspace_bytes(int(num_tokens), int(num_heads), int(num_columns), kind, index)
+
+
+def query_capability(head_size: int, query_dtype: str, kv_dtype: str, block_size: int,
+                     device="cpu") -> tuple:
+    """(supported, reason) for one configuration on one device; dtypes by smla's names
+    ("bf16", "f8e4m3", "u8" for fp8_ds_mla)."""
+    kind, index = parse_device(device)
+    return _smla.query_capability(head_size, query_dtype, kv_dtype, block_size, kind, index)
+
+
+def backend_info() -> str:
+    """The devices this build can run on and what each supports (as `smla info` prints)."""
+    return _smla.backend_info()

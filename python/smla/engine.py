@@ -1,0 +1,115 @@
+"""The engine-shaped call: the keyword names engines pass to their DeepSeek-V4 sparse MLA
+decode kernel, so an engine on Hopper switches by changing one import:
+
+    from smla.engine import trtllm_batch_decode_sparse_mla_dsv4
+
+Differences from the kernel it stands in for (docs/python.md): arguments are keyword-only;
+`sparse_indices` must be storage offsets (`sparse_indices_are_storage_offsets=True`, the
+default here); scales are Python floats (or host scalars); `multi_ctas_kv_counter_buffer` and
+`workspace_buffer` may be any size (a small one only limits splitting).
+"""
+
+import sys
+
+from .buffers import kv_counter_buffer, workspace_buffer  # noqa: F401  (engines import these)
+from .decode import WINDOW, sparse_mla_decode
+from ._arrays import Typed
+from ._errors import value_error
+
+__all__ = ["trtllm_batch_decode_sparse_mla_dsv4", "trtllm_decode_sparse_mla_dsv4",
+           "kv_counter_buffer", "workspace_buffer"]
+
+
+def _merge_tokens(x, name: str, ndim: int):
+    """[B, q, ...] -> [B*q, ...] as a view (engines pass [T, 1, H, D] for DSpark); a tensor
+    that would need a copy is refused (an output copy would lose the writes)."""
+    if x is None or isinstance(x, Typed) or getattr(x, "ndim", ndim) != ndim + 1:
+        return x
+    shape = (x.shape[0] * x.shape[1],) + tuple(x.shape[2:])
+    try:
+        if type(x).__module__.startswith("torch"):
+            return x.view(shape)
+        import numpy as np
+        return np.reshape(x, shape, copy=False)  # raises instead of copying
+    except (RuntimeError, AttributeError, ValueError):
+        raise value_error(name, "[B, q, ...] whose first two dims merge into T without a copy",
+                          f"shape {tuple(x.shape)}, strides {tuple(x.strides)}") from None
+
+
+def _uniform_cum(seq_lens, q_len: int):
+    """cum_seq_lens_q for [B, q, H, D] queries: every request has q tokens (device-side
+    arithmetic only, so it is capturable)."""
+    n = seq_lens.shape[0] + 1
+    if type(seq_lens).__module__.startswith("torch"):
+        torch = sys.modules["torch"]
+        return torch.arange(n, dtype=torch.int32, device=seq_lens.device) * q_len
+    import numpy as np
+    return (np.arange(n, dtype=np.int32) * q_len).astype(np.int32)
+
+
+def _new_out(query):
+    """An output like the query's tokens and heads, bf16 (engines usually pass one)."""
+    shape = tuple(query.shape[:-1]) + (512,)
+    if type(query).__module__.startswith("torch"):
+        torch = sys.modules["torch"]
+        return torch.empty(shape, dtype=torch.bfloat16, device=query.device)
+    import ml_dtypes
+    import numpy as np
+    return np.empty(shape, dtype=ml_dtypes.bfloat16)
+
+
+def trtllm_batch_decode_sparse_mla_dsv4(
+        *, query, swa_kv_cache, workspace_buffer=None, sparse_indices, sparse_topk_lens,
+        seq_lens, out=None, bmm1_scale, bmm2_scale=1.0, sinks=None, compressed_kv_cache=None,
+        cum_seq_lens_q=None, max_q_len=None, multi_ctas_kv_counter_buffer=None,
+        sparse_indices_are_storage_offsets=True, window=WINDOW, lse=None, stream=None):
+    """Sparse MLA decode with the engines' keyword names; returns `out` (allocated when None).
+
+    query [T, H, 512] or [B, q, H, 512] (bf16; e4m3 with a per-tensor fp8 cache), out likewise
+    with H_out >= H heads (no need to zero-pad the query's heads), sparse_indices [T, K] or
+    [T, 1, K], cum_seq_lens_q [B+1] or None (one token per request, or q per request for a
+    [B, q, H, 512] query), max_q_len (required with a device cum_seq_lens_q). Runs on the
+    current stream of the query's framework; capturable in a CUDA graph."""
+    if sparse_indices_are_storage_offsets is not True:
+        raise value_error("sparse_indices_are_storage_offsets",
+                          "True (smla reads storage offsets, SPEC §4: (slot / block_size) * span"
+                          " + slot % block_size, equal to slots for unpacked pools)",
+                          repr(sparse_indices_are_storage_offsets))
+    if out is None:
+        out = _new_out(query)
+    q_len = query.shape[1] if getattr(query, "ndim", 3) == 4 else 1
+    query = _merge_tokens(query, "query", 3)
+    result = out
+    out = _merge_tokens(out, "out", 3)
+    sparse_indices = _merge_tokens(sparse_indices, "sparse_indices", 2)
+    if cum_seq_lens_q is None and q_len > 1 and seq_lens is not None:
+        cum_seq_lens_q = _uniform_cum(seq_lens, q_len)
+        max_q_len = q_len if max_q_len is None else max_q_len
+    if max_q_len is None:
+        max_q_len = 1 if cum_seq_lens_q is None else _max_q_len(cum_seq_lens_q)
+    sparse_mla_decode(
+        query=query, swa_kv_cache=swa_kv_cache, compressed_kv_cache=compressed_kv_cache,
+        sparse_indices=sparse_indices, sparse_topk_lens=sparse_topk_lens, seq_lens=seq_lens,
+        cum_seq_lens_q=cum_seq_lens_q, max_q_len=max_q_len, sinks=sinks,
+        bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale, out=out, lse=lse,
+        workspace=workspace_buffer, kv_counters=multi_ctas_kv_counter_buffer, window=window,
+        stream=stream)
+    return result
+
+
+def _max_q_len(cum_seq_lens_q) -> int:
+    """max_q_len from host offsets; device offsets would need a synchronisation."""
+    device = getattr(cum_seq_lens_q, "device", "cpu")
+    if "cuda" in str(device):
+        raise value_error("max_q_len", "an int (required with a device cum_seq_lens_q: reading "
+                          "it would synchronise)", "None")
+    import numpy as np
+    cum = np.asarray(cum_seq_lens_q)
+    return int(max(np.diff(cum).max(initial=1), 1))
+
+
+def trtllm_decode_sparse_mla_dsv4(*, kv_counters=None, **kwargs):
+    """The seeds' wrapper shape: `kv_counters` (from kv_counter_buffer) in place of
+    `multi_ctas_kv_counter_buffer`, indices always storage offsets."""
+    return trtllm_batch_decode_sparse_mla_dsv4(multi_ctas_kv_counter_buffer=kv_counters,
+                                               **kwargs)

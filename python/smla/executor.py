@@ -1,0 +1,101 @@
+"""StepExecutor (SPEC §5): every layer's attention of one decode step on tables shared
+through SparseIndexTables, with kv counters and workspace allocated once and shared."""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Sequence
+
+from . import _smla
+from ._arrays import device_of, on_device, scale, stream_handle, tensor
+from .index import StepMetadata
+
+
+@dataclass
+class AttentionLayer:
+    """What a layer keeps from step to step (smla::AttentionLayer)."""
+
+    spec: Any                        # LayerSpec
+    swa_kv_cache: Any                # its SWA pool; its dtype is the cache dtype
+    bmm1_scale: float                # D^-0.5 (times q_scale * kv_scale with an fp8 cache)
+    compressed_kv_cache: Any = None  # compressed layers: the kv source's pool
+    sinks: Any = None                # [H] f32
+    bmm2_scale: float = 1.0          # kv_scale with an fp8 cache
+
+
+@dataclass
+class StepInputs:
+    """What changes every step (smla::StepInputs)."""
+
+    metadata: StepMetadata
+    block_tables: List[Any]                                         # per SWA group
+    compressed_block_tables: Dict[int, Any] = field(default_factory=dict)  # by kv source
+    topk_indices: Dict[int, Any] = field(default_factory=dict)      # by index source
+
+
+def _inputs(inputs: StepInputs):
+    m = inputs.metadata
+    return _smla.make_step_inputs(
+        num_tokens=int(m.num_tokens), seq_lens=tensor(m.seq_lens, "seq_lens"),
+        cum_seq_lens_q=tensor(m.cum_seq_lens_q, "cum_seq_lens_q"),
+        is_valid_token=tensor(m.is_valid_token, "is_valid_token"),
+        num_decodes=int(m.num_decodes), max_q_len=int(m.max_q_len),
+        decode_swa_width=int(m.decode_swa_width),
+        block_tables=[tensor(t, "block_tables") for t in inputs.block_tables],
+        compressed_block_tables={int(k): tensor(t, "compressed_block_tables")
+                                 for k, t in inputs.compressed_block_tables.items()},
+        topk_indices={int(k): tensor(t, "topk_indices") for k, t in inputs.topk_indices.items()})
+
+
+class StepExecutor:
+    """Runs the layers' attention of each step on the device of their pools, on `stream`
+    (default: PyTorch's current stream for CUDA), fixed here: to capture a step in a CUDA
+    graph, make the executor on the stream the capture uses (torch.cuda.graph(g, stream=s))
+    and run one eager step of the same shape first (its memory serves the capture).
+    Allocates zeroed counters and workspace for steps of up to `max_tokens` tokens and
+    `max_columns` table columns."""
+
+    def __init__(self, layers: Sequence[AttentionLayer], max_tokens: int, max_columns: int,
+                 stream=None):
+        layers = list(layers)
+        if not layers:
+            raise ValueError("smla: layers: expected at least one layer, got none")
+        first = tensor(layers[0].swa_kv_cache, "swa_kv_cache")
+        self._device = device_of(first)
+        self._like = layers[0].swa_kv_cache
+        handle = stream_handle(stream, self._device, self._like)
+        with on_device(self._device, self._like):
+            self._executor = _smla.StepExecutor(
+                specs=[l.spec for l in layers],
+                swa_kv_caches=[tensor(l.swa_kv_cache, "swa_kv_cache") for l in layers],
+                compressed_kv_caches=[tensor(l.compressed_kv_cache, "compressed_kv_cache")
+                                      for l in layers],
+                sinks=[tensor(l.sinks, "sinks") for l in layers],
+                bmm1_scales=[scale(l.bmm1_scale, "bmm1_scale") for l in layers],
+                bmm2_scales=[scale(l.bmm2_scale, "bmm2_scale") for l in layers],
+                kind=self._device[0], id=self._device[1], stream=handle,
+                max_tokens=int(max_tokens), max_columns=int(max_columns))
+
+    def begin_step(self, inputs: StepInputs) -> None:
+        """Resets the tables; keeps `inputs` (and its arrays) for the step."""
+        self._executor.begin_step(_inputs(inputs))
+
+    def run_layer(self, layer: int, query, out) -> None:
+        """`layer`'s attention of query [T, H, 512] into out [T, H_out, 512]."""
+        with on_device(self._device, self._like):
+            self._executor.run_layer(layer, tensor(query, "query"),
+                                     tensor(out, "out", writable=True))
+
+    def end_step(self) -> None:
+        """Joins the side stream, so a graph capture of the step ends joined."""
+        self._executor.end_step()
+
+    def run_step(self, inputs: StepInputs, queries: Sequence, outs: Sequence) -> None:
+        """begin_step, every layer in order (queries[i], outs[i] for the i-th), end_step;
+        joins on an error too."""
+        with on_device(self._device, self._like):
+            self._executor.run_step(_inputs(inputs), [tensor(q, "query") for q in queries],
+                                    [tensor(o, "out", writable=True) for o in outs])
+
+    @property
+    def stats(self) -> dict:
+        """The step's table statistics (builds, forks, waits, peak tables, bytes)."""
+        return self._executor.stats()

@@ -1,0 +1,40 @@
+"""SparseIndexTables (SPEC §5), thin over the C++ class: one step's tables shared by equal
+keys, with forked builds for the run's other SWA groups."""
+
+from typing import Callable
+
+from . import _smla
+from ._arrays import on_device, parse_device, stream_handle
+from .index import SparseIndexArgs, SparseIndexTable, index_args
+
+
+class SparseIndexTables:
+    """Tables of the `layers` (LayerSpecs in model order) on `device`, ordered on `stream`
+    (default: PyTorch's current stream for CUDA, fixed from here on)."""
+
+    def __init__(self, layers, device="cpu", stream=None):
+        self._device = parse_device(device)
+        handle = stream_handle(stream, self._device, None)
+        self._tables = _smla.SparseIndexTables(list(layers), *self._device, handle)
+
+    def lookup(self, layer: int, inputs: Callable[[int], SparseIndexArgs]) -> SparseIndexTable:
+        """The table of `layer`; `inputs(layer)` gives any layer's build arguments (outputs
+        unset). The arrays view the tables' memory (no copy): valid until the group stores
+        another compressed key, or reset()."""
+        with on_device(self._device, None):
+            indices, lens, seq_lens = self._tables.lookup(
+                layer, lambda other: index_args(inputs(other)))
+        return SparseIndexTable(indices, lens, seq_lens)
+
+    def join(self) -> None:
+        """The current stream waits for every fork since the last join."""
+        self._tables.join()
+
+    def reset(self) -> None:
+        """Joins, then forgets the step's tables and stats."""
+        self._tables.reset()
+
+    @property
+    def stats(self) -> dict:
+        return self._tables.stats()
+

@@ -1,0 +1,119 @@
+// StepExecutor (SPEC §5): every layer's attention of one decode step on shared tables, counters
+// and workspace. Layers and step inputs hold `_smla.Tensor`s, which keep their arrays alive for
+// as long as the executor (layers) or the step (inputs) may read them.
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+
+#include "bindings.h"
+#include "smla/executor.h"
+#include "table_stats.h"
+#include "tensor_arg.h"
+
+namespace smla::py {
+namespace {
+
+struct Inputs {
+  StepInputs inputs;
+  std::vector<nb::object> keep;
+};
+
+Inputs make_step_inputs(int64_t num_tokens, nb::handle seq_lens, nb::handle cum_seq_lens_q,
+                        nb::handle is_valid_token, int64_t num_decodes, int max_q_len,
+                        int decode_swa_width, const std::vector<nb::handle>& block_tables,
+                        const std::map<int, nb::handle>& compressed_block_tables,
+                        const std::map<int, nb::handle>& topk_indices) {
+  Inputs r;
+  StepMetadata& s = r.inputs.metadata;
+  s.num_tokens = num_tokens;
+  s.seq_lens = take(seq_lens, &r.keep);
+  s.cum_seq_lens_q = take(cum_seq_lens_q, &r.keep);
+  s.is_valid_token = take(is_valid_token, &r.keep);
+  s.num_decodes = num_decodes;
+  s.max_q_len = max_q_len;
+  s.decode_swa_width = decode_swa_width;
+  for (nb::handle t : block_tables) r.inputs.block_tables.push_back(take(t, &r.keep));
+  for (const auto& [layer, t] : compressed_block_tables)
+    r.inputs.compressed_block_tables[layer] = take(t, &r.keep);
+  for (const auto& [layer, t] : topk_indices) r.inputs.topk_indices[layer] = take(t, &r.keep);
+  return r;
+}
+
+class Executor {
+ public:
+  Executor(const std::vector<LayerSpec>& specs, const std::vector<nb::handle>& swa_kv_caches,
+           const std::vector<nb::handle>& compressed_kv_caches,
+           const std::vector<nb::handle>& sinks, const std::vector<float>& bmm1_scales,
+           const std::vector<float>& bmm2_scales, const std::string& kind, int id,
+           uintptr_t stream, int64_t max_tokens, int64_t max_columns)
+      : streams_(make_streams(parse_device(kind, id), reinterpret_cast<void*>(stream))) {
+    std::vector<AttentionLayer> layers;
+    for (size_t i = 0; i < specs.size(); ++i)
+      layers.push_back({.spec = specs[i],
+                        .swa_kv_cache = take(swa_kv_caches.at(i), &keep_),
+                        .compressed_kv_cache = take(compressed_kv_caches.at(i), &keep_),
+                        .sinks = take(sinks.at(i), &keep_),
+                        .bmm1_scale = bmm1_scales.at(i),
+                        .bmm2_scale = bmm2_scales.at(i)});
+    executor_ =
+        std::make_unique<StepExecutor>(std::move(layers), *streams_, max_tokens, max_columns);
+  }
+
+  void begin_step(nb::handle inputs) {
+    const Inputs& in = nb::cast<const Inputs&>(inputs);
+    executor_->begin_step(in.inputs);
+    step_ = nb::borrow(inputs);  // the previous step's arrays may go now: its tables were reset
+  }
+  void run_layer(int layer, nb::handle query, nb::handle out) {
+    const TensorView q = take(query), o = take(out);
+    nb::gil_scoped_release release;
+    executor_->run_layer(layer, q, o);
+  }
+  void end_step() { executor_->end_step(); }
+  void run_step(nb::handle inputs, const std::vector<nb::handle>& queries,
+                const std::vector<nb::handle>& outs) {
+    const Inputs& in = nb::cast<const Inputs&>(inputs);
+    std::vector<TensorView> q, o;
+    for (nb::handle t : queries) q.push_back(take(t));
+    for (nb::handle t : outs) o.push_back(take(t));
+    step_ = nb::borrow(inputs);
+    nb::gil_scoped_release release;
+    executor_->run_step(in.inputs, q, o);
+  }
+  nb::dict stats() const { return stats_dict(executor_->tables().stats()); }
+
+ private:
+  std::unique_ptr<Streams> streams_;  // declared first: outlives the executor
+  std::vector<nb::object> keep_;
+  std::unique_ptr<StepExecutor> executor_;
+  nb::object step_;
+};
+
+}  // namespace
+
+void bind_executor(nb::module_& m) {
+  nb::class_<Inputs>(m, "StepInputs", "smla::StepInputs with the arrays it views");
+  m.def("make_step_inputs", &make_step_inputs, nb::arg("num_tokens"), nb::arg("seq_lens").none(),
+        nb::arg("cum_seq_lens_q").none(), nb::arg("is_valid_token").none(),
+        nb::arg("num_decodes"), nb::arg("max_q_len"), nb::arg("decode_swa_width"),
+        nb::arg("block_tables"), nb::arg("compressed_block_tables"), nb::arg("topk_indices"));
+
+  nb::class_<Executor>(m, "StepExecutor")
+      .def(nb::init<const std::vector<LayerSpec>&, const std::vector<nb::handle>&,
+                    const std::vector<nb::handle>&, const std::vector<nb::handle>&,
+                    const std::vector<float>&, const std::vector<float>&, const std::string&,
+                    int, uintptr_t, int64_t, int64_t>(),
+           nb::arg("specs"), nb::arg("swa_kv_caches"), nb::arg("compressed_kv_caches"),
+           nb::arg("sinks"), nb::arg("bmm1_scales"), nb::arg("bmm2_scales"), nb::arg("kind"),
+           nb::arg("id"), nb::arg("stream"), nb::arg("max_tokens"), nb::arg("max_columns"))
+      .def("begin_step", &Executor::begin_step, nb::arg("inputs"))
+      .def("run_layer", &Executor::run_layer, nb::arg("layer"), nb::arg("query"), nb::arg("out"))
+      .def("end_step", &Executor::end_step)
+      .def("run_step", &Executor::run_step, nb::arg("inputs"), nb::arg("queries"),
+           nb::arg("outs"))
+      .def("stats", &Executor::stats);
+}
+
+}  // namespace smla::py

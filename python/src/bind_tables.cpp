@@ -1,0 +1,82 @@
+// SparseIndexTables (SPEC §5), thin: the build arguments come from a Python callable returning
+// `_smla.IndexArgs`, and lookup returns arrays over the tables' own memory (no copy).
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+
+#include "bindings.h"
+#include "index_args.h"
+#include "smla/streams.h"
+#include "smla/tables.h"
+#include "table_stats.h"
+
+namespace smla::py {
+
+nb::dict stats_dict(const TableStats& s) {
+  auto key = [](const TableKey& k) { return nb::make_tuple(k.first, k.second); };
+  nb::dict builds, peak;
+  for (const auto& [k, n] : s.builds) builds[key(k)] = n;
+  for (const auto& [g, n] : s.peak_tables) peak[nb::int_(g)] = n;
+  nb::list forks, waits;
+  for (const TableKey& k : s.forks) forks.append(key(k));
+  for (int layer : s.waits) waits.append(layer);
+  nb::dict d;
+  d["builds"] = builds;
+  d["forks"] = forks;
+  d["waits"] = waits;
+  d["peak_tables"] = peak;
+  d["bytes"] = s.bytes;
+  d["peak_bytes"] = s.peak_bytes;
+  return d;
+}
+
+namespace {
+
+class Tables {
+ public:
+  Tables(const std::vector<LayerSpec>& layers, const std::string& kind, int id, uintptr_t stream)
+      : streams_(make_streams(parse_device(kind, id), reinterpret_cast<void*>(stream))),
+        tables_(std::make_unique<SparseIndexTables>(layers, *streams_)) {}
+
+  nb::tuple lookup(nb::handle self, int layer, nb::callable inputs) {
+    const SparseIndexTable t = tables_->lookup(layer, [&](int other) {
+      nb::object args = inputs(other);
+      // Forked builds may still read these arrays after lookup returns: hold them until reset.
+      keep_.push_back(args);
+      return nb::cast<const IndexArgs&>(args).args;
+    });
+    return nb::make_tuple(as_array(t.sparse_indices, self), as_array(t.sparse_topk_lens, self),
+                          t.seq_lens.defined() ? as_array(t.seq_lens, self) : nb::none());
+  }
+  void join() { tables_->join(); }
+  void reset() {
+    tables_->reset();
+    keep_.clear();
+  }
+  nb::dict stats() const { return stats_dict(tables_->stats()); }
+
+ private:
+  std::unique_ptr<Streams> streams_;            // declared first: outlives the tables
+  std::unique_ptr<SparseIndexTables> tables_;
+  std::vector<nb::object> keep_;
+};
+
+}  // namespace
+
+void bind_tables(nb::module_& m) {
+  nb::class_<Tables>(m, "SparseIndexTables")
+      .def(nb::init<const std::vector<LayerSpec>&, const std::string&, int, uintptr_t>(),
+           nb::arg("layers"), nb::arg("kind"), nb::arg("id"), nb::arg("stream"))
+      .def(
+          "lookup",
+          [](nb::pointer_and_handle<Tables> self, int layer, nb::callable inputs) {
+            return self.p->lookup(self.h, layer, inputs);
+          },
+          nb::arg("layer"), nb::arg("inputs"))
+      .def("join", &Tables::join)
+      .def("reset", &Tables::reset)
+      .def("stats", &Tables::stats);
+}
+
+}  // namespace smla::py

@@ -1,0 +1,170 @@
+#include "tensor_arg.h"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include "smla/error.h"
+
+namespace smla::py {
+namespace {
+
+using Code = nb::dlpack::dtype_code;
+
+std::string dlpack_name(nb::dlpack::dtype d) {
+  std::string base;
+  switch (static_cast<Code>(d.code)) {
+    case Code::Int: base = "int"; break;
+    case Code::UInt: base = "uint"; break;
+    case Code::Float: base = "float"; break;
+    case Code::Bfloat: base = "bfloat"; break;
+    case Code::Bool: return "bool";
+    case Code::Complex: base = "complex"; break;
+    default: return "DLPack type code " + std::to_string(d.code) + "/" + std::to_string(d.bits);
+  }
+  return base + std::to_string(d.bits) + (d.lanes != 1 ? "x" + std::to_string(d.lanes) : "");
+}
+
+// The smla dtype a DLPack dtype is, if any.
+std::optional<DType> native(nb::dlpack::dtype d) {
+  if (d.lanes != 1) return std::nullopt;
+  switch (static_cast<Code>(d.code)) {
+    case Code::Bfloat: if (d.bits == 16) return DType::bf16; break;
+    case Code::Float8_E4M3FN: if (d.bits == 8) return DType::f8e4m3; break;
+    case Code::Float: if (d.bits == 32) return DType::f32; break;
+    case Code::Int: if (d.bits == 32) return DType::i32; break;
+    case Code::UInt: if (d.bits == 8) return DType::u8; break;
+    default: break;
+  }
+  return std::nullopt;
+}
+
+template <class Array>
+TensorView view_of(const Array& a, const std::string& name, const std::optional<std::string>& dtype) {
+  TensorView v;
+  const nb::dlpack::dtype d = a.dtype();
+  if (dtype) {
+    // A reinterpretation: only the element size has to agree (a uint16 array read as bf16).
+    v.dtype = parse_dtype(*dtype, name);
+    if (d.lanes != 1 || d.bits != dtype_size(v.dtype) * 8)
+      throw Error(ErrorKind::type, name,
+                  std::to_string(dtype_size(v.dtype) * 8) + "-bit elements to read as " + *dtype,
+                  dlpack_name(d));
+  } else if (const auto t = native(d)) {
+    v.dtype = *t;
+  } else {
+    throw Error(ErrorKind::type, name,
+                "bf16, f8e4m3 (float8_e4m3fn), f32, i32 or u8 elements (a uint16/uint8 array "
+                "holding bf16/fp8 bits: smla.with_dtype(array, 'bf16'/'f8e4m3'))",
+                dlpack_name(d));
+  }
+  switch (a.device_type()) {
+    case nb::device::cpu::value:
+    case nb::device::cuda_host::value: v.device = {DeviceKind::cpu, 0}; break;
+    case nb::device::cuda::value:
+    case nb::device::cuda_managed::value:
+      v.device = {DeviceKind::cuda, static_cast<int>(a.device_id())};
+      break;
+    default:
+      throw Error(ErrorKind::type, name, "an array on the CPU or a CUDA device",
+                  "DLPack device type " + std::to_string(a.device_type()));
+  }
+  if (a.ndim() < 1 || a.ndim() > kMaxDims)
+    throw Error(ErrorKind::value, name, "1.." + std::to_string(kMaxDims) + " dims",
+                std::to_string(a.ndim()) + " dims");
+  v.ndim = static_cast<int>(a.ndim());
+  for (int i = 0; i < v.ndim; ++i) {
+    v.shape[i] = static_cast<int64_t>(a.shape(i));
+    v.strides[i] = a.stride(i);  // nanobind counts strides in elements, as smla does
+  }
+  v.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  return v;
+}
+
+}  // namespace
+
+DType parse_dtype(const std::string& name, const std::string& argument) {
+  for (DType t : {DType::bf16, DType::f8e4m3, DType::f32, DType::i32, DType::u8})
+    if (name == dtype_name(t)) return t;
+  throw Error(ErrorKind::value, argument, "a dtype name: bf16, f8e4m3, f32, i32 or u8", name);
+}
+
+Device parse_device(const std::string& kind, int id) {
+  if (kind == "cpu") return {DeviceKind::cpu, 0};
+  if (kind == "cuda" && id >= 0) return {DeviceKind::cuda, id};
+  throw Error(ErrorKind::value, "device", "cpu or cuda:<index>", kind + ":" + std::to_string(id));
+}
+
+Tensor::Tensor(nb::handle array, const std::string& name, std::optional<std::string> dtype,
+               bool writable) {
+  // convert=false: an array of another dtype or order is refused, never copied.
+  nb::ndarray<> rw;
+  if (nb::try_cast(array, rw, false)) {
+    view_ = view_of(rw, name, dtype);
+    rw_ = std::move(rw);
+    return;
+  }
+  nb::ndarray<nb::ro> ro;
+  if (!writable && nb::try_cast(array, ro, false)) {
+    view_ = view_of(ro, name, dtype);
+    ro_ = std::move(ro);
+    return;
+  }
+  std::string got = nb::type_name(array.type()).c_str();
+  if (writable && nb::try_cast(array, ro, false)) got = "a read-only array";
+  throw Error(ErrorKind::type, name,
+              writable ? "a writable array (NumPy, PyTorch, or any DLPack producer)"
+                       : "an array (NumPy, PyTorch, or any DLPack producer)",
+              got);
+}
+
+TensorView take(nb::handle tensor, std::vector<nb::object>* keep) {
+  if (tensor.is_none()) return {};
+  const TensorView view = nb::cast<const Tensor&>(tensor).view();
+  if (keep) keep->push_back(nb::borrow(tensor));
+  return view;
+}
+
+nb::object as_array(const TensorView& view, nb::handle owner) {
+  size_t shape[kMaxDims];
+  for (int i = 0; i < view.ndim; ++i) shape[i] = static_cast<size_t>(view.shape[i]);
+  nb::dlpack::dtype d;
+  switch (view.dtype) {
+    case DType::bf16: d = {uint8_t(Code::Bfloat), 16, 1}; break;
+    case DType::f8e4m3: d = {uint8_t(Code::Float8_E4M3FN), 8, 1}; break;
+    case DType::f32: d = nb::dtype<float>(); break;
+    case DType::i32: d = nb::dtype<int32_t>(); break;
+    case DType::u8: d = nb::dtype<uint8_t>(); break;
+  }
+  if (view.device.kind == DeviceKind::cpu)
+    return nb::ndarray<nb::numpy>(view.data, view.ndim, shape, owner, view.strides, d,
+                                  nb::device::cpu::value, 0)
+        .cast();
+  return nb::ndarray<nb::pytorch>(view.data, view.ndim, shape, owner, view.strides, d,
+                                  nb::device::cuda::value, view.device.id)
+      .cast();
+}
+
+void bind_tensor(nb::module_& m) {
+  nb::class_<Tensor>(m, "Tensor",
+                     "An array argument as smla sees it (a DLPack view; no copy).")
+      .def(nb::init<nb::handle, const std::string&, std::optional<std::string>, bool>(),
+           nb::arg("array"), nb::arg("name"), nb::arg("dtype").none() = nb::none(),
+           nb::arg("writable") = false)
+      .def_prop_ro("dtype", [](const Tensor& t) { return dtype_name(t.view().dtype); })
+      .def_prop_ro("device", [](const Tensor& t) { return device_name(t.view().device); })
+      .def_prop_ro("shape",
+                   [](const Tensor& t) {
+                     nb::list s;
+                     for (int i = 0; i < t.view().ndim; ++i) s.append(t.view().shape[i]);
+                     return nb::tuple(s);
+                   })
+      .def_prop_ro("strides",
+                   [](const Tensor& t) {
+                     nb::list s;
+                     for (int i = 0; i < t.view().ndim; ++i) s.append(t.view().strides[i]);
+                     return nb::tuple(s);
+                   })
+      .def("__repr__", [](const Tensor& t) { return "smla.Tensor(" + describe(t.view()) + ")"; });
+}
+
+}  // namespace smla::py

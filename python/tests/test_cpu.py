@@ -1,0 +1,553 @@
+"""The smla package on the CPU backend with NumPy arrays (CI), against the float64 references
+in np_reference.py, on fresh random inputs, outputs poisoned with NaN before each call, and
+every pool row that no attended column points to poisoned too."""
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import smla
+from smla.engine import trtllm_batch_decode_sparse_mla_dsv4, trtllm_decode_sparse_mla_dsv4
+
+import np_reference as ref
+
+BF16 = ml_dtypes.bfloat16
+E4M3 = ml_dtypes.float8_e4m3fn
+D = 512
+W = 128
+
+
+# ---------------------------------------------------------------------------------------------
+# Case construction
+# ---------------------------------------------------------------------------------------------
+
+def bf16_pool(rng, blocks, block_size, span, dtype=BF16):
+    """A pool view [blocks, block_size, 512] over pages of `span` rows (the rest is other data,
+    NaN), and its reference rows."""
+    pages = np.full((blocks, span, D), np.nan, dtype=np.float32).astype(dtype)
+    values = (rng.standard_normal((blocks, block_size, D)) * (1.0 if dtype == BF16 else 4.0))
+    pages[:, :block_size] = values.astype(dtype)
+    view = pages[:, :block_size]
+    return view, ref.Pool(view.astype(np.float64), span)
+
+
+def random_offsets(rng, pool, shape):
+    """Storage offsets: mostly rows of the pool, some -1, some past the pool, some into the
+    packed gap of a page (masked like offsets past the pool)."""
+    blocks, block_size, span = pool.num_blocks, pool.block_size, pool.span
+    good = rng.integers(0, blocks, shape) * span + rng.integers(0, block_size, shape)
+    kind = rng.random(shape)
+    out = np.where(kind < 0.08, -1, good)
+    out = np.where((kind >= 0.08) & (kind < 0.14), blocks * span + rng.integers(0, 50, shape), out)
+    if span > block_size:
+        gap = rng.integers(0, blocks, shape) * span + rng.integers(block_size, span, shape)
+        out = np.where((kind >= 0.14) & (kind < 0.18), gap, out)
+    return out.astype(np.int32)
+
+
+def make_case(rng, q_lens=(1, 3, 2), seq_lens=(5, 300, 140), heads=8, out_heads=None, top_p=32,
+              block_size=16, span=20, separate_pools=True, sinks="finite", lse=True):
+    """Keyword arguments of smla.sparse_mla_decode plus what the reference needs."""
+    out_heads = out_heads or heads
+    num_tokens = sum(q_lens)
+    cum = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    swa_view, swa = bf16_pool(rng, 12, block_size, span)
+    comp_view, comp = bf16_pool(rng, 9, block_size, span + 4) if separate_pools else (None, None)
+    num_columns = W + top_p
+    indices = np.concatenate(
+        [random_offsets(rng, swa, (num_tokens, W)),
+         random_offsets(rng, comp or swa, (num_tokens, top_p))], axis=1)
+    lens = rng.integers(W - 8, num_columns + 1, num_tokens).astype(np.int32)
+    sink_values = {
+        None: None,
+        "-inf": np.full(heads, -np.inf, np.float32),
+        "finite": rng.standard_normal(heads).astype(np.float32) * 2,
+        "+inf": np.full(heads, np.inf, np.float32),
+        "mixed": np.resize(np.array([-np.inf, 0.5, np.inf, -3.0], np.float32), heads),
+    }[sinks]
+    query = (rng.standard_normal((num_tokens, heads, D))).astype(BF16)
+    args = dict(
+        query=query, swa_kv_cache=swa_view, compressed_kv_cache=comp_view,
+        sparse_indices=indices, sparse_topk_lens=lens, seq_lens=np.array(seq_lens, np.int32),
+        cum_seq_lens_q=cum, max_q_len=max(q_lens), sinks=sink_values,
+        bmm1_scale=1 / math.sqrt(D), bmm2_scale=1.0,
+        out=np.full((num_tokens, out_heads, D), np.nan, np.float32).astype(BF16),
+        lse=np.full((num_tokens, heads), np.nan, np.float32) if lse else None)
+    return args, {"swa": swa, "comp": comp}
+
+
+def reference(args, pools, query64=None):
+    query64 = args["query"].astype(np.float64) if query64 is None else query64
+    return ref.decode(query64, pools["swa"], pools["comp"], args["sparse_indices"],
+                      args["sparse_topk_lens"], args["seq_lens"], args["cum_seq_lens_q"],
+                      args["sinks"], args["bmm1_scale"], args["bmm2_scale"],
+                      args["out"].shape[1], args.get("window", W))
+
+
+def poison_unread(args, pools):
+    """NaN into every row of the smla-facing pools that no attended column points to: such
+    rows must not reach the output (SPEC §2)."""
+    swa, comp = pools["swa"], pools["comp"] or pools["swa"]
+    read = {id(swa): set(), id(comp): set()}
+    pos = ref.positions(args["seq_lens"], args["cum_seq_lens_q"], args["query"].shape[0])
+    for t in range(args["query"].shape[0]):
+        for pool, offset in ref.attended(t, pos[t], args["sparse_indices"],
+                                         args["sparse_topk_lens"], W, swa, comp):
+            read[id(pool)].add(pool.where(offset))
+    views = [(args["swa_kv_cache"], swa)]
+    if args["compressed_kv_cache"] is not None:
+        views.append((args["compressed_kv_cache"], comp))
+    for view, pool in views:
+        for block in range(pool.num_blocks):
+            for i in range(pool.block_size):
+                if (block, i) not in read[id(pool)]:
+                    view[block, i] = np.nan
+
+
+def check(args, expected_out, expected_lse, heads):
+    out = args["out"].astype(np.float64)
+    assert np.isfinite(out).all(), "NaN or Inf reached the output"
+    np.testing.assert_allclose(out[:, :heads], expected_out[:, :heads], rtol=2e-2, atol=2e-2)
+    assert (out[:, heads:] == 0).all(), "padded heads must be zeros"
+    if args["lse"] is not None:
+        np.testing.assert_allclose(args["lse"], expected_lse, rtol=1e-4, atol=1e-4)
+
+
+def run_and_check(args, pools, query64=None):
+    expected_out, expected_lse = reference(args, pools, query64)
+    poison_unread(args, pools)
+    smla.sparse_mla_decode(**args)
+    check(args, expected_out, expected_lse, args["query"].shape[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# The decode op
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_decode_varlen(seed):
+    args, pools = make_case(np.random.default_rng(seed))
+    run_and_check(args, pools)
+
+
+@pytest.mark.parametrize("sinks", [None, "-inf", "finite", "+inf", "mixed"])
+def test_decode_sinks(sinks):
+    args, pools = make_case(np.random.default_rng(10), sinks=sinks)
+    run_and_check(args, pools)
+    if sinks == "+inf":
+        assert (args["out"].astype(np.float32) == 0).all()
+
+
+def test_decode_padded_heads():
+    args, pools = make_case(np.random.default_rng(3), heads=5, out_heads=16)
+    run_and_check(args, pools)
+
+
+def test_decode_one_token_per_request_and_shared_pool():
+    args, pools = make_case(np.random.default_rng(4), q_lens=(1, 1, 1, 1),
+                            seq_lens=(1, 64, 129, 700), separate_pools=False)
+    args["cum_seq_lens_q"] = None
+    args["max_q_len"] = 1
+    run_and_check(args, pools)
+
+
+def test_decode_empty_rows_give_zero_and_minus_inf_lse():
+    args, pools = make_case(np.random.default_rng(5))
+    args["sparse_topk_lens"][:] = 0
+    args["sparse_topk_lens"][2] = W + 32
+    run_and_check(args, pools)
+    empty = [t for t in range(args["query"].shape[0]) if t != 2]
+    assert (args["out"][empty].astype(np.float32) == 0).all()
+    assert np.isneginf(args["lse"][empty]).all()
+
+
+def test_decode_offsets_past_the_pool_are_masked():
+    args, pools = make_case(np.random.default_rng(6))
+    args["sparse_indices"][:, ::3] = 10**9
+    args["sparse_indices"][:, 1::7] = -7
+    run_and_check(args, pools)
+
+
+def test_decode_strided_views_cross_without_copies():
+    rng = np.random.default_rng(7)
+    args, pools = make_case(rng, heads=4, out_heads=6)
+    # Every other head of a wider query, and rows of a wider index table.
+    wide_q = np.zeros((args["query"].shape[0], 8, D), BF16)
+    wide_q[:, ::2] = args["query"]
+    args["query"] = wide_q[:, ::2]
+    wide_idx = np.zeros((args["sparse_indices"].shape[0], 2 * args["sparse_indices"].shape[1]),
+                        np.int32)
+    wide_idx[:, :args["sparse_indices"].shape[1]] = args["sparse_indices"]
+    args["sparse_indices"] = wide_idx[:, :args["sparse_indices"].shape[1]]
+    wide_out = np.full((args["out"].shape[0], 12, D), np.nan, np.float32).astype(BF16)
+    args["out"] = wide_out[:, 3:9]
+    run_and_check(args, pools)
+    assert np.isnan(wide_out[:, :3].astype(np.float32)).all(), "wrote outside the out view"
+
+
+def test_decode_raw_bits_with_dtype_give_the_same_result():
+    args, pools = make_case(np.random.default_rng(8), sinks=None)
+    run_and_check(args, pools)
+    first = args["out"].copy()
+    args["out"][:] = np.nan
+    raw = dict(args, query=smla.with_dtype(args["query"].view(np.uint16), "bf16"),
+               swa_kv_cache=smla.with_dtype(args["swa_kv_cache"].view(np.uint16), "bf16"),
+               compressed_kv_cache=smla.with_dtype(args["compressed_kv_cache"].view(np.uint16),
+                                                   "bf16"),
+               out=smla.with_dtype(args["out"].view(np.uint16), "bf16"))
+    smla.sparse_mla_decode(**raw)
+    assert (args["out"].view(np.uint16) == first.view(np.uint16)).all()
+
+
+def test_decode_fp8_per_tensor():
+    rng = np.random.default_rng(9)
+    args, pools = make_case(rng, separate_pools=False, sinks="finite")
+    view, pool = bf16_pool(rng, 12, 16, 20, dtype=E4M3)
+    q_scale, kv_scale = 0.25, 0.5
+    query = (rng.standard_normal(args["query"].shape) * 4).astype(E4M3)
+    args.update(query=query, swa_kv_cache=view, bmm1_scale=D**-0.5 * q_scale * kv_scale,
+                bmm2_scale=kv_scale)
+    pools = {"swa": pool, "comp": None}
+    run_and_check(args, pools)
+
+
+def ds_mla_pool(rng, blocks, block_size):
+    """An fp8_ds_mla pool (SPEC §2): per page, block_size 576-B records (448 e4m3 + 64 bf16),
+    then block_size 8-B scale records (7 UE8M0 + pad); page size padded to 576 B."""
+    record, scales = 576, 8
+    page = -(-block_size * (record + scales) // record) * record
+    buf = np.zeros((blocks, page), np.uint8)
+    nope = (rng.standard_normal((blocks, block_size, 448)) * 8).astype(E4M3)
+    rope = rng.standard_normal((blocks, block_size, 64)).astype(BF16)
+    exps = rng.integers(120, 131, (blocks, block_size, 7)).astype(np.uint8)
+    records = buf[:, :block_size * record].reshape(blocks, block_size, record)
+    records[:, :, :448] = nope.view(np.uint8)
+    records[:, :, 448:] = rope.view(np.uint8).reshape(blocks, block_size, 128)
+    scale_recs = buf[:, block_size * record:block_size * (record + scales)]
+    scale_recs.reshape(blocks, block_size, scales)[:, :, :7] = exps
+    rows = np.concatenate(
+        [nope.astype(np.float64) * np.repeat(2.0 ** (exps.astype(np.float64) - 127), 64, axis=2),
+         rope.astype(np.float64)], axis=2)
+    view = np.lib.stride_tricks.as_strided(buf, shape=(blocks, block_size, 584),
+                                           strides=(page, 584, 1))
+    return buf, view, ref.Pool(rows, block_size)
+
+
+def test_decode_fp8_ds_mla():
+    rng = np.random.default_rng(11)
+    args, _ = make_case(rng, separate_pools=False)
+    buf, view, pool = ds_mla_pool(rng, 12, 16)
+    args["swa_kv_cache"] = view
+    args["sparse_indices"] = np.concatenate(
+        [random_offsets(rng, pool, (args["query"].shape[0], W + 32))], axis=1)
+    expected_out, expected_lse = reference(args, {"swa": pool, "comp": None})
+    smla.sparse_mla_decode(**args)
+    check(args, expected_out, expected_lse, args["query"].shape[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors name the argument
+# ---------------------------------------------------------------------------------------------
+
+def bad(args, **changes):
+    return dict(args, **changes)
+
+
+@pytest.mark.parametrize("change,error,argument", [
+    (lambda a: bad(a, query=a["query"].astype(np.float32)), TypeError, "query"),
+    (lambda a: bad(a, query=a["query"].view(np.uint16)), TypeError, "query"),
+    (lambda a: bad(a, sparse_indices=a["sparse_indices"][:, :W + 2]), ValueError,
+     "sparse_indices"),
+    (lambda a: bad(a, sparse_indices=a["sparse_indices"].astype(np.int64)), TypeError,
+     "sparse_indices"),
+    (lambda a: bad(a, sparse_topk_lens=a["sparse_topk_lens"] + 1000), ValueError,
+     "sparse_topk_lens"),
+    (lambda a: bad(a, seq_lens=np.array([0, 300, 140], np.int32)), ValueError, "seq_lens"),
+    (lambda a: bad(a, max_q_len=1), ValueError, "max_q_len"),
+    (lambda a: bad(a, cum_seq_lens_q=np.array([0, 3, 1, 6], np.int32)), ValueError,
+     "cum_seq_lens_q"),
+    (lambda a: bad(a, sinks=np.zeros(3, np.float32)), ValueError, "sinks"),
+    (lambda a: bad(a, out=a["out"][:, :4]), ValueError, "out"),
+    (lambda a: bad(a, out=a["out"].astype(np.float32)), TypeError, "out"),
+    (lambda a: bad(a, lse=a["lse"][:, :2]), ValueError, "lse"),
+    (lambda a: bad(a, bmm1_scale=float("nan")), ValueError, "bmm1_scale"),
+    (lambda a: bad(a, bmm2_scale="x"), TypeError, "bmm2_scale"),
+    (lambda a: bad(a, swa_kv_cache=a["swa_kv_cache"][:, :, :256]), ValueError, "swa_kv_cache"),
+    (lambda a: bad(a, compressed_kv_cache=a["compressed_kv_cache"].view(np.uint16)), TypeError,
+     "compressed_kv_cache"),
+    (lambda a: bad(a, swa_kv_cache=[1, 2, 3]), TypeError, "swa_kv_cache"),
+    (lambda a: bad(a, window=0), ValueError, "window"),
+])
+def test_decode_errors_name_the_argument(change, error, argument):
+    args, _ = make_case(np.random.default_rng(12))
+    with pytest.raises(error, match=f"smla: {argument}:") as info:
+        smla.sparse_mla_decode(**change(args))
+    assert info.value.argument == argument
+
+
+def test_decode_read_only_output_is_refused():
+    args, _ = make_case(np.random.default_rng(13))
+    args["out"].flags.writeable = False
+    with pytest.raises(TypeError, match="smla: out:"):
+        smla.sparse_mla_decode(**args)
+
+
+def test_decode_too_many_heads_is_unsupported():
+    rng = np.random.default_rng(14)
+    args, _ = make_case(rng, q_lens=(1,), seq_lens=(10,), heads=129, sinks=None)
+    with pytest.raises(NotImplementedError, match="smla: query:") as info:
+        smla.sparse_mla_decode(**args)
+    assert info.value.argument == "query"
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine-shaped call
+# ---------------------------------------------------------------------------------------------
+
+def test_engine_call_matches_the_op():
+    args, pools = make_case(np.random.default_rng(20), sinks="mixed")
+    run_and_check(args, pools)
+    expected = args["out"].copy()
+    out = np.full_like(args["out"], np.nan)
+    result = trtllm_batch_decode_sparse_mla_dsv4(
+        query=args["query"], swa_kv_cache=args["swa_kv_cache"],
+        compressed_kv_cache=args["compressed_kv_cache"], workspace_buffer=np.zeros(64, np.uint8),
+        sparse_indices=args["sparse_indices"], sparse_topk_lens=args["sparse_topk_lens"],
+        seq_lens=args["seq_lens"], out=out, bmm1_scale=np.float32(args["bmm1_scale"]),
+        bmm2_scale=1.0, sinks=args["sinks"], cum_seq_lens_q=args["cum_seq_lens_q"],
+        max_q_len=None, multi_ctas_kv_counter_buffer=None,
+        sparse_indices_are_storage_offsets=True)
+    assert result is out
+    assert (out.view(np.uint16) == expected.view(np.uint16)).all()
+
+
+def test_engine_call_dspark_shapes_and_allocated_out():
+    """[T, 1, H, D] query and out, [T, 1, K] indices, one request per token (DSpark)."""
+    args, pools = make_case(np.random.default_rng(21), q_lens=(1, 1, 1),
+                            seq_lens=(3, 200, 129))
+    args["cum_seq_lens_q"] = None
+    args["max_q_len"] = 1
+    expected_out, _ = reference(args, pools)
+    poison_unread(args, pools)
+    num_tokens = args["query"].shape[0]
+    out = trtllm_decode_sparse_mla_dsv4(
+        query=args["query"][:, None], swa_kv_cache=args["swa_kv_cache"],
+        compressed_kv_cache=args["compressed_kv_cache"], workspace_buffer=None,
+        sparse_indices=args["sparse_indices"][:, None], sparse_topk_lens=args["sparse_topk_lens"],
+        seq_lens=args["seq_lens"], out=None, bmm1_scale=args["bmm1_scale"], bmm2_scale=1.0,
+        sinks=args["sinks"], cum_seq_lens_q=None, max_q_len=1, kv_counters=None)
+    assert out.shape == (num_tokens, 1, 8, D)
+    np.testing.assert_allclose(out[:, 0].astype(np.float64), expected_out, rtol=2e-2, atol=2e-2)
+
+
+def test_engine_call_uniform_q_len_from_4d_query():
+    args, pools = make_case(np.random.default_rng(22), q_lens=(2, 2), seq_lens=(2, 260))
+    expected_out, _ = reference(args, pools)
+    query = args["query"].reshape(2, 2, 8, D)
+    out = np.full((2, 2, 8, D), np.nan, np.float32).astype(BF16)
+    trtllm_batch_decode_sparse_mla_dsv4(
+        query=query, swa_kv_cache=args["swa_kv_cache"],
+        compressed_kv_cache=args["compressed_kv_cache"], sparse_indices=args["sparse_indices"],
+        sparse_topk_lens=args["sparse_topk_lens"], seq_lens=args["seq_lens"], out=out,
+        bmm1_scale=args["bmm1_scale"], sinks=args["sinks"])
+    np.testing.assert_allclose(out.reshape(4, 8, D).astype(np.float64), expected_out,
+                               rtol=2e-2, atol=2e-2)
+
+
+def test_engine_call_refuses_slots_and_copies():
+    args, _ = make_case(np.random.default_rng(23))
+    common = dict(query=args["query"], swa_kv_cache=args["swa_kv_cache"],
+                  sparse_indices=args["sparse_indices"],
+                  sparse_topk_lens=args["sparse_topk_lens"], seq_lens=args["seq_lens"],
+                  cum_seq_lens_q=args["cum_seq_lens_q"], max_q_len=3, out=args["out"],
+                  bmm1_scale=0.04)
+    with pytest.raises(ValueError, match="sparse_indices_are_storage_offsets") as info:
+        trtllm_batch_decode_sparse_mla_dsv4(**common, sparse_indices_are_storage_offsets=False)
+    assert info.value.argument == "sparse_indices_are_storage_offsets"
+    split = np.zeros((3, 3, 8, D), BF16)[:, :2]  # [B, q, H, D] whose tokens do not merge
+    with pytest.raises(ValueError, match="smla: out:"):
+        trtllm_batch_decode_sparse_mla_dsv4(**dict(common, out=split))
+
+
+# ---------------------------------------------------------------------------------------------
+# Buffers, capability
+# ---------------------------------------------------------------------------------------------
+
+def test_buffer_sizes_and_capability():
+    assert smla.workspace_bytes(64, 64, 640, "cpu") == 0
+    assert smla.kv_counter_bytes(64, 64) >= 0
+    if not smla.WITH_CUDA:
+        assert smla.kv_counter_bytes(64, 64) == 0
+        assert "cuda: not built" in smla.backend_info()
+    assert smla.query_capability(512, "bf16", "bf16", 64, "cpu") == (True, "")
+    supported, reason = smla.query_capability(576, "bf16", "bf16", 64, "cpu")
+    assert not supported and "512" in reason
+    with pytest.raises(ValueError, match="smla: kv_dtype:"):
+        smla.query_capability(512, "bf16", "fp16", 64, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Index builders, tables, executor
+# ---------------------------------------------------------------------------------------------
+
+def step_case(rng, q_lens=(1, 2, 1), seq_lens=(5, 200, 131), top_k=12, invalid=None):
+    """One decode step's metadata, an SWA group and compressed columns (ratio 4)."""
+    num_tokens = sum(q_lens)
+    cum = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    swa_view, swa = bf16_pool(rng, 40, 64, 80)        # packed: span 80
+    comp_view, comp = bf16_pool(rng, 30, 16, 20)      # E = 16 entries a page, span 20
+    block_table = rng.permutation(40)[:16].reshape(4, 4).astype(np.int32)  # B <= 4, 4 pages
+    block_table[1, 0] = -1  # an evicted page before request 1's window
+    comp_table = rng.permutation(30)[:16].reshape(4, 4).astype(np.int32)
+    topk = np.full((num_tokens, top_k), -1, np.int32)
+    pos = ref.positions(np.array(seq_lens), cum, num_tokens)
+    for t in range(num_tokens):
+        visible = (pos[t] + 1) // 4
+        n = min(visible, int(rng.integers(0, top_k + 1)))
+        topk[t, :n] = rng.choice(max(visible, 1), n, replace=False)
+    valid = None
+    if invalid is not None:
+        valid = np.ones(num_tokens, np.uint8)
+        valid[invalid] = 0
+    step = smla.StepMetadata(num_tokens=num_tokens, seq_lens=np.array(seq_lens, np.int32),
+                             cum_seq_lens_q=cum, is_valid_token=valid,
+                             num_decodes=len(q_lens), max_q_len=max(q_lens))
+    return dict(step=step, swa_view=swa_view, swa=swa, comp_view=comp_view, comp=comp,
+                block_table=block_table, comp_table=comp_table, topk=topk)
+
+
+def expected_table(c, ratio):
+    s = c["step"]
+    return ref.decode_table(s.seq_lens, s.cum_seq_lens_q, s.num_tokens, c["block_table"], 64, 80,
+                            W, ratio, c["topk"], c["comp_table"], 16, 20, s.is_valid_token)
+
+
+def index_args(c, ratio):
+    compressed = smla.CompressedColumns()
+    if ratio:
+        compressed = smla.CompressedColumns(ratio, c["topk"], c["comp_table"], c["comp_view"])
+    return smla.SparseIndexArgs(step=c["step"], swa=smla.SwaGroup(c["block_table"], c["swa_view"]),
+                                compressed=compressed)
+
+
+@pytest.mark.parametrize("ratio", [0, 4])
+def test_build_sparse_indices(ratio):
+    c = step_case(np.random.default_rng(30), invalid=[2])
+    args = index_args(c, ratio)
+    k = smla.sparse_index_columns(W, c["topk"].shape[1] if ratio else 0)
+    assert k == W + (12 if ratio else 0)
+    args.out = smla.SparseIndexTable(np.full((4, k), 12345, np.int32), np.full(4, -9, np.int32))
+    smla.build_sparse_indices(args)
+    indices, lens = expected_table(c, ratio)
+    np.testing.assert_array_equal(args.out.sparse_indices, indices)
+    np.testing.assert_array_equal(args.out.sparse_topk_lens, lens)
+
+
+def test_build_sparse_indices_errors_name_the_argument():
+    c = step_case(np.random.default_rng(31))
+    args = index_args(c, 4)
+    args.out = smla.SparseIndexTable(np.zeros((4, W + 12), np.int32), np.zeros(4, np.int32))
+    args.swa.block_table = c["block_table"].astype(np.int64)
+    with pytest.raises(TypeError, match="smla: block_table:"):
+        smla.build_sparse_indices(args)
+    args.swa.block_table = c["block_table"]
+    args.out.sparse_indices = np.zeros((4, W + 4), np.int32)
+    with pytest.raises(ValueError, match="smla: sparse_indices:"):
+        smla.build_sparse_indices(args)
+    assert smla.dspark_swa_width(W, 3) == 192
+
+
+def layers_and_pools(rng, heads=4):
+    """Four layers, two SWA groups: SWA-only in each, then a run of one ratio-4 key
+    (index and kv source: layer 2) across both groups."""
+    specs = [smla.LayerSpec(layer=0, swa_group=0, num_heads=heads),
+             smla.LayerSpec(layer=1, swa_group=1, num_heads=heads),
+             smla.LayerSpec(layer=2, swa_group=0, compress_ratio=4, kv_source=2, index_source=2,
+                            index_topk=12, num_heads=heads),
+             smla.LayerSpec(layer=3, swa_group=1, compress_ratio=4, kv_source=2, index_source=2,
+                            index_topk=12, num_heads=heads)]
+    return specs, [bf16_pool(rng, 40, 64, 80) for _ in specs]
+
+
+def test_sparse_index_tables_share_and_fork():
+    rng = np.random.default_rng(32)
+    c = step_case(rng)
+    specs, _ = layers_and_pools(rng)
+    assert [smla.sparse_index_key(s) for s in specs] == ["swa_only", "swa_only", "2:2:4", "2:2:4"]
+    other_table = rng.permutation(40)[:16].reshape(4, 4).astype(np.int32)
+    groups = [c["block_table"], other_table]
+
+    def inputs(layer):
+        args = index_args(dict(c, block_table=groups[specs[layer].swa_group]),
+                          specs[layer].compress_ratio)
+        return args
+
+    tables = smla.SparseIndexTables(specs, "cpu")
+    for _ in range(2):  # a second step after reset gives the same tables
+        tables.reset()
+        for spec in specs:
+            table = tables.lookup(spec.layer, inputs)
+            indices, lens = expected_table(dict(c, block_table=groups[spec.swa_group]),
+                                           spec.compress_ratio)
+            np.testing.assert_array_equal(table.sparse_indices, indices)
+            np.testing.assert_array_equal(table.sparse_topk_lens, lens)
+            assert table.seq_lens is None
+        tables.join()
+        stats = tables.stats
+        assert stats["builds"] == {(0, "swa_only"): 1, (1, "swa_only"): 1, (0, "2:2:4"): 1,
+                                   (1, "2:2:4"): 1}
+        # Each run's first layer builds its group's table and forks the other group's.
+        assert stats["forks"] == [(1, "swa_only"), (1, "2:2:4")]
+        assert stats["waits"] == [1, 3]
+
+
+def test_step_executor_matches_the_reference():
+    rng = np.random.default_rng(33)
+    c = step_case(rng)
+    specs, pools = layers_and_pools(rng)
+    other_table = rng.permutation(40)[:16].reshape(4, 4).astype(np.int32)
+    groups = [c["block_table"], other_table]
+    sinks = rng.standard_normal(4).astype(np.float32)
+    layers = [smla.AttentionLayer(spec=s, swa_kv_cache=pools[i][0], bmm1_scale=D**-0.5,
+                                  compressed_kv_cache=c["comp_view"] if s.compress_ratio else None,
+                                  sinks=sinks if i % 2 else None)
+              for i, s in enumerate(specs)]
+    executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12)
+    inputs = smla.StepInputs(metadata=c["step"], block_tables=groups,
+                             compressed_block_tables={2: c["comp_table"]},
+                             topk_indices={2: c["topk"]})
+    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
+    outs = [np.full((4, 6, D), np.nan, np.float32).astype(BF16) for _ in specs]
+    executor.run_step(inputs, queries, outs)
+    s = c["step"]
+    for i, spec in enumerate(specs):
+        indices, lens = expected_table(dict(c, block_table=groups[spec.swa_group]),
+                                       spec.compress_ratio)
+        expected, _ = ref.decode(queries[i].astype(np.float64), pools[i][1],
+                                 c["comp"] if spec.compress_ratio else None, indices, lens,
+                                 s.seq_lens, s.cum_seq_lens_q, layers[i].sinks, D**-0.5, 1.0, 6)
+        got = outs[i].astype(np.float64)
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, expected, rtol=2e-2, atol=2e-2)
+    assert executor.stats["forks"] == [(1, "swa_only"), (1, "2:2:4")]
+    # Layer by layer gives the same bits.
+    again = [np.full_like(o, np.nan) for o in outs]
+    executor.begin_step(inputs)
+    for spec, q, o in zip(specs, queries, again):
+        executor.run_layer(spec.layer, q, o)
+    executor.end_step()
+    for a, b in zip(outs, again):
+        assert (a.view(np.uint16) == b.view(np.uint16)).all()
+
+
+def test_model_presets():
+    names = [p.name for p in smla.model_presets()]
+    assert names == ["v4-flash", "v4-pro", "v41-flash"]
+    flash = smla.model_preset("v4-flash")
+    layers = smla.model_layers(flash, 2, with_mtp=True)
+    assert len(layers) == flash.num_layers + flash.num_mtp_layers
+    assert layers[3].swa_group == 1 and layers[-1].mtp
+    with pytest.raises(ValueError, match="smla: model:"):
+        smla.model_preset("v5")

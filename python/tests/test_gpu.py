@@ -1,0 +1,354 @@
+"""The smla package on CUDA with PyTorch tensors, against a float64 PyTorch reference written
+here (SPEC §2), plus capture and replay under torch.cuda.graph (replay equals eager bitwise).
+Skipped without torch or a CUDA device, or when this build of smla has no CUDA backend."""
+
+import itertools
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import smla  # noqa: E402
+from smla.engine import trtllm_batch_decode_sparse_mla_dsv4  # noqa: E402
+
+if not smla.WITH_CUDA:
+    pytest.skip("smla was built without CUDA", allow_module_level=True)
+
+D, W = 512, 128
+DEV = torch.device("cuda", torch.cuda.current_device())
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference (float64, vectorised)
+# ---------------------------------------------------------------------------------------------
+
+def positions(seq_lens, cum, num_tokens):
+    """pos(t) = seq_len[b] - q_len[b] + i (SPEC §1)."""
+    if cum is None:
+        cum = torch.arange(num_tokens + 1, device=seq_lens.device)
+    q_lens = (cum[1:] - cum[:-1]).long()
+    request = torch.repeat_interleave(torch.arange(len(seq_lens), device=cum.device), q_lens)
+    i = torch.arange(num_tokens, device=cum.device) - cum[:-1].long()[request]
+    return seq_lens.long()[request] - q_lens[request] + i
+
+
+def gather(pool64, span, offsets):
+    """Rows at storage offsets and whether each is inside the pool (SPEC §2 rule 3)."""
+    blocks, block_size = pool64.shape[:2]
+    o = offsets.long()
+    valid = (o >= 0) & (o < blocks * span) & (o % span < block_size)
+    o = torch.where(valid, o, torch.zeros_like(o))
+    return pool64[o // span, o % span], valid
+
+
+def attended(case):
+    """[T, K] mask of attended columns, and the gathered float64 rows [T, K, D]."""
+    idx, lens = case["sparse_indices"], case["sparse_topk_lens"]
+    num_tokens, num_columns = idx.shape
+    pos = positions(case["seq_lens"], case["cum_seq_lens_q"], num_tokens)
+    col = torch.arange(num_columns, device=idx.device)
+    mask = (col < lens[:, None].long()) & ((col >= W) | (col < torch.clamp(pos + 1, max=W)[:, None]))
+    swa_rows, swa_ok = gather(case["swa64"], case["swa_span"], idx[:, :W])
+    comp_rows, comp_ok = gather(case["comp64"], case["comp_span"], idx[:, W:])
+    mask &= torch.cat([swa_ok, comp_ok], 1)
+    return mask, torch.cat([swa_rows, comp_rows], 1)
+
+
+def reference(case):
+    q = case["query"].double()
+    num_tokens, heads, _ = q.shape
+    mask, kv = attended(case)
+    kv = torch.where(mask[..., None], kv, torch.zeros((), dtype=kv.dtype, device=kv.device))
+    s = case["bmm1_scale"] * torch.einsum("thd,tkd->thk", q, kv)
+    s = s.masked_fill(~mask[:, None, :], -math.inf)
+    empty = ~mask.any(1)
+    s_max = s.amax(-1)
+    safe_max = torch.where(torch.isfinite(s_max), s_max, torch.zeros_like(s_max))
+    lse = safe_max + torch.log(torch.exp(s - safe_max[..., None]).sum(-1))
+    lse[empty] = -math.inf
+    sink = (torch.full((heads,), -math.inf, dtype=torch.float64, device=q.device)
+            if case["sinks"] is None else case["sinks"].double())
+    m = torch.maximum(s_max, sink[None])
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m[..., None])
+    denom = p.sum(-1) + torch.exp(sink[None] - m)
+    out = case["bmm2_scale"] * torch.einsum("thk,tkd->thd", p, kv) / denom[..., None]
+    out[empty] = 0
+    out[:, sink == math.inf] = 0
+    full = torch.zeros((num_tokens, case["out"].shape[1], D), dtype=torch.float64, device=q.device)
+    full[:, :heads] = out
+    return full, lse
+
+
+def poison_unread(case):
+    """NaN into every pool row no attended column points to (SPEC §2)."""
+    mask, _ = attended(case)
+    for name, span, cols in (("swa_kv_cache", case["swa_span"], slice(0, W)),
+                             ("compressed_kv_cache", case["comp_span"], slice(W, None))):
+        pool = case[name]
+        blocks, block_size = pool.shape[:2]
+        o = case["sparse_indices"][:, cols].long()[mask[:, cols]]
+        keep = torch.zeros(blocks, block_size, dtype=torch.bool, device=pool.device)
+        keep[o // span, o % span] = True
+        pool[~keep] = math.nan
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+# ---------------------------------------------------------------------------------------------
+
+def packed_pool(gen, blocks, block_size, span):
+    pages = torch.full((blocks, span, D), math.nan, dtype=torch.bfloat16, device=DEV)
+    pages[:, :block_size] = torch.randn(blocks, block_size, D, generator=gen, device=DEV).bfloat16()
+    view = pages[:, :block_size]
+    return view, view.double()
+
+
+def offsets(gen, blocks, block_size, span, shape):
+    good = (torch.randint(0, blocks, shape, generator=gen, device=DEV) * span
+            + torch.randint(0, block_size, shape, generator=gen, device=DEV))
+    kind = torch.rand(shape, generator=gen, device=DEV)
+    out = torch.where(kind < 0.08, torch.full_like(good, -1), good)
+    out = torch.where((kind >= 0.08) & (kind < 0.12), blocks * span + good % 97, out)
+    return out.int()
+
+
+def make_case(seed, q_lens, seq_lens, heads, out_heads=None, top_p=512, sinks="finite",
+              block_size=64, span=80):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    num_tokens = sum(q_lens)
+    swa, swa64 = packed_pool(gen, 64, block_size, span)
+    comp, comp64 = packed_pool(gen, 48, block_size, span + 16)
+    idx = torch.cat([offsets(gen, 64, block_size, span, (num_tokens, W)),
+                     offsets(gen, 48, block_size, span + 16, (num_tokens, top_p))], 1)
+    lens = torch.randint(W - 16, W + top_p + 1, (num_tokens,), generator=gen, device=DEV).int()
+    sink_values = {None: None,
+                   "-inf": torch.full((heads,), -math.inf, device=DEV),
+                   "+inf": torch.full((heads,), math.inf, device=DEV),
+                   "finite": torch.randn(heads, generator=gen, device=DEV) * 2,
+                   "mixed": torch.tensor([-math.inf, 0.5, math.inf, -3.0],
+                                         device=DEV).repeat(heads)[:heads]}[sinks]
+    cum = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=DEV)
+    return dict(
+        query=torch.randn(num_tokens, heads, D, generator=gen, device=DEV).bfloat16(),
+        swa_kv_cache=swa, compressed_kv_cache=comp, swa64=swa64, comp64=comp64,
+        swa_span=span, comp_span=span + 16, sparse_indices=idx, sparse_topk_lens=lens,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEV), cum_seq_lens_q=cum,
+        max_q_len=max(q_lens), sinks=sink_values, bmm1_scale=D**-0.5, bmm2_scale=1.0,
+        out=torch.full((num_tokens, out_heads or heads, D), math.nan, dtype=torch.bfloat16,
+                       device=DEV),
+        lse=torch.full((num_tokens, heads), math.nan, device=DEV))
+
+
+OP_ARGS = ("query", "swa_kv_cache", "compressed_kv_cache", "sparse_indices", "sparse_topk_lens",
+           "seq_lens", "cum_seq_lens_q", "max_q_len", "sinks", "bmm1_scale", "bmm2_scale", "out",
+           "lse")
+
+
+def op_args(case, **extra):
+    return dict({k: case[k] for k in OP_ARGS}, **extra)
+
+
+def check(case, expected_out, expected_lse):
+    heads = case["query"].shape[1]
+    out = case["out"].double()
+    assert torch.isfinite(out).all(), "NaN or Inf reached the output"
+    torch.testing.assert_close(out[:, :heads], expected_out[:, :heads], rtol=2e-2, atol=2e-2)
+    assert (out[:, heads:] == 0).all()
+    if case["lse"] is not None:
+        torch.testing.assert_close(case["lse"].double(), expected_lse, rtol=1e-3, atol=1e-3)
+
+
+def buffers(case):
+    num_tokens, heads = case["query"].shape[:2]
+    return dict(kv_counters=smla.kv_counter_buffer(num_tokens, heads),
+                workspace=smla.workspace_buffer(num_tokens, heads, case["sparse_indices"].shape[1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("q_lens,seq_lens,heads,out_heads", [
+    ((1, 3, 2), (5, 300, 140), 8, 8),        # varlen, short windows
+    ((1,) * 4, (130, 2000, 7, 640), 64, 64),  # few tokens, many columns: split-KV
+    ((2,) * 16, (900,) * 16, 128, 128),       # MTP, 128 heads
+    ((1, 1), (50, 800), 5, 16),               # padded heads
+])
+@pytest.mark.parametrize("with_buffers", [False, True])
+def test_decode(q_lens, seq_lens, heads, out_heads, with_buffers):
+    case = make_case(1, q_lens, seq_lens, heads, out_heads)
+    expected = reference(case)
+    poison_unread(case)
+    smla.sparse_mla_decode(**op_args(case, **(buffers(case) if with_buffers else {})))
+    torch.cuda.synchronize()
+    check(case, *expected)
+
+
+@pytest.mark.parametrize("sinks", [None, "-inf", "finite", "+inf", "mixed"])
+def test_decode_sinks(sinks):
+    case = make_case(2, (1, 2, 1), (64, 700, 129), 16, sinks=sinks)
+    expected = reference(case)
+    smla.sparse_mla_decode(**op_args(case, **buffers(case)))
+    torch.cuda.synchronize()
+    check(case, *expected)
+
+
+def test_decode_runs_on_the_current_stream():
+    """Work queued before the call on a side stream (a slow kernel, then the query's values)
+    must be seen: the launch goes on torch's current stream, not the default one."""
+    case = make_case(3, (1, 1, 1), (300, 40, 1000), 64)
+    fresh = torch.randn_like(case["query"].float()).bfloat16()
+    case_new = dict(case, query=fresh)
+    expected = reference(case_new)
+    made = buffers(case)  # before: making them synchronises
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        case["query"].copy_(fresh)
+        smla.sparse_mla_decode(**op_args(case, **made))
+    torch.cuda.synchronize()
+    check(case, *expected)
+
+
+def test_engine_call_capture_and_replay_bitwise():
+    case = make_case(4, (1,) * 8, tuple(range(100, 4100, 500)), 64)
+    num_tokens, heads = case["query"].shape[:2]
+    counters = smla.kv_counter_buffer(num_tokens, heads)
+    workspace = smla.workspace_buffer(num_tokens, heads, case["sparse_indices"].shape[1])
+
+    def step():
+        trtllm_batch_decode_sparse_mla_dsv4(
+            query=case["query"], swa_kv_cache=case["swa_kv_cache"],
+            compressed_kv_cache=case["compressed_kv_cache"], workspace_buffer=workspace,
+            sparse_indices=case["sparse_indices"], sparse_topk_lens=case["sparse_topk_lens"],
+            seq_lens=case["seq_lens"], out=case["out"], bmm1_scale=case["bmm1_scale"],
+            bmm2_scale=1.0, sinks=case["sinks"], cum_seq_lens_q=None, max_q_len=1,
+            multi_ctas_kv_counter_buffer=counters, sparse_indices_are_storage_offsets=True)
+
+    step()
+    torch.cuda.synchronize()
+    eager = case["out"].clone()
+    check(dict(case, lse=None), *reference(case))  # the engine call writes no lse
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    case["out"].fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(case["out"].view(torch.int16), eager.view(torch.int16))
+
+    # New values in the captured buffers: replay equals an eager run on them.
+    case["query"].copy_(torch.randn_like(case["query"].float()).bfloat16())
+    step()
+    torch.cuda.synchronize()
+    eager = case["out"].clone()
+    for _ in range(3):  # counters must come back to zero after every replay
+        case["out"].fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(case["out"].view(torch.int16), eager.view(torch.int16))
+
+
+def test_errors_name_the_argument():
+    case = make_case(5, (1, 1), (10, 20), 8)
+    with pytest.raises(TypeError, match="smla: seq_lens:"):
+        smla.sparse_mla_decode(**op_args(case, seq_lens=case["seq_lens"].cpu()))
+    with pytest.raises(TypeError, match="smla: query:"):
+        smla.sparse_mla_decode(**op_args(case, query=case["query"].half()))
+    with pytest.raises(ValueError, match="smla: out:"):
+        smla.sparse_mla_decode(**op_args(case, out=case["out"][:, :4]))
+    with pytest.raises(TypeError, match="smla: bmm1_scale:"):
+        smla.sparse_mla_decode(**op_args(case, bmm1_scale=torch.tensor(0.04, device=DEV)))
+
+
+def test_kv_counter_buffer_is_cached_and_grown_only():
+    a = smla.kv_counter_buffer(64, 64)
+    assert a.device.type == "cuda" and a.dtype == torch.uint8 and not a.any()
+    assert smla.kv_counter_buffer(16, 64) is a
+    b = smla.kv_counter_buffer(4096, 128)
+    assert b.numel() >= a.numel() and not b.any()
+    assert smla.kv_counter_buffer(64, 64) is b
+
+
+def test_step_executor_on_cuda_matches_cpu_and_replays():
+    """The executor on CUDA (tables built on the GPU) equals the CPU executor's result within
+    bf16 tolerance, and a captured step replays bitwise."""
+    np = pytest.importorskip("numpy")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    gen = torch.Generator(device=DEV).manual_seed(6)
+    heads, q_lens, seq_lens = 16, (1, 2, 1), (5, 200, 131)
+    num_tokens = sum(q_lens)
+    specs = [smla.LayerSpec(layer=0, swa_group=0, num_heads=heads),
+             smla.LayerSpec(layer=1, swa_group=1, num_heads=heads),
+             smla.LayerSpec(layer=2, swa_group=0, compress_ratio=4, kv_source=2, index_source=2,
+                            index_topk=12, num_heads=heads),
+             smla.LayerSpec(layer=3, swa_group=1, compress_ratio=4, kv_source=2, index_source=2,
+                            index_topk=12, num_heads=heads)]
+    pools = [packed_pool(gen, 40, 64, 80)[0] for _ in specs]
+    comp = packed_pool(gen, 30, 16, 20)[0]
+    tables = [torch.randperm(40, generator=gen, device=DEV)[:16].view(4, 4).int() for _ in range(2)]
+    comp_table = torch.randperm(30, generator=gen, device=DEV)[:16].view(4, 4).int()
+    topk = torch.full((num_tokens, 12), -1, dtype=torch.int32, device=DEV)
+    topk[:, :3] = torch.arange(3, device=DEV)
+    topk[0, :] = -1  # request 0 has seq_len 5: one compressed entry at most
+    topk[0, 0] = 0
+    cum = torch.tensor([0, 1, 3, 4], dtype=torch.int32, device=DEV)
+    sinks = torch.randn(heads, generator=gen, device=DEV)
+    queries = [torch.randn(num_tokens, heads, D, generator=gen, device=DEV).bfloat16()
+               for _ in specs]
+
+    def run(device_of):
+        to = (lambda t: t) if device_of == "cuda" else (lambda t: _numpy(t, np, ml_dtypes))
+        layers = [smla.AttentionLayer(spec=s, swa_kv_cache=to(pools[i]), bmm1_scale=D**-0.5,
+                                      compressed_kv_cache=to(comp) if s.compress_ratio else None,
+                                      sinks=to(sinks)) for i, s in enumerate(specs)]
+        inputs = smla.StepInputs(
+            metadata=smla.StepMetadata(num_tokens=num_tokens,
+                                       seq_lens=to(torch.tensor(seq_lens, dtype=torch.int32,
+                                                                device=DEV)),
+                                       cum_seq_lens_q=to(cum), num_decodes=3, max_q_len=2),
+            block_tables=[to(t) for t in tables], compressed_block_tables={2: to(comp_table)},
+            topk_indices={2: to(topk)})
+        qs = [to(q) for q in queries]
+        outs = [to(torch.full((num_tokens, heads, D), math.nan, dtype=torch.bfloat16,
+                              device=DEV)) for _ in specs]
+        return smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12), inputs, qs, outs
+
+    cpu_exec, cpu_inputs, cpu_q, cpu_out = run("cpu")
+    cpu_exec.run_step(cpu_inputs, cpu_q, cpu_out)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        try:
+            executor, inputs, qs, outs = run("cuda")
+            executor.run_step(inputs, qs, outs)  # eager first: its memory serves the capture
+        except NotImplementedError as e:
+            pytest.skip(f"CUDA executor not available in this build: {e}")
+    torch.cuda.synchronize()
+    for got, want in zip(outs, cpu_out):
+        torch.testing.assert_close(got.double().cpu(),
+                                   torch.from_numpy(want.astype(np.float64)), rtol=2e-2, atol=2e-2)
+    eager = [o.clone() for o in outs]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        executor.run_step(inputs, qs, outs)
+    for o in outs:
+        o.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(outs, eager):
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def _numpy(t, np, ml_dtypes):
+    """A host copy of a CUDA tensor as NumPy (bf16 through ml_dtypes)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16)
+    return t.cpu().numpy()

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds and tests the Python package: installs what it needs from PyPI (only what is missing,
+# so it also runs offline where they are there, as on the GPU machine), builds the extension
+# with `pip install --no-build-isolation .` (the build requirements were just installed; the
+# kept build dir makes a rebuild incremental), runs pytest on python/tests and the example.
+#
+# CUDA: built when a GPU is visible (nvidia-smi) and nvcc is found; else CPU-only, which keeps
+# the build light on a 2-core CI machine. Force with SMLA_PYTHON_CUDA=ON|OFF.
+# Extra pytest arguments pass through: scripts/python_test.sh -k engine
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
+
+need=()
+for mod in numpy:numpy ml_dtypes:ml_dtypes pytest:pytest scikit_build_core:scikit-build-core \
+           nanobind:nanobind; do
+  "$PY" -c "import ${mod%%:*}" 2>/dev/null || need+=("${mod#*:}")
+done
+[ ${#need[@]} -eq 0 ] || pip_install "${need[@]}"
+
+cuda=${SMLA_PYTHON_CUDA:-}
+if [ -z "$cuda" ]; then
+  cuda=OFF
+  nvidia-smi -L >/dev/null 2>&1 && cuda=ON
+fi
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
+export CMAKE_ARGS="${CMAKE_ARGS:-} -DSMLA_CUDA=$cuda"
+echo "== building the smla package (CUDA $cuda)"
+start=$SECONDS
+pip_install --no-build-isolation .
+echo "   built in $((SECONDS - start)) s"
+
+echo "== pytest python/tests"
+# From the repo root: `import smla` must find the installed package (python/smla has no _smla).
+set +e
+"$PY" -m pytest python/tests -q -rs -p no:cacheprovider "$@"
+rc=$?
+set -e
+if [ $rc -eq 5 ]; then
+  echo "python_test.sh: pytest collected no tests" >&2
+  exit 1
+fi
+[ $rc -eq 0 ] || exit $rc
+
+echo "== examples/engine_decode_loop.py"
+"$PY" examples/engine_decode_loop.py --steps 2
