@@ -2,7 +2,8 @@
 # Builds and tests the Python package: installs what it needs from PyPI (only what is missing,
 # so it also runs offline where they are there, as on the GPU machine), builds the extension
 # with `pip install --no-build-isolation .` (the build requirements were just installed; the
-# kept build dir makes a rebuild incremental), runs pytest on python/tests and the example.
+# kept build dir makes a rebuild incremental), runs the example, then pytest on python/tests
+# (last, so its summary closes the output).
 #
 # CUDA: built when a GPU is visible (nvidia-smi) and nvcc is found; else CPU-only, which keeps
 # the build light on a 2-core CI machine. Force with SMLA_PYTHON_CUDA=ON|OFF.
@@ -31,6 +32,9 @@ start=$SECONDS
 pip_install --no-build-isolation .
 echo "   built in $((SECONDS - start)) s"
 
+echo "== examples/engine_decode_loop.py"
+"$PY" examples/engine_decode_loop.py --steps 2
+
 echo "== pytest python/tests"
 # From the repo root: `import smla` must find the installed package (python/smla has no _smla).
 set +e
@@ -43,5 +47,3 @@ if [ $rc -eq 5 ]; then
 fi
 [ $rc -eq 0 ] || exit $rc
 
-echo "== examples/engine_decode_loop.py"
-"$PY" examples/engine_decode_loop.py --steps 2
