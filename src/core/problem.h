@@ -19,6 +19,9 @@ struct KvPool {
   int64_t block_stride_bytes = 0;
 
   int64_t rows() const { return num_blocks * span; }
+  int64_t slots() const { return num_blocks * block_size; }  // SPEC §4 slots: the real rows
+  // SPEC §4: the storage offset of slot `slot` in [0, slots()).
+  int64_t slot_offset(int64_t slot) const { return slot / block_size * span + slot % block_size; }
   bool valid(int64_t offset) const {
     return offset >= 0 && offset < rows() && offset % span < block_size;
   }

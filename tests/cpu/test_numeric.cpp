@@ -9,6 +9,7 @@
 
 #include "core/numeric.h"
 #include "ref_numeric.h"
+#include "ref_quantize.h"
 
 namespace smla::test {
 namespace {
@@ -68,6 +69,28 @@ TEST(Numeric, FloatToBf16RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(ref_bf16(nan)) && (nan & 0x8000));
   EXPECT_TRUE(
       std::isnan(ref_bf16(float_to_bf16(std::bit_cast<float>(0x7f800001u)))));  // low-bit NaN
+}
+
+TEST(Numeric, FloatToE4m3RoundsToNearestEvenAndSaturates) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {  // every bf16, so every binade and NaN
+    const float x = bf16_to_float(static_cast<uint16_t>(bits));
+    ASSERT_EQ(float_to_e4m3(x), ref_nearest_e4m3(x)) << std::hex << bits;
+  }
+  std::mt19937 gen(std::random_device{}());
+  for (int i = 0; i < 200000; ++i) {  // every mantissa bit matters for the ties
+    const float x = std::bit_cast<float>(static_cast<uint32_t>(gen()));
+    ASSERT_EQ(float_to_e4m3(x), ref_nearest_e4m3(x)) << std::hexfloat << x;
+  }
+  // Hand-computed: ties to even, saturation, subnormals, signed zero, NaN.
+  const std::pair<float, uint8_t> cases[] = {
+      {448.f, 0x7e},     {-448.f, 0xfe},      {464.f, 0x7e},    {480.f, 0x7e},
+      {1e30f, 0x7e},     {-INFINITY, 0xfe},   {NAN, 0x7f},      {-NAN, 0x7f},
+      {0.f, 0x00},       {-0.f, 0x80},        {1.f, 0x38},      {1.0625f, 0x38},
+      {1.1875f, 0x3a},   {17.f, 0x58},        {0x1p-6f, 0x08},  {0x1p-9f, 0x01},
+      {0x1p-10f, 0x00},  {0x1.02p-10f, 0x01}, {0x3p-10f, 0x02}, {0x5p-10f, 0x02},
+      {0x7p-10f, 0x04},  {0xfp-10f, 0x08},    {-0x1p-9f, 0x81}, {0x1p-149f, 0x00},
+      {0x1.ep-7f, 0x08}, {0x1.cp-7f, 0x07},   {432.f, 0x7e},    {431.f, 0x7d}};
+  for (const auto& [x, code] : cases) EXPECT_EQ(float_to_e4m3(x), code) << std::hexfloat << x;
 }
 
 }  // namespace

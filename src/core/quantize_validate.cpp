@@ -1,0 +1,64 @@
+// Argument checks of quantize_kv. Slot values are checked only for host tensors: device memory
+// cannot be read without a synchronisation (a device quantizer must skip what it cannot write).
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/check.h"
+#include "core/quantize_problem.h"
+
+namespace smla {
+namespace {
+
+using check::fail;
+using check::shape_of;
+std::string num(int64_t v) { return std::to_string(v); }
+
+std::string item(int64_t i, int64_t value) { return "slots[" + num(i) + "] = " + num(value); }
+
+// Every slot inside the pool's real rows or negative, and no slot written twice (the result
+// would depend on the order of the writes).
+void check_slot_values(const TensorView& slots, const QuantizeProblem& p) {
+  std::vector<std::pair<int32_t, int64_t>> used;  // (slot, i)
+  used.reserve(p.num_rows);
+  for (int64_t i = 0; i < p.num_rows; ++i) {
+    const int32_t slot = check::at(slots, i);
+    if (slot >= p.pool.slots())
+      fail(ErrorKind::value, "slots",
+           "slots in [0, num_blocks * block_size = " + num(p.pool.slots()) +
+               ") or negative (padding)",
+           item(i, slot));
+    if (slot >= 0) used.emplace_back(slot, i);
+  }
+  std::sort(used.begin(), used.end());
+  for (size_t k = 1; k < used.size(); ++k)
+    if (used[k].first == used[k - 1].first)
+      fail(ErrorKind::value, "slots", "distinct slots (each written once)",
+           item(used[k - 1].second, used[k].first) + " and " + item(used[k].second, used[k].first));
+}
+
+}  // namespace
+
+QuantizeProblem validate_quantize(const TensorView& rows, const TensorView& slots,
+                                  const TensorView& pool, float kv_scale) {
+  QuantizeProblem p;
+  p.pool = make_pool(pool, "pool");
+  p.device = pool.device;
+  check::tensor(rows, "rows", DType::bf16, p.device, {-1, kHeadDim},
+                "[N, 512] (448 NoPE + 64 RoPE)");
+  if (rows.size(1) > 1 && rows.stride(1) != 1)
+    fail(ErrorKind::value, "rows", "a contiguous last dim (stride 1)",
+         "stride " + num(rows.stride(1)));
+  p.num_rows = rows.size(0);
+  check::tensor(slots, "slots", DType::i32, p.device, {p.num_rows},
+                "[N = " + num(p.num_rows) + "] (N = rows.size(0))");
+  if (!std::isfinite(kv_scale) || !(kv_scale > 0))
+    fail(ErrorKind::value, "kv_scale", "a finite float > 0", std::to_string(kv_scale));
+  p.kv_scale = kv_scale;
+  if (p.device.kind == DeviceKind::cpu) check_slot_values(slots, p);
+  return p;
+}
+
+}  // namespace smla

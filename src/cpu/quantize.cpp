@@ -1,0 +1,69 @@
+#include "cpu/quantize.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/check.h"
+#include "core/numeric.h"
+#include "core/quantize_rules.h"
+#include "cpu/parallel.h"
+
+namespace smla::cpu {
+namespace {
+
+constexpr int kGroup = 64;             // NoPE values under one UE8M0 scale
+constexpr int64_t kRowsPerTask = 256;  // a decode step's few rows stay on the caller's thread
+
+// x / kv_scale in float (IEEE division, as a device would compute it), then e4m3.
+void encode_e4m3(const uint16_t* x, float kv_scale, uint8_t* out) {
+  for (int d = 0; d < kHeadDim; ++d) out[d] = float_to_e4m3(bf16_to_float(x[d]) / kv_scale);
+}
+
+// 576-B record: NoPE e4m3 under per-group scales, RoPE bf16 bits; 8-B scale record.
+void encode_ds_mla(const uint16_t* x, uint8_t* record, uint8_t* scales) {
+  for (int g = 0; g < kNopeDim / kGroup; ++g) {
+    float max_abs = 0;  // of the finite values: inf saturates, NaN stays NaN
+    for (int d = g * kGroup; d < (g + 1) * kGroup; ++d) {
+      const uint16_t magnitude = x[d] & 0x7fffu;
+      if (magnitude < 0x7f80u) max_abs = std::max(max_abs, bf16_to_float(magnitude));
+    }
+    const uint8_t e = rules::ds_mla_scale_exponent(max_abs);
+    const float inverse = rules::ds_mla_inverse_scale(e);
+    for (int d = g * kGroup; d < (g + 1) * kGroup; ++d)
+      record[d] = float_to_e4m3(bf16_to_float(x[d]) * inverse);
+    scales[g] = e;
+  }
+  scales[kNopeDim / kGroup] = 0;  // the pad byte
+  std::memcpy(record + kNopeDim, x + kNopeDim, kRopeDim * sizeof(uint16_t));
+}
+
+}  // namespace
+
+void quantize_kv(const QuantizeProblem& p, const TensorView& rows, const TensorView& slots) {
+  const KvPool& pool = p.pool;
+  auto write = [&](int64_t i) {
+    const int32_t slot = check::at(slots, i);
+    if (slot < 0) return;  // padding
+    const uint16_t* x = rows.ptr<const uint16_t>() + i * rows.stride(0);
+    const int64_t offset = pool.slot_offset(slot);
+    // KvPool keeps the decode op's read-only view; the pool tensor itself is writable.
+    auto* record = reinterpret_cast<uint8_t*>(const_cast<std::byte*>(pool.row(offset)));
+    switch (pool.layout) {
+      case KvLayout::bf16:
+        std::memcpy(record, x, kHeadDim * sizeof(uint16_t));
+        break;
+      case KvLayout::fp8_e4m3:
+        encode_e4m3(x, p.kv_scale, record);
+        break;
+      case KvLayout::fp8_ds_mla:
+        encode_ds_mla(x, record, const_cast<uint8_t*>(pool.ds_mla_scales(offset)));
+        break;
+    }
+  };
+  parallel_for((p.num_rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
+    for (int64_t i = task * kRowsPerTask; i < std::min(p.num_rows, (task + 1) * kRowsPerTask); ++i)
+      write(i);
+  });
+}
+
+}  // namespace smla::cpu

@@ -1,0 +1,182 @@
+// Every bad quantize_kv argument gets its own smla::Error: the right kind, the parameter's name
+// as argument(), a message that says what was expected and what came, and an untouched pool.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "host_case.h"
+#include "smla/error.h"
+#include "smla/quantize.h"
+
+namespace smla::test {
+namespace {
+
+constexpr Device kCuda{DeviceKind::cuda, 0};
+constexpr int64_t kBlocks = 3, kBlockSize = 4, kRows = 5;
+
+// A valid call (5 rows into an fp8_e4m3 pool of 3 pages of 4 rows, one padding slot) that each
+// test breaks in one way; `pool_bytes` is the pool before the call.
+class QuantizeValidation : public ::testing::Test {
+ protected:
+  std::vector<std::byte> row_bytes = std::vector<std::byte>(kRows * 512 * 2, std::byte{0x3f});
+  std::vector<int32_t> slot_values = {0, 11, -1, 4, 7};
+  std::vector<std::byte> pool_bytes = std::vector<std::byte>(kBlocks * kBlockSize * 512);
+  std::vector<std::byte> scratch = std::vector<std::byte>(1 << 16);  // behind hand-made views
+  TensorView rows = make_view(row_bytes.data(), DType::bf16, Device{}, {kRows, 512});
+  TensorView slots = make_view(slot_values.data(), DType::i32, Device{}, {kRows});
+  TensorView pool =
+      make_view(pool_bytes.data(), DType::f8e4m3, Device{}, {kBlocks, kBlockSize, 512});
+  float kv_scale = 0.5f;
+
+  void SetUp() override { std::fill(pool_bytes.begin(), pool_bytes.end(), std::byte{0xab}); }
+
+  TensorView view(DType dtype, std::initializer_list<int64_t> shape) {
+    return make_view(scratch.data(), dtype, Device{}, shape);
+  }
+
+  // quantize_kv throws kind / argument, what() quotes `expected` and `got`, the pool is intact.
+  void expect_error(ErrorKind kind, const std::string& argument, const std::string& expected,
+                    const std::string& got) {
+    const std::vector<std::byte> before = pool_bytes;
+    try {
+      quantize_kv(rows, slots, pool, kv_scale);
+      ADD_FAILURE() << "no error; expected one for " << argument;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.kind(), kind) << what;
+      EXPECT_EQ(e.argument(), argument) << what;
+      EXPECT_NE(what.find("expected " + e.expected()), std::string::npos) << what;
+      EXPECT_NE(e.expected().find(expected), std::string::npos) << what << "\n  lacks " << expected;
+      EXPECT_NE(e.got().find(got), std::string::npos) << what << "\n  lacks " << got;
+    }
+    EXPECT_TRUE(pool_bytes == before) << "the pool was written before the error";
+  }
+};
+
+TEST_F(QuantizeValidation, TheValidCallWritesItsRows) {
+  ASSERT_NO_THROW(quantize_kv(rows, slots, pool, kv_scale));
+  // 0x3f3f / 0.5 in e4m3 is 1.5 (0x3c); slot 11 is page 2, row 3.
+  for (int32_t slot : {0, 4, 7, 11}) EXPECT_EQ(pool_bytes[slot * 512 + 100], std::byte{0x3c});
+  for (int32_t slot : {1, 2, 3, 5, 6, 8, 9, 10})
+    EXPECT_EQ(pool_bytes[slot * 512 + 100], std::byte{0xab}) << slot;
+}
+
+TEST_F(QuantizeValidation, NoRowsIsANoOp) {
+  rows = view(DType::bf16, {0, 512});
+  slots = view(DType::i32, {0});
+  const std::vector<std::byte> before = pool_bytes;
+  ASSERT_NO_THROW(quantize_kv(rows, slots, pool, kv_scale));
+  EXPECT_TRUE(pool_bytes == before);
+}
+
+TEST_F(QuantizeValidation, RowsAbsent) {
+  rows = TensorView{};
+  expect_error(ErrorKind::value, "rows", "[N, 512]", "absent");
+}
+
+TEST_F(QuantizeValidation, RowsWrongDtype) {
+  rows = view(DType::f32, {kRows, 512});
+  expect_error(ErrorKind::type, "rows", "bf16", "f32");
+}
+
+TEST_F(QuantizeValidation, RowsWrongShape) {
+  rows = view(DType::bf16, {kRows, 448});
+  expect_error(ErrorKind::value, "rows", "[N, 512]", "[5, 448]");
+  rows = view(DType::bf16, {kRows, 1, 512});
+  expect_error(ErrorKind::value, "rows", "[N, 512]", "[5, 1, 512]");
+}
+
+TEST_F(QuantizeValidation, RowsNotContiguous) {
+  rows = make_view(scratch.data(), DType::bf16, Device{}, {kRows, 512}, {1024, 2});
+  expect_error(ErrorKind::value, "rows", "contiguous last dim", "stride 2");
+}
+
+TEST_F(QuantizeValidation, RowsOnAnotherDevice) {
+  rows.device = kCuda;
+  expect_error(ErrorKind::type, "rows", "cpu (the device of the call)", "cuda:0");
+}
+
+TEST_F(QuantizeValidation, SlotsAbsent) {
+  slots = TensorView{};
+  expect_error(ErrorKind::value, "slots", "[N = 5]", "absent");
+}
+
+TEST_F(QuantizeValidation, SlotsWrongDtype) {
+  slots = view(DType::u8, {kRows});
+  expect_error(ErrorKind::type, "slots", "i32", "u8");
+}
+
+TEST_F(QuantizeValidation, SlotsWrongLength) {
+  slots = view(DType::i32, {kRows + 1});
+  expect_error(ErrorKind::value, "slots", "[N = 5]", "[6]");
+}
+
+TEST_F(QuantizeValidation, SlotsOnAnotherDevice) {
+  slots.device = kCuda;
+  expect_error(ErrorKind::type, "slots", "cpu (the device of the call)", "cuda:0");
+}
+
+TEST_F(QuantizeValidation, SlotOutOfThePool) {
+  slot_values[4] = kBlocks * kBlockSize;
+  expect_error(ErrorKind::value, "slots", "[0, num_blocks * block_size = 12)", "slots[4] = 12");
+}
+
+// A packed page's other rows are not slots: slot 12 is out even though the view spans more rows.
+TEST_F(QuantizeValidation, SlotOutOfAPackedPool) {
+  pool = make_view(pool_bytes.data(), DType::f8e4m3, Device{}, {2, 2, 512}, {6 * 512, 512, 1});
+  slot_values = {0, 3, -1, 1, 4};
+  expect_error(ErrorKind::value, "slots", "num_blocks * block_size = 4", "slots[4] = 4");
+}
+
+TEST_F(QuantizeValidation, SlotWrittenTwice) {
+  slot_values[3] = 11;
+  expect_error(ErrorKind::value, "slots", "distinct slots", "slots[1] = 11 and slots[3] = 11");
+}
+
+TEST_F(QuantizeValidation, PoolAbsent) {
+  pool = TensorView{};
+  expect_error(ErrorKind::value, "pool", "KV pool", "absent");
+}
+
+TEST_F(QuantizeValidation, PoolWrongDtype) {
+  pool = view(DType::f32, {kBlocks, kBlockSize, 512});
+  expect_error(ErrorKind::type, "pool", "bf16, f8e4m3 or u8", "f32");
+}
+
+TEST_F(QuantizeValidation, PoolWrongShape) {
+  pool = view(DType::u8, {kBlocks, kBlockSize, 576});
+  expect_error(ErrorKind::value, "pool", "584", "[3, 4, 576]");
+}
+
+TEST_F(QuantizeValidation, DsMlaPageStrideNotAMultipleOf576) {
+  pool = make_view(scratch.data(), DType::u8, Device{}, {2, 4, 584}, {4 * 584, 584, 1});
+  expect_error(ErrorKind::value, "pool", "multiple of 576 B", "2336 B");
+}
+
+TEST_F(QuantizeValidation, KvScaleNotFiniteOrNotPositive) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity(), 0.0f, -0.5f}) {
+    kv_scale = bad;
+    expect_error(ErrorKind::value, "kv_scale", "finite float > 0", "");
+  }
+}
+
+// kv_scale is checked for every layout, also where it is not used.
+TEST_F(QuantizeValidation, KvScaleCheckedForBf16Pools) {
+  std::vector<std::byte> bf16_pool(kBlocks * kBlockSize * 1024);
+  pool = make_view(bf16_pool.data(), DType::bf16, Device{}, {kBlocks, kBlockSize, 512});
+  kv_scale = std::numeric_limits<float>::quiet_NaN();
+  expect_error(ErrorKind::value, "kv_scale", "finite float > 0", "nan");
+}
+
+TEST_F(QuantizeValidation, CudaPoolIsUnsupported) {
+  rows.device = slots.device = pool.device = kCuda;
+  expect_error(ErrorKind::unsupported, "pool", "a cpu pool", "cuda:0");
+}
+
+}  // namespace
+}  // namespace smla::test
