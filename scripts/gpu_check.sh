@@ -1,51 +1,62 @@
 #!/usr/bin/env bash
 # Everything GPU-side in one call on the GPU machine: GPU tests, compute-sanitizer on a small
-# case, the decode benchmark, the main job on CUDA; a short table last. Full logs go to
-# $OUT (or ./gpu-out). Uses a carried build dir (default build-cuda) or builds one.
-#   scripts/gpu_check.sh [tests] [sanitize] [bench] [run]     (default: all)
+# case, the decode benchmark, the main job on CUDA, the step benchmark; a short table last.
+# Full logs go to $OUT (or ./gpu-out), at most 7 files: build.log, tests.log (tests and
+# sanitizers), bench.log, bench.csv, run.log, step.log, step.csv. Uses a carried build dir
+# (default build-cuda) or builds one.
+#   scripts/gpu_check.sh [tests] [sanitize] [bench] [run] [step]     (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${SMLA_BUILD:-build-cuda}
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-steps=${*:-tests sanitize bench run}
+steps=${*:-tests sanitize bench run step}
 status=()
+declare -A begun  # logs written by this call: the first step to use one truncates it
 
-if [ ! -x "$BUILD/tests/smla_gpu_tests" ]; then
+if [ ! -x "$BUILD/tests/smla_gpu_tests" ] || [ ! -x "$BUILD/smla_step_bench" ]; then
   echo "== building in $BUILD"
   cmake -S . -B "$BUILD" -G Ninja >"$OUT/build.log" 2>&1 && cmake --build "$BUILD" -j 16 >>"$OUT/build.log" 2>&1 ||
     { tail -30 "$OUT/build.log"; exit 1; }
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
 
-run_step() {  # name, log, command...
+run_step() {  # name, log, command...   (steps may share a log: each appends its part)
   local name=$1 log=$2; shift 2
   echo "== $name"
-  local start=$SECONDS
-  "$@" >"$OUT/$log" 2>&1
+  [ -n "${begun[$log]:-}" ] || : >"$OUT/$log"
+  begun[$log]=1
+  local start=$SECONDS from
+  from=$(($(wc -l <"$OUT/$log") + 1))
+  echo "== $name: $*" >>"$OUT/$log"
+  "$@" >>"$OUT/$log" 2>&1
   local rc=$?
-  tail -n 25 "$OUT/$log"
+  tail -n +"$from" "$OUT/$log" | tail -n 25
   status+=("$(printf '%-10s rc=%-3s %4ss  %s' "$name" "$rc" $((SECONDS - start)) "$log")")
 }
 
 for step in $steps; do
   case $step in
-    tests) run_step tests gpu_tests.log "$BUILD/tests/smla_gpu_tests" ;;
+    tests) run_step tests tests.log "$BUILD/tests/smla_gpu_tests" ;;
     sanitize)  # a small decode case, and a 3-layer step with forks on 3 SWA groups
       filter='GpuDecode.SmallCountersOrWorkspaceFallBack:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups'
-      run_step memcheck memcheck.log timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      run_step memcheck tests.log timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter
-      run_step racecheck racecheck.log timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      run_step racecheck tests.log timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter ;;
     bench) run_step bench bench.log "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
     run)
-      run_step info info.log "$BUILD/smla" info
+      run_step info run.log "$BUILD/smla" info
       run_step run run.log "$BUILD/smla" run --device cuda --requests 64 --mtp 2 --context 16384 --check 4
-      run_step run-v41 run_v41.log "$BUILD/smla" run --device cuda --model v41-flash --groups 3 --mtp 2 --check 4 ;;
+      run_step run-v41 run.log "$BUILD/smla" run --device cuda --model v41-flash --groups 3 --mtp 2 --check 4 ;;
+    step)  # the whole step with and without table sharing (about a minute; --quick: seconds)
+      run_step step step.log "$BUILD/smla_step_bench" --csv "$OUT/step.csv" ;;
+    *) echo "unknown step '$step' (tests sanitize bench run step)"; exit 2 ;;
   esac
 done
 
 echo "== summary"
 printf '%s\n' "${status[@]}"
 [ -f "$OUT/bench.log" ] && grep -E "^(ceilings|workspace|kv |bf16)" "$OUT/bench.log"
+[ -f "$OUT/step.log" ] && grep -E "^(model|v4|  graph WRONG)" "$OUT/step.log"

@@ -1,5 +1,7 @@
 #include "progress.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 
 namespace smla::cli {
@@ -9,7 +11,8 @@ constexpr auto kRedraw = std::chrono::milliseconds(100);
 constexpr int kWidth = 30;
 }  // namespace
 
-Progress::Progress(std::string label, int64_t total) : label_(std::move(label)), total_(total) {}
+Progress::Progress(std::string label, int64_t total)
+    : label_(std::move(label)), total_(total), terminal_(isatty(fileno(stderr)) == 1) {}
 
 Progress::~Progress() {
   if (drawn_) std::fprintf(stderr, "\r%*s\r", kWidth + static_cast<int>(label_.size()) + 40, "");
@@ -18,7 +21,7 @@ Progress::~Progress() {
 void Progress::advance(int64_t steps) {
   done_ += steps;
   const auto now = Clock::now();
-  if (now - start_ < kQuiet || (drawn_ && now - drawn_at_ < kRedraw && done_ < total_)) return;
+  if (!terminal_ || now - start_ < kQuiet || (drawn_ && now - drawn_at_ < kRedraw && done_ < total_)) return;
   const int filled = total_ > 0 ? static_cast<int>(kWidth * done_ / total_) : kWidth;
   const double seconds = std::chrono::duration<double>(now - start_).count();
   std::fprintf(stderr, "\r%s [%s%s] %lld/%lld %.1fs", label_.c_str(),

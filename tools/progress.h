@@ -1,4 +1,5 @@
-// A progress bar on stderr for work that runs past a second; nothing is drawn before that.
+// A progress bar on stderr for work that runs past a second; nothing is drawn before that, nor
+// when stderr is not a terminal (a log would get the bar's redraws glued to its next line).
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -21,6 +22,7 @@ class Progress {
   int64_t total_, done_ = 0;
   Clock::time_point start_ = Clock::now(), drawn_at_{};
   bool drawn_ = false;
+  bool terminal_;
 };
 
 }  // namespace smla::cli

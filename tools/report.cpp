@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "graph_table.h"
 #include "synth.h"
 
 namespace smla::cli {
@@ -57,6 +58,15 @@ void print_report(const RunReport& r) {
   std::printf("tables: %d built (%zu forked), %zu lookups waited for a fork, peak %.2f MiB\n",
               builds, r.tables.forks.size(), r.tables.waits.size(),
               r.tables.peak_bytes / 1048576.0);
+  if (r.graphs) {
+    std::printf(
+        "graph: the step captured as one CUDA graph after an eager step, median of %d replays; "
+        "builds: its table builds captured alone\n%s\n",
+        r.graph_replays, graph_table_header().c_str());
+    for (const std::string& row : graph_table_rows(*r.graphs)) std::printf("%s\n", row.c_str());
+    for (const std::string& line : graph_problem_lines(*r.graphs))
+      std::printf("%s\n", line.c_str());
+  }
   if (!r.check) return;
   const CheckResult& c = *r.check;
   std::printf(

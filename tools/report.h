@@ -1,5 +1,5 @@
 // What `smla run` prints: time per layer kind and in total, effective GB/s and TFLOP/s, the
-// tables' bookkeeping and the check.
+// tables' bookkeeping, on CUDA the step's graph with and without sharing, and the check.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -9,6 +9,7 @@
 #include "args.h"
 #include "oracle.h"
 #include "smla/tables.h"
+#include "step_graph.h"
 
 namespace smla::cli {
 
@@ -30,6 +31,8 @@ struct RunReport {
   TableStats tables{};
   std::optional<CheckResult> check{};
   double tolerance = 0;  // on the check's relative error
+  std::optional<StepGraphs> graphs{};  // on CUDA: the step as one graph, shared and not
+  int graph_replays = 0;
 };
 
 void print_report(const RunReport& report);

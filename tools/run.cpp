@@ -5,10 +5,13 @@
 
 #include "clock.h"
 #include "cpu/parallel.h"
+#include "graph_table.h"
 #include "oracle.h"
 #include "progress.h"
 #include "report.h"
+#include "run_stream.h"
 #include "smla/error.h"
+#include "step_graph.h"
 #include "synth.h"
 
 namespace smla::cli {
@@ -16,6 +19,7 @@ namespace {
 
 // Relative to the row's largest value: bf16 output rounding is 2^-9, float32 sums add little.
 constexpr double kTolerance = 1e-2;
+constexpr int kGraphReplays = 30;
 
 // The GPU when it can run this step, else the CPU (with a note, unless cuda was asked for).
 Device pick_device(const RunOptions& o) {
@@ -42,7 +46,8 @@ Device pick_device(const RunOptions& o) {
 int run_step(const RunOptions& o) {
   const std::vector<LayerSpec> specs = model_layers(model_preset(o.model), o.groups);
   const Device device = pick_device(o);
-  const std::unique_ptr<Streams> streams = make_streams(device);
+  const RunStream stream(device);
+  const std::unique_ptr<Streams> streams = make_streams(device, stream.get());
   SynthStep step(o, specs, *streams);
   StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns);
 
@@ -87,8 +92,15 @@ int run_step(const RunOptions& o) {
     }
     report.check = check;
   }
+  if (device.kind == DeviceKind::cuda) {  // after the check, which reads the timed step's outs
+    report.graphs = measure_step_graphs(step.device, *streams, step.num_tokens,
+                                        step.max_columns, kGraphReplays);
+    report.graph_replays = kGraphReplays;
+  }
   print_report(report);
-  return report.check && report.check->max_relative_error > kTolerance ? 1 : 0;
+  const bool check_failed = report.check && report.check->max_relative_error > kTolerance;
+  const bool graph_wrong = report.graphs && !graph_problem_lines(*report.graphs).empty();
+  return check_failed || graph_wrong ? 1 : 0;
 }
 
 }  // namespace smla::cli

@@ -9,12 +9,15 @@
 
 #include "progress.h"
 #include "smla/error.h"
+#include "smla/quantize.h"
 
 namespace smla::cli {
 namespace {
 
 using Rng = std::mt19937_64;
 constexpr int64_t kMaxKvBytes = int64_t{16} << 30;  // of the machine's 24 GiB
+constexpr int64_t kTilePages = 256;                  // a pool without host copy repeats these
+constexpr float kFp8KvScale = 0.5f;                  // per-tensor fp8: e4m3(x / kv_scale)
 
 // Random storage codes of moderate magnitude, several from each 64-bit draw.
 void fill_bf16(std::byte* out, int64_t count, Rng& rng) {  // |x| in [2^-7, 1)
@@ -48,17 +51,37 @@ int64_t page_bytes(KvLayout layout, int64_t block_size) {
   return 0;
 }
 
-// One page of `layout`: every row random, fp8_ds_mla's scales 2^-3..2^3.
+// `rows` random bf16 rows for an fp8 cache: each 64-value group of fill_bf16's values scaled by
+// 2^-3..2^3, so that fp8_ds_mla's groups get different UE8M0 scales.
+std::vector<std::byte> random_rows(int64_t rows, Rng& rng) {
+  std::vector<std::byte> bytes(rows * kHeadDim * 2);
+  fill_bf16(bytes.data(), rows * kHeadDim, rng);
+  for (int64_t group = 0; group < rows * kHeadDim / 64; ++group) {
+    const int shift = static_cast<int>(rng() % 7) - 3;  // exponents 117..129: all normal
+    for (int64_t i = group * 64; i < (group + 1) * 64; ++i) {
+      uint16_t v;
+      std::memcpy(&v, bytes.data() + 2 * i, 2);
+      v = static_cast<uint16_t>(v + shift * 128);
+      std::memcpy(bytes.data() + 2 * i, &v, 2);
+    }
+  }
+  return bytes;
+}
+
+// One page of `layout`: bf16 rows random; fp8 rows random bf16 rows written by quantize_kv, as
+// a model's cache writer would (what the decode op reads, and the oracle dequantizes).
 void fill_page(std::byte* page, KvLayout layout, int64_t block_size, Rng& rng) {
   if (layout == KvLayout::bf16) return fill_bf16(page, block_size * kHeadDim, rng);
-  if (layout == KvLayout::fp8_e4m3) return fill_e4m3(page, block_size * kHeadDim, rng);
-  for (int64_t i = 0; i < block_size; ++i) {
-    std::byte* record = page + i * kDsMlaRecordBytes;
-    fill_e4m3(record, kNopeDim, rng);
-    fill_bf16(record + kNopeDim, kRopeDim, rng);
-    std::byte* scales = page + block_size * kDsMlaRecordBytes + i * kDsMlaScaleBytes;
-    for (int s = 0; s < kNopeDim / 64; ++s) scales[s] = static_cast<std::byte>(124 + rng() % 7);
-  }
+  std::vector<std::byte> rows = random_rows(block_size, rng);
+  std::vector<int32_t> slots(block_size);
+  std::iota(slots.begin(), slots.end(), 0);
+  const DType dtype = kv_dtype(layout);
+  const int64_t elem = static_cast<int64_t>(dtype_size(dtype)), row = kv_row_bytes(layout) / elem;
+  quantize_kv(make_view(rows.data(), DType::bf16, Device{}, {block_size, kHeadDim}),
+              make_view(slots.data(), DType::i32, Device{}, {block_size}),
+              make_view(page, dtype, Device{}, {1, block_size, row},
+                        {page_bytes(layout, block_size) / elem, row, 1}),
+              kFp8KvScale);
 }
 
 template <class T>
@@ -105,7 +128,7 @@ int64_t kv_row_bytes(KvLayout layout) {
 
 void SynthStep::place(std::vector<std::byte> bytes, DType dtype,
                       std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides,
-                      TensorView& host_view, TensorView& device_view) {
+                      TensorView& host_view, TensorView& device_view, bool host_copy) {
   Buffer& buffer = buffers_.emplace_back(Buffer{std::move(bytes), nullptr});
   host_view = make_view(buffer.host.data(), dtype, Device{}, shape, strides);
   device_view = host_view;
@@ -114,6 +137,18 @@ void SynthStep::place(std::vector<std::byte> bytes, DType dtype,
   streams_.upload(buffer.device.get(), buffer.host.data(), buffer.host.size());
   device_view.data = buffer.device.get();
   device_view.device = streams_.device();
+  if (host_copy) return;
+  buffer.host = {};
+  host_view = {};
+}
+
+void* SynthStep::tiled(const std::vector<std::byte>& tile, int64_t bytes) {
+  Buffer& buffer = buffers_.emplace_back(Buffer{{}, streams_.allocate(static_cast<size_t>(bytes))});
+  std::byte* device_bytes = static_cast<std::byte*>(buffer.device.get());
+  const int64_t period = static_cast<int64_t>(tile.size());
+  for (int64_t offset = 0; offset < bytes; offset += period)
+    streams_.upload(device_bytes + offset, tile.data(), std::min(period, bytes - offset));
+  return buffer.device.get();
 }
 
 SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, Streams& streams)
@@ -138,7 +173,9 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
     if (s.compress_ratio > 0 && s.kv_source == s.layer)
       kv_bytes += B * compressed_pages(s) * c_page;
   }
-  if (kv_bytes > kMaxKvBytes)
+  // The oracle reads host copies; on the CPU the pools are host memory anyway.
+  const bool host_copies = o.check > 0 || streams.device().kind == DeviceKind::cpu;
+  if (host_copies && kv_bytes > kMaxKvBytes)
     throw Error(ErrorKind::value, "--context",
                 "a step whose caches fit in " + std::to_string(kMaxKvBytes >> 30) + " GiB",
                 std::to_string(kv_bytes >> 20) + " MiB of KV pools");
@@ -161,18 +198,31 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
           {swa_pages, 1}, host.inputs.block_tables[g], device.inputs.block_tables[g]);
 
   Progress progress("synthesizing", static_cast<int64_t>(specs.size()));
-  auto pool = [&](int64_t pages, int64_t block_size, int64_t bytes_per_page, TensorView& h,
-                  TensorView& d) {
+  std::map<int64_t, std::vector<std::byte>> tiles;  // by page bytes: pages repeated in pools
+  auto random_pages = [&](int64_t pages, int64_t block_size, int64_t bytes_per_page) {
     std::vector<std::byte> bytes(pages * bytes_per_page);
     for (int64_t p = 0; p < pages; ++p)
       fill_page(bytes.data() + p * bytes_per_page, layout, block_size, rng);
+    return bytes;
+  };
+  auto pool = [&](int64_t pages, int64_t block_size, int64_t bytes_per_page, TensorView& h,
+                  TensorView& d) {
     // Rows of 512 elements, or fp8_ds_mla's 584 bytes: strides in elements of the pool dtype.
     const DType dtype = kv_dtype(layout);
     const int64_t elem = static_cast<int64_t>(dtype_size(dtype)), row = kv_row_bytes(layout) / elem;
-    place(std::move(bytes), dtype, {pages, block_size, row}, {bytes_per_page / elem, row, 1}, h, d);
+    if (host_copies) {
+      place(random_pages(pages, block_size, bytes_per_page), dtype, {pages, block_size, row},
+            {bytes_per_page / elem, row, 1}, h, d);
+      return;
+    }
+    auto [tile, fresh] = tiles.try_emplace(bytes_per_page);
+    if (fresh) tile->second = random_pages(kTilePages, block_size, bytes_per_page);
+    h = {};
+    d = make_view(tiled(tile->second, pages * bytes_per_page), dtype, streams.device(),
+                  {pages, block_size, row}, {bytes_per_page / elem, row, 1});
   };
   const bool fp8 = query_dtype(layout) == DType::f8e4m3;
-  const float q_scale = 1.0f, kv_scale = fp8 ? 0.5f : 1.0f;           // per-tensor fp8 scales
+  const float q_scale = 1.0f, kv_scale = fp8 ? kFp8KvScale : 1.0f;    // per-tensor fp8 scales
   std::map<int, std::pair<TensorView, TensorView>> compressed_pools;  // by kv source
   for (const LayerSpec& s : specs) {
     AttentionLayer h{.spec = s}, d{.spec = s};
@@ -215,9 +265,9 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
     (fp8 ? fill_e4m3 : fill_bf16)(query.data(), T * s.num_heads * kHeadDim, rng);
     TensorView qh, qd, oh, od;
     place(std::move(query), query_dtype(layout), {T, s.num_heads, kHeadDim},
-          {s.num_heads * kHeadDim, kHeadDim, 1}, qh, qd);
+          {s.num_heads * kHeadDim, kHeadDim, 1}, qh, qd, host_copies);
     place(std::vector<std::byte>(T * s.num_heads * kHeadDim * 2), DType::bf16,
-          {T, s.num_heads, kHeadDim}, {s.num_heads * kHeadDim, kHeadDim, 1}, oh, od);
+          {T, s.num_heads, kHeadDim}, {s.num_heads * kHeadDim, kHeadDim, 1}, oh, od, host_copies);
     host.queries.push_back(qh);
     device.queries.push_back(qd);
     host.outs.push_back(oh);

@@ -37,8 +37,11 @@ struct StepData {
 class SynthStep {
  public:
   // Fills every tensor with random data on the host and places it with `streams` (a copy on a
-  // device; the host memory itself on the CPU). Throws smla::Error when the step would need
-  // more host memory than the machine should give it.
+  // device; the host memory itself on the CPU). A step on a device that is not checked
+  // (options.check 0) keeps no host copy of its pools, queries and outs, and its pools are made
+  // on the device from one random tile of pages repeated: timing needs distinct addresses, not
+  // distinct contents, and so the largest steps need neither host memory nor host time for them.
+  // Throws smla::Error when the step would need more host memory than the machine should give.
   SynthStep(const RunOptions& options, const std::vector<LayerSpec>& specs, Streams& streams);
 
   StepData host, device;
@@ -56,8 +59,12 @@ class SynthStep {
     std::shared_ptr<void> device;
   };
   // Keeps `bytes`; sets its host view and its view on the streams' device (the same on the CPU).
+  // Without `host_copy` a device copy drops the host bytes and leaves the host view unset.
   void place(std::vector<std::byte> bytes, DType dtype, std::initializer_list<int64_t> shape,
-             std::initializer_list<int64_t> strides, TensorView& host, TensorView& device);
+             std::initializer_list<int64_t> strides, TensorView& host, TensorView& device,
+             bool host_copy = true);
+  // Device memory of `bytes` holding `tile` over and over (a pool with no host copy).
+  void* tiled(const std::vector<std::byte>& tile, int64_t bytes);
 
   Streams& streams_;
   std::list<Buffer> buffers_;  // fixed addresses for the views

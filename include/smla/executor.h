@@ -2,6 +2,7 @@
 // SparseIndexTables, one sparse_mla_decode per layer, counters and workspace shared by all.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <vector>
@@ -36,9 +37,10 @@ class StepExecutor {
  public:
   // Allocates (zeroed, outside any capture) the kv counters and workspace every layer shares,
   // sized for steps of up to `max_tokens` tokens and `max_columns` table columns. `layers` in
-  // model order; `streams` orders the work and must outlive this object.
+  // model order; `streams` orders the work and must outlive this object. `sharing` none makes
+  // every layer build its own table (for measuring what sharing saves).
   StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
-               int64_t max_columns);
+               int64_t max_columns, TableSharing sharing = TableSharing::shared);
 
   void begin_step(const StepInputs& inputs);  // resets the tables; keeps a copy of `inputs`
   // `layer`'s attention of query [T, H, 512] into out [T, H_out, 512] on the current stream.
@@ -50,11 +52,19 @@ class StepExecutor {
   void run_step(const StepInputs& inputs, std::span<const TensorView> queries,
                 std::span<const TensorView> outs);
 
+  // run_step without the decodes: the step's table builds alone, joined where run_step joins.
+  // Its graph against the whole step's is what index building costs.
+  void build_tables(const StepInputs& inputs);
+
   const SparseIndexTables& tables() const { return tables_; }
 
  private:
   const AttentionLayer& layer_at(int layer) const;
   SparseIndexArgs table_inputs(int layer) const;
+  // The layer's table; an index source joins first (its indexer would overwrite forks' top-k).
+  SparseIndexTable table_of(const AttentionLayer& layer);
+  // begin_step, layer_work(i) for each layer in order, end_step; ends joined on an error too.
+  void each_layer(const StepInputs& inputs, const std::function<void(size_t)>& layer_work);
 
   std::vector<AttentionLayer> layers_;
   Streams& streams_;

@@ -15,9 +15,14 @@
 
 namespace smla {
 
+// Whether the layers of a step share tables. `none` is for measuring what sharing saves: every
+// layer gets a key of its own, so each builds its table on the current stream and nothing forks.
+enum class TableSharing { shared, none };
+
 // Layers with equal keys build equal tables in a step (within one SWA group): "swa_only", or
-// "<compressed cache id>:<index source layer>:<ratio>" with the kv source layer as cache id.
-std::string sparse_index_key(const LayerSpec& layer);
+// "<compressed cache id>:<index source layer>:<ratio>" with the kv source layer as cache id;
+// with sharing none, "layer <id>".
+std::string sparse_index_key(const LayerSpec& layer, TableSharing sharing = TableSharing::shared);
 
 // The build arguments (outputs unset) of a layer's table in the current step.
 using TableInputs = std::function<SparseIndexArgs(int layer)>;
@@ -38,7 +43,8 @@ class SparseIndexTables {
  public:
   // `layers` in model order (strictly increasing ids; runs are consecutive equal keys).
   // `streams` orders the builds and must outlive this object.
-  SparseIndexTables(std::span<const LayerSpec> layers, Streams& streams);
+  SparseIndexTables(std::span<const LayerSpec> layers, Streams& streams,
+                    TableSharing sharing = TableSharing::shared);
 
   // The table of `layer` (its SWA group, its key). A miss builds it on the current stream,
   // stores it, then forks onto the side stream the builds the run's later layers will look

@@ -64,7 +64,11 @@ void bind_model(nb::module_& m) {
   m.def("model_layers", &model_layers, nb::arg("preset"), nb::arg("num_swa_groups"),
         nb::arg("with_mtp") = false);
   m.def("topk_width", &topk_width, nb::arg("layer"), nb::arg("max_seq_len"));
-  m.def("sparse_index_key", &sparse_index_key, nb::arg("layer"));
+  nb::enum_<TableSharing>(m, "TableSharing")
+      .value("shared", TableSharing::shared)
+      .value("none", TableSharing::none);
+  m.def("sparse_index_key", &sparse_index_key, nb::arg("layer"),
+        nb::arg("sharing") = TableSharing::shared);
 }
 
 }  // namespace smla::py

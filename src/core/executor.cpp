@@ -45,8 +45,8 @@ TensorView entry(const Map& map, int layer, const char* name, const char* role) 
 }  // namespace
 
 StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
-                           int64_t max_columns)
-    : layers_(std::move(layers)), streams_(streams), tables_(specs_of(layers_), streams_) {
+                           int64_t max_columns, TableSharing sharing)
+    : layers_(std::move(layers)), streams_(streams), tables_(specs_of(layers_), streams_, sharing) {
   int max_heads = 1;
   for (const AttentionLayer& l : layers_) max_heads = std::max(max_heads, l.spec.num_heads);
   counters_view_ = zeroed(streams_, kv_counter_bytes(max_tokens, max_heads), counters_);
@@ -91,13 +91,16 @@ void StepExecutor::begin_step(const StepInputs& inputs) {
   inputs_ = inputs;
 }
 
-void StepExecutor::run_layer(int layer, const TensorView& query, const TensorView& out) {
-  const AttentionLayer& l = layer_at(layer);
+SparseIndexTable StepExecutor::table_of(const AttentionLayer& l) {
   const bool index_source =
       l.spec.compress_ratio > 0 && l.spec.index_topk > 0 && l.spec.index_source == l.spec.layer;
   if (index_source) tables_.join();
-  const SparseIndexTable table =
-      tables_.lookup(layer, [this](int other) { return table_inputs(other); });
+  return tables_.lookup(l.spec.layer, [this](int other) { return table_inputs(other); });
+}
+
+void StepExecutor::run_layer(int layer, const TensorView& query, const TensorView& out) {
+  const AttentionLayer& l = layer_at(layer);
+  const SparseIndexTable table = table_of(l);
 
   const StepMetadata& step = inputs_.metadata;
   DecodeArgs args;
@@ -127,6 +130,18 @@ void StepExecutor::run_layer(int layer, const TensorView& query, const TensorVie
 
 void StepExecutor::end_step() { tables_.join(); }
 
+void StepExecutor::each_layer(const StepInputs& inputs,
+                              const std::function<void(size_t)>& layer_work) {
+  begin_step(inputs);
+  try {
+    for (size_t i = 0; i < layers_.size(); ++i) layer_work(i);
+  } catch (...) {
+    end_step();  // a failed step still ends joined
+    throw;
+  }
+  end_step();
+}
+
 void StepExecutor::run_step(const StepInputs& inputs, std::span<const TensorView> queries,
                             std::span<const TensorView> outs) {
   if (queries.size() != layers_.size() || outs.size() != layers_.size())
@@ -134,15 +149,12 @@ void StepExecutor::run_step(const StepInputs& inputs, std::span<const TensorView
         ErrorKind::value, "queries",
         "one query and one out per layer (" + std::to_string(layers_.size()) + ")",
         std::to_string(queries.size()) + " queries, " + std::to_string(outs.size()) + " outs");
-  begin_step(inputs);
-  try {
-    for (size_t i = 0; i < layers_.size(); ++i)
-      run_layer(layers_[i].spec.layer, queries[i], outs[i]);
-  } catch (...) {
-    end_step();  // a failed step still ends joined
-    throw;
-  }
-  end_step();
+  each_layer(inputs,
+             [&](size_t i) { run_layer(layers_[i].spec.layer, queries[i], outs[i]); });
+}
+
+void StepExecutor::build_tables(const StepInputs& inputs) {
+  each_layer(inputs, [this](size_t i) { table_of(layers_[i]); });
 }
 
 }  // namespace smla

@@ -7,13 +7,17 @@
 
 namespace smla {
 
-std::string sparse_index_key(const LayerSpec& layer) {
+std::string sparse_index_key(const LayerSpec& layer, TableSharing sharing) {
+  // A key no other layer has: runs of one layer, so no fork, and each new key drops the
+  // group's previous table (store), keeping memory bounded as with sharing.
+  if (sharing == TableSharing::none) return "layer " + std::to_string(layer.layer);
   if (layer.compress_ratio == 0) return "swa_only";
   return std::to_string(layer.kv_source) + ":" + std::to_string(layer.index_source) + ":" +
          std::to_string(layer.compress_ratio);
 }
 
-SparseIndexTables::SparseIndexTables(std::span<const LayerSpec> layers, Streams& streams)
+SparseIndexTables::SparseIndexTables(std::span<const LayerSpec> layers, Streams& streams,
+                                     TableSharing sharing)
     : layers_(layers.begin(), layers.end()), streams_(streams) {
   int most_forks = 0;
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -21,7 +25,7 @@ SparseIndexTables::SparseIndexTables(std::span<const LayerSpec> layers, Streams&
       check::fail(
           ErrorKind::value, "layers", "strictly increasing layer ids",
           std::to_string(layers_[i - 1].layer) + " then " + std::to_string(layers_[i].layer));
-    keys_.push_back(sparse_index_key(layers_[i]));
+    keys_.push_back(sparse_index_key(layers_[i], sharing));
   }
   run_end_.resize(layers_.size());
   for (size_t first = 0, end = 0; first < layers_.size(); first = end) {

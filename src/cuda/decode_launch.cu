@@ -56,6 +56,8 @@ size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, i
   return workspace_bound(num_tokens, num_heads, num_columns, sm_count(device));
 }
 
+const void* decode_kernel() { return reinterpret_cast<const void*>(&decode_bf16_kernel); }
+
 void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) {
   require(problem.layout == KvLayout::bf16 && problem.query_dtype == DType::bf16, "swa_kv_cache",
           "a bf16 cache and bf16 query on CUDA (fp8 layouts are not built yet)",

@@ -62,11 +62,18 @@ TEST_P(ExecutorMatchesDirectCalls, BitForBit) {
   const auto streams = make_streams(Device{});
   StepExecutor executor(c.layers, *streams, T, max_columns);
   executor.run_step(c.inputs, queries, outs);
+  // Without sharing: the same outputs, every layer building its own table.
+  std::vector<TensorView> alone_outs;
+  for (const TensorView& o : outs) alone_outs.push_back(c.bf16(T, o.size(1)));
+  StepExecutor alone(c.layers, *streams, T, max_columns, TableSharing::none);
+  alone.run_step(c.inputs, queries, alone_outs);
 
   for (size_t i = 0; i < c.layers.size(); ++i) {
     run_directly(c, c.layers[i], queries[i], direct_outs[i]);
     EXPECT_EQ(std::memcmp(outs[i].data, direct_outs[i].data, T * kOutHeads * kHeadDim * 2), 0)
         << "layer " << c.layers[i].spec.layer;
+    EXPECT_EQ(std::memcmp(alone_outs[i].data, direct_outs[i].data, T * kOutHeads * kHeadDim * 2), 0)
+        << "layer " << c.layers[i].spec.layer << " without sharing";
   }
   // The layers shared their tables: one build per (group, key).
   std::set<TableKey> distinct;
@@ -74,6 +81,17 @@ TEST_P(ExecutorMatchesDirectCalls, BitForBit) {
   int builds = 0;
   for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
   EXPECT_EQ(builds, static_cast<int>(distinct.size()));
+  EXPECT_EQ(alone.tables().stats().builds.size(), specs.size());
+  EXPECT_TRUE(alone.tables().stats().forks.empty());
+
+  // The table builds alone do what the step's lookups did.
+  const TableStats step = executor.tables().stats();
+  executor.build_tables(c.inputs);
+  const TableStats& tables_alone = executor.tables().stats();
+  EXPECT_EQ(tables_alone.builds, step.builds);
+  EXPECT_EQ(tables_alone.forks, step.forks);
+  EXPECT_EQ(tables_alone.waits, step.waits);
+  EXPECT_EQ(tables_alone.peak_bytes, step.peak_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -151,6 +151,8 @@ TEST(SparseIndexKey, SwaOnlyOrCacheSourceRatio) {
   EXPECT_EQ(sparse_index_key(v41[7]), "2:2:2");
   EXPECT_EQ(sparse_index_key(v41[27]), "20:24:1");
   EXPECT_EQ(sparse_index_key(v41[39]), "20:36:1");
+  EXPECT_EQ(sparse_index_key(v41[39], TableSharing::none), "layer 39");
+  EXPECT_EQ(sparse_index_key(flash[0], TableSharing::none), "layer 0");
 }
 
 TEST(ModelPresets, ShapesOfSpec6) {
@@ -239,6 +241,44 @@ TEST_P(TablesOverPatterns, EachTableBuiltOnceForkedAsSpecSays) {
   tables.reset();
   EXPECT_EQ(tables.stats().bytes, 0u);
   EXPECT_TRUE(tables.stats().builds.empty());
+}
+
+// Every layer's table, copied out as the step looks it up (joining at index sources).
+std::vector<std::vector<int32_t>> step_tables(SparseIndexTables& tables, const test::StepCase& c,
+                                              const std::vector<LayerSpec>& layers) {
+  tables.reset();
+  const TableInputs inputs = [&](int layer) { return c.args(layer); };
+  std::vector<std::vector<int32_t>> all;
+  for (const LayerSpec& s : layers) {
+    if (runs_indexer(s)) tables.join();
+    all.push_back(contents(tables.lookup(s.layer, inputs)));
+  }
+  tables.join();
+  return all;
+}
+
+// Without sharing every layer builds its own table, on the current stream (no fork, no event,
+// no wait), bit-identical to the shared one and to its own direct build; a group holds one
+// table at a time.
+TEST_P(TablesOverPatterns, WithoutSharingEveryLayerBuildsAlone) {
+  const auto [model, groups] = GetParam();
+  const auto layers = model_layers(model_preset(model), groups, true);
+  const test::StepCase c(layers, small_step(groups), 2);
+  RecordingStreams shared_streams, streams;
+  SparseIndexTables shared(layers, shared_streams);
+  SparseIndexTables alone(layers, streams, TableSharing::none);
+  EXPECT_EQ(step_tables(alone, c, layers), step_tables(shared, c, layers));
+  run_step(alone, c, layers);  // against direct builds
+
+  const TableStats& stats = alone.stats();
+  std::map<TableKey, int> each_layer;
+  for (const LayerSpec& s : layers)
+    each_layer[{s.swa_group, "layer " + std::to_string(s.layer)}] = 1;
+  EXPECT_EQ(stats.builds, each_layer);
+  EXPECT_TRUE(stats.forks.empty());
+  EXPECT_TRUE(stats.waits.empty());
+  EXPECT_EQ(streams.log, std::vector<std::string>{"reserve 0"});
+  for (const auto& [group, peak] : stats.peak_tables) EXPECT_EQ(peak, 1) << "group " << group;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TablesOverPatterns,

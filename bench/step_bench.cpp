@@ -1,0 +1,138 @@
+// Step benchmark: one whole decode step's attention for V4-Flash (43 layers) and V4.1-Flash (40),
+// 64 and 128 requests x 1 and 2 tokens, contexts 16K and 64K, bf16 caches. Each step runs
+// through the executor captured as one CUDA graph (after an eager step), with its tables shared
+// and with every layer building its own: median replay time, the graph's nodes by kind, and its
+// table builds captured alone against the whole step. Prints a table; --csv writes it too.
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "graph_table.h"
+#include "run_stream.h"
+#include "smla/error.h"
+#include "smla/model.h"
+#include "step_graph.h"
+#include "synth.h"
+
+using namespace smla;
+using namespace smla::cli;
+
+namespace {
+
+constexpr int kReplays = 30;
+
+struct CloseFile {
+  void operator()(FILE* file) const { std::fclose(file); }
+};
+
+struct Options {
+  std::string csv_path;
+  bool quick = false;  // one model, one shape: a smoke run
+  int groups = 3;      // SWA groups: with one, nothing forks
+};
+
+// One step to measure: bf16 caches on the GPU, nothing kept on the host for a check.
+RunOptions step_of(const Options& o, const char* model, int context, int requests, int mtp) {
+  return {.model = model,
+          .requests = requests,
+          .context = context,
+          .mtp = mtp,
+          .kv = KvLayout::bf16,
+          .device = DeviceChoice::cuda,
+          .check = 0,
+          .groups = o.groups};
+}
+
+// Every step the bench measures, smallest caches first within a model.
+std::vector<RunOptions> steps(const Options& o) {
+  if (o.quick) return {step_of(o, "v41-flash", 16384, 64, 2)};
+  std::vector<RunOptions> all;
+  for (const char* model : {"v4-flash", "v41-flash"})
+    for (int context : {16384, 65536})
+      for (int requests : {64, 128})
+        for (int mtp : {1, 2}) all.push_back(step_of(o, model, context, requests, mtp));
+  return all;
+}
+
+bool parse(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
+      o.csv_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick"))
+      o.quick = true;
+    else if (!std::strcmp(argv[i], "--groups") && i + 1 < argc &&
+             std::sscanf(argv[++i], "%d", &o.groups) == 1 && o.groups >= 1 && o.groups <= 64)
+      continue;
+    else
+      return false;
+  }
+  return true;
+}
+
+// The step of `r` on `device`, measured both ways; its pools live only as long as this call
+// (the Streams, whose block cache holds them, are made and dropped here).
+StepGraphs measure(const RunOptions& r, Device device, const RunStream& stream, double& kv_gib) {
+  const std::unique_ptr<Streams> streams = make_streams(device, stream.get());
+  const SynthStep step(r, model_layers(model_preset(r.model), r.groups), *streams);
+  kv_gib = step.kv_bytes / double(1 << 30);
+  return measure_step_graphs(step.device, *streams, step.num_tokens, step.max_columns, kReplays);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, o)) {
+    std::fprintf(stderr,
+                 "usage: smla_step_bench [--csv PATH] [--quick] [--groups N (default 3)]\n");
+    return 2;
+  }
+  try {
+    const Device device{DeviceKind::cuda, 0};
+    make_streams(device);  // throws, saying why, when this GPU cannot run the kernels
+    const RunStream stream(device);
+    std::printf(
+        "%s; bf16 caches, %d SWA group%s; each step captured as one CUDA graph after an eager "
+        "step, median of %d replays; builds: its table builds captured alone\n",
+        device_name(device).c_str(), o.groups, o.groups > 1 ? "s" : "", kReplays);
+    std::printf("%-9s %6s %4s %3s %7s %6s  %s\n", "model", "layers", "req", "q", "context",
+                "KV GiB", graph_table_header().c_str());
+    const std::unique_ptr<FILE, CloseFile> csv_file(
+        o.csv_path.empty() ? nullptr : std::fopen(o.csv_path.c_str(), "w"));
+    FILE* csv = csv_file.get();
+    if (!o.csv_path.empty() && !csv) throw std::runtime_error("cannot write " + o.csv_path);
+    if (csv)
+      std::fprintf(csv, "model,layers,requests,tokens_per_request,context,groups,kv_gib,%s\n",
+                   graph_csv_header().c_str());
+    int wrong = 0;
+    for (const RunOptions& r : steps(o)) {
+      double kv_gib = 0;
+      const StepGraphs graphs = measure(r, device, stream, kv_gib);
+      const int layers = graphs.shared.layers;
+      for (const std::string& row : graph_table_rows(graphs))
+        std::printf("%-9s %6d %4d %3d %7d %6.1f  %s\n", r.model.c_str(), layers, r.requests, r.mtp,
+                    r.context, kv_gib, row.c_str());
+      for (const std::string& row : graph_csv_rows(graphs))
+        if (csv)
+          std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%.2f,%s\n", r.model.c_str(), layers, r.requests,
+                       r.mtp, r.context, r.groups, kv_gib, row.c_str());
+      for (const std::string& line : graph_problem_lines(graphs)) {
+        std::printf("  %s\n", line.c_str());
+        ++wrong;
+      }
+      std::fflush(stdout);
+      if (csv) std::fflush(csv);
+    }
+    if (wrong) {
+      std::fprintf(stderr, "smla_step_bench: %d graph problems (see above)\n", wrong);
+      return 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "smla_step_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

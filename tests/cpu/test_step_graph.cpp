@@ -1,0 +1,181 @@
+// The host side of the step measurements (tools/): the builds a step must make with and without
+// sharing, what counts as a wrong graph, the rows `smla run` and smla_step_bench print, and a
+// synthetic step that keeps no host copy of its pools.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "graph_table.h"
+#include "smla/executor.h"
+#include "step_graph.h"
+#include "synth.h"
+
+namespace smla::cli {
+namespace {
+
+// The distinct tables a step must build are what the executor builds, with and without sharing.
+TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
+  for (const char* model : {"v4-flash", "v41-flash"})
+    for (int groups : {1, 3}) {
+      const RunOptions o{
+          .model = model, .requests = 2, .context = 300, .mtp = 2, .check = 0, .groups = groups};
+      const auto specs = model_layers(model_preset(model), groups);
+      const auto streams = make_streams(Device{});
+      SynthStep step(o, specs, *streams);
+      for (TableSharing sharing : {TableSharing::shared, TableSharing::none}) {
+        StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
+                              sharing);
+        executor.build_tables(step.device.inputs);
+        int builds = 0;
+        for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
+        EXPECT_EQ(builds, distinct_tables(specs, sharing))
+            << model << ", " << groups << " groups, sharing " << sharing_name(sharing);
+      }
+    }
+  // SPEC §6's patterns: V4.1's runs share, V4's ratio-4 and ratio-128 layers each have a key.
+  const auto v41 = model_layers(model_preset("v41-flash"), 1);
+  EXPECT_EQ(distinct_tables(v41, TableSharing::shared), 9);
+  EXPECT_EQ(distinct_tables(v41, TableSharing::none), 40);
+  EXPECT_EQ(distinct_tables(model_layers(model_preset("v4-flash"), 1), TableSharing::shared), 42);
+}
+
+StepGraph right_graph(TableSharing sharing) {
+  return {.sharing = sharing,
+          .layers = 40,
+          .distinct_tables = 26,
+          .nodes = {.table_builds = 26, .decodes = 40, .events = 1},
+          .step_ms = 2.0,
+          .builds_ms = 0.1};
+}
+
+TEST(StepGraph, ProblemsNameEachDifference) {
+  EXPECT_TRUE(graph_problems(right_graph(TableSharing::shared)).empty());
+  StepGraph g = right_graph(TableSharing::none);
+  g.nodes.table_builds = 27;
+  g.nodes.decodes = 39;
+  g.nodes.memsets = 1;
+  g.nodes.memcpys = 2;
+  g.nodes.other_kernels = 3;
+  g.nodes.others = 4;
+  g.tables.forks = {{1, "layer 3"}};
+  const std::vector<std::string> want{"27 table builds, expected 26 (one per (SWA group, key))",
+                                      "39 decodes, expected 40 (one per layer)",
+                                      "3 other kernels",
+                                      "1 memset nodes",
+                                      "2 memcpy nodes",
+                                      "4 other nodes",
+                                      "1 forks without sharing"};
+  EXPECT_EQ(graph_problems(g), want);
+  g = right_graph(TableSharing::shared);
+  g.tables.forks = {{1, "2:2:2"}};  // forks are what sharing does
+  EXPECT_TRUE(graph_problems(g).empty());
+}
+
+TEST(StepGraph, SharesAndSavings) {
+  StepGraphs graphs{right_graph(TableSharing::shared), right_graph(TableSharing::none)};
+  graphs.none.step_ms = 2.5;
+  EXPECT_DOUBLE_EQ(build_share(graphs.shared), 0.05);
+  EXPECT_DOUBLE_EQ(sharing_saves(graphs), 0.2);
+  graphs.none.step_ms = 0;  // not measured
+  EXPECT_EQ(sharing_saves(graphs), 0);
+}
+
+std::vector<std::string> fields(const std::string& csv) {
+  std::vector<std::string> out(1);
+  for (char ch : csv) {
+    if (ch == ',')
+      out.emplace_back();
+    else
+      out.back().push_back(ch);
+  }
+  return out;
+}
+
+TEST(GraphTable, RowsLineUpWithTheirHeader) {
+  StepGraphs graphs{right_graph(TableSharing::shared), right_graph(TableSharing::none)};
+  graphs.none.step_ms = 2.5;
+  graphs.none.distinct_tables = graphs.none.nodes.table_builds = 40;
+  graphs.none.nodes.decodes = 41;  // wrong: marked so
+  const std::vector<std::string> rows = graph_table_rows(graphs);
+  ASSERT_EQ(rows.size(), 2u);
+  const std::string header = graph_table_header();
+  EXPECT_EQ(rows[0].find("  ok"), rows[0].size() - 4);
+  EXPECT_EQ(rows[1].find("WRONG"), header.find("graph"));
+  EXPECT_EQ(rows[0].substr(0, 6), "shared");
+  EXPECT_NE(rows[0].find(" 20.0%"), std::string::npos) << rows[0];   // saves
+  EXPECT_NE(rows[0].find("   5.0%"), std::string::npos) << rows[0];  // build share
+  EXPECT_EQ(rows[1].substr(0, 4), "none");
+
+  EXPECT_EQ(graph_problem_lines(graphs),
+            std::vector<std::string>{
+                "graph WRONG (sharing none): 41 decodes, expected 40 (one per layer)"});
+  graphs.none.nodes.decodes = 40;
+  EXPECT_TRUE(graph_problem_lines(graphs).empty());
+
+  const std::vector<std::string> csv = graph_csv_rows(graphs);
+  ASSERT_EQ(csv.size(), 2u);
+  const std::vector<std::string> names = fields(graph_csv_header());
+  for (const std::string& row : csv) EXPECT_EQ(fields(row).size(), names.size()) << row;
+  EXPECT_EQ(fields(csv[0])[1], "2000.00");  // step_us
+  EXPECT_EQ(fields(csv[0])[4], "0.2000");   // sharing_saves
+  EXPECT_EQ(fields(csv[1])[4], "");
+  EXPECT_EQ(fields(csv[1]).back(), "1");  // graph_ok
+}
+
+// The CPU's streams, claiming a device: a SynthStep then takes the path it takes on a GPU.
+class DeviceLikeStreams final : public Streams {
+ public:
+  Device device() const override { return {DeviceKind::cuda, 0}; }
+  void* current() const override { return nullptr; }
+  void* side() const override { return nullptr; }
+  void reserve_events(int) override {}
+  void fork() override {}
+  void record(int) override {}
+  void wait(int) override {}
+  void join() override {}
+  std::shared_ptr<void> allocate(size_t bytes) override { return inner_->allocate(bytes); }
+  void zero(void* d, size_t n) override { inner_->zero(d, n); }
+  void upload(void* d, const void* s, size_t n) override { inner_->upload(d, s, n); }
+  void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }
+  void synchronize() override {}
+
+ private:
+  std::unique_ptr<Streams> inner_ = make_streams(Device{});
+};
+
+// An unchecked step on a device keeps no host copy of pools, queries and outs; its pools are
+// one random tile of 256 pages repeated, so only their addresses are distinct.
+TEST(SynthStep, UncheckedDeviceStepTilesItsPools) {
+  const RunOptions o{.model = "v4-flash", .requests = 3, .context = 30000, .mtp = 2, .check = 0};
+  const auto specs = model_layers(model_preset(o.model), 1);
+  DeviceLikeStreams streams;
+  const SynthStep step(o, specs, streams);
+  std::set<const void*> pools;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_FALSE(step.host.layers[i].swa_kv_cache.defined());
+    EXPECT_FALSE(step.host.queries[i].defined());
+    EXPECT_FALSE(step.host.outs[i].defined());
+    EXPECT_TRUE(step.device.queries[i].defined());
+    const TensorView& swa = step.device.layers[i].swa_kv_cache;
+    ASSERT_TRUE(swa.defined());
+    EXPECT_EQ(swa.device.kind, DeviceKind::cuda);
+    pools.insert(swa.data);
+    if (specs[i].compress_ratio > 0) pools.insert(step.device.layers[i].compressed_kv_cache.data);
+  }
+  EXPECT_EQ(pools.size(), specs.size() + 41);                  // 43 SWA pools, 41 compressed ones
+  EXPECT_TRUE(step.host.inputs.topk_indices.at(2).defined());  // small inputs stay on the host
+
+  // Layer 2's compressed pool: 3 requests x 118 pages of 64 entries (30000 / 4), tiled.
+  const TensorView& pool = step.device.layers[2].compressed_kv_cache;
+  ASSERT_EQ(pool.size(0), 3 * 118);
+  const size_t page = static_cast<size_t>(pool.strides[0]) * 2, tile = 256 * page;
+  const auto* bytes = static_cast<const std::byte*>(pool.data);
+  EXPECT_EQ(std::memcmp(bytes, bytes + tile, pool.size(0) * page - tile), 0);
+  EXPECT_NE(std::memcmp(bytes, bytes + page, page), 0);
+}
+
+}  // namespace
+}  // namespace smla::cli

@@ -1,0 +1,25 @@
+// CUDA graphs of captured work: the capture, and the median time of its replays from CUDA
+// events around each replay. Shared by smla_bench, smla_step_bench and `smla run`; include
+// only where CUDA is built.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <memory>
+
+namespace smla::cli {
+
+struct GraphDestroy {
+  void operator()(cudaGraph_t graph) const { cudaGraphDestroy(graph); }
+};
+using Graph = std::unique_ptr<CUgraph_st, GraphDestroy>;
+
+// What `enqueue` queues on `stream`, and on streams that wait on it meanwhile, as one graph.
+// An exception from `enqueue` ends the capture (dropping its graph) and propagates.
+Graph capture_graph(cudaStream_t stream, const std::function<void()>& enqueue);
+
+// Median milliseconds per replay of `graph` on `stream` over `replays` replays, after 3
+// untimed ones (the first uploads the graph).
+double median_replay_ms(cudaGraph_t graph, cudaStream_t stream, int replays);
+
+}  // namespace smla::cli

@@ -1,0 +1,33 @@
+#include "run_stream.h"
+
+#if SMLA_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/check.h"
+#endif
+
+namespace smla::cli {
+
+RunStream::RunStream(Device device) {
+#if SMLA_WITH_CUDA
+  if (device.kind != DeviceKind::cuda) return;
+  int previous = 0;
+  SMLA_CUDA_CHECK(cudaGetDevice(&previous));
+  SMLA_CUDA_CHECK(cudaSetDevice(device.id));  // streams belong to the current device
+  cudaStream_t stream = nullptr;
+  const cudaError_t made = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  SMLA_CUDA_CHECK(cudaSetDevice(previous));
+  SMLA_CUDA_CHECK(made);
+  stream_ = stream;
+#else
+  (void)device;
+#endif
+}
+
+RunStream::~RunStream() {
+#if SMLA_WITH_CUDA
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+#endif
+}
+
+}  // namespace smla::cli

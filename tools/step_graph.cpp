@@ -1,0 +1,132 @@
+#include "step_graph.h"
+
+#include <set>
+
+#include "smla/error.h"
+
+#if SMLA_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/backend.h"
+#include "cuda/check.h"
+#include "cuda/index.h"
+#include "graph_timing.h"
+#endif
+
+namespace smla::cli {
+namespace {
+
+std::string count_of(int n, const std::string& what) { return std::to_string(n) + " " + what; }
+
+#if SMLA_WITH_CUDA
+GraphNodes count_nodes(cudaGraph_t graph) {
+  size_t count = 0;
+  SMLA_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  SMLA_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  GraphNodes n;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    SMLA_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    switch (type) {
+      case cudaGraphNodeTypeKernel: {
+        cudaKernelNodeParams params{};
+        SMLA_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &params));
+        if (params.func == cuda::index_kernel())
+          ++n.table_builds;
+        else if (params.func == cuda::decode_kernel())
+          ++n.decodes;
+        else
+          ++n.other_kernels;
+        break;
+      }
+      case cudaGraphNodeTypeMemset:
+        ++n.memsets;
+        break;
+      case cudaGraphNodeTypeMemcpy:
+        ++n.memcpys;
+        break;
+      case cudaGraphNodeTypeEmpty:
+      case cudaGraphNodeTypeEventRecord:
+      case cudaGraphNodeTypeWaitEvent:
+        ++n.events;
+        break;
+      default:
+        ++n.others;
+    }
+  }
+  return n;
+}
+
+StepGraph measure(const StepData& data, Streams& streams, int64_t max_tokens, int64_t max_columns,
+                  TableSharing sharing, int replays) {
+  std::vector<LayerSpec> specs;
+  for (const AttentionLayer& l : data.layers) specs.push_back(l.spec);
+  StepGraph g{.sharing = sharing,
+              .layers = static_cast<int>(specs.size()),
+              .distinct_tables = distinct_tables(specs, sharing)};
+  StepExecutor executor(data.layers, streams, max_tokens, max_columns, sharing);
+  const auto step = [&] { executor.run_step(data.inputs, data.queries, data.outs); };
+  const auto builds = [&] { executor.build_tables(data.inputs); };
+  step();  // eager: the builds alone take the same blocks in the same order
+  const auto stream = static_cast<cudaStream_t>(streams.current());
+  const Graph step_graph = capture_graph(stream, step);
+  g.tables = executor.tables().stats();
+  g.nodes = count_nodes(step_graph.get());
+  const Graph builds_graph = capture_graph(stream, builds);
+  g.step_ms = median_replay_ms(step_graph.get(), stream, replays);
+  g.builds_ms = median_replay_ms(builds_graph.get(), stream, replays);
+  return g;  // the graphs go before the executor and the blocks they were served
+}
+#endif
+
+}  // namespace
+
+const char* sharing_name(TableSharing sharing) {
+  return sharing == TableSharing::shared ? "shared" : "none";
+}
+
+int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing) {
+  std::set<TableKey> distinct;
+  for (const LayerSpec& s : layers) distinct.insert({s.swa_group, sparse_index_key(s, sharing)});
+  return static_cast<int>(distinct.size());
+}
+
+std::vector<std::string> graph_problems(const StepGraph& g) {
+  std::vector<std::string> problems;
+  const GraphNodes& n = g.nodes;
+  if (n.table_builds != g.distinct_tables)
+    problems.push_back(count_of(n.table_builds, "table builds") + ", expected " +
+                       std::to_string(g.distinct_tables) + " (one per (SWA group, key))");
+  if (n.decodes != g.layers)
+    problems.push_back(count_of(n.decodes, "decodes") + ", expected " + std::to_string(g.layers) +
+                       " (one per layer)");
+  if (n.other_kernels) problems.push_back(count_of(n.other_kernels, "other kernels"));
+  if (n.memsets) problems.push_back(count_of(n.memsets, "memset nodes"));
+  if (n.memcpys) problems.push_back(count_of(n.memcpys, "memcpy nodes"));
+  if (n.others) problems.push_back(count_of(n.others, "other nodes"));
+  if (g.sharing == TableSharing::none && !g.tables.forks.empty())
+    problems.push_back(count_of(static_cast<int>(g.tables.forks.size()), "forks without sharing"));
+  return problems;
+}
+
+double build_share(const StepGraph& g) { return g.step_ms > 0 ? g.builds_ms / g.step_ms : 0; }
+
+double sharing_saves(const StepGraphs& g) {
+  return g.none.step_ms > 0 ? 1 - g.shared.step_ms / g.none.step_ms : 0;
+}
+
+StepGraphs measure_step_graphs(const StepData& data, Streams& streams, int64_t max_tokens,
+                               int64_t max_columns, int replays) {
+#if SMLA_WITH_CUDA
+  if (streams.device().kind == DeviceKind::cuda)
+    return {measure(data, streams, max_tokens, max_columns, TableSharing::shared, replays),
+            measure(data, streams, max_tokens, max_columns, TableSharing::none, replays)};
+#else
+  (void)data, (void)max_tokens, (void)max_columns, (void)replays;
+#endif
+  throw Error(ErrorKind::unsupported, "device", "a CUDA device (graphs are CUDA's)",
+              device_name(streams.device()));
+}
+
+}  // namespace smla::cli
