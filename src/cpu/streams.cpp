@@ -5,30 +5,16 @@
 #include <new>
 
 namespace smla::cpu {
-namespace {
 
-class HostStreams final : public Streams {
- public:
-  Device device() const override { return {}; }
-  void* current() const override { return nullptr; }
-  void* side() const override { return nullptr; }
-  void reserve_events(int) override {}
-  void fork() override {}
-  void record(int) override {}
-  void wait(int) override {}
-  void join() override {}
-  std::shared_ptr<void> allocate(size_t bytes) override {
-    void* memory = std::malloc(bytes ? bytes : 1);
-    if (!memory) throw std::bad_alloc();
-    return {memory, std::free};
-  }
-  void zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
-  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void synchronize() override {}
-};
+std::shared_ptr<void> HostStreams::allocate(size_t bytes) {
+  void* memory = std::malloc(bytes ? bytes : 1);
+  if (!memory) throw std::bad_alloc();
+  return {memory, std::free};
+}
 
-}  // namespace
+void HostStreams::zero(void* dst, size_t bytes) { std::memset(dst, 0, bytes); }
+void HostStreams::upload(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void HostStreams::download(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
 std::unique_ptr<Streams> make_streams() { return std::make_unique<HostStreams>(); }
 

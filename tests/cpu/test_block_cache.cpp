@@ -87,27 +87,14 @@ TEST(BlockCache, ABlockKeepsTheCacheAlive) {
 }
 
 // The CPU's ordering with the cache's memory: what the CUDA Streams do, minus the device.
-class CachedStreams final : public Streams {
+class CachedStreams final : public cpu::HostStreams {
  public:
   explicit CachedStreams(FakeDevice& device) : cache_(BlockCache::create(device.memory())) {}
-  Device device() const override { return {}; }
-  void* current() const override { return nullptr; }
-  void* side() const override { return nullptr; }
-  void reserve_events(int) override {}
-  void fork() override {}
-  void record(int) override {}
-  void wait(int) override {}
-  void join() override {}
   std::shared_ptr<void> allocate(size_t bytes) override { return cache_->allocate(bytes); }
-  void zero(void* d, size_t n) override { inner_->zero(d, n); }
-  void upload(void* d, const void* s, size_t n) override { inner_->upload(d, s, n); }
-  void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }
-  void synchronize() override {}
   const BlockCache& cache() const { return *cache_; }
 
  private:
   std::shared_ptr<BlockCache> cache_;
-  std::unique_ptr<Streams> inner_ = cpu::make_streams();
 };
 
 // A step's tables after one eager step of the same shape take no new memory, so the same step

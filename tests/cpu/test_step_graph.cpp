@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/streams.h"
 #include "graph_table.h"
 #include "smla/executor.h"
 #include "step_graph.h"
@@ -126,24 +127,9 @@ TEST(GraphTable, RowsLineUpWithTheirHeader) {
 }
 
 // The CPU's streams, claiming a device: a SynthStep then takes the path it takes on a GPU.
-class DeviceLikeStreams final : public Streams {
+class DeviceLikeStreams final : public cpu::HostStreams {
  public:
   Device device() const override { return {DeviceKind::cuda, 0}; }
-  void* current() const override { return nullptr; }
-  void* side() const override { return nullptr; }
-  void reserve_events(int) override {}
-  void fork() override {}
-  void record(int) override {}
-  void wait(int) override {}
-  void join() override {}
-  std::shared_ptr<void> allocate(size_t bytes) override { return inner_->allocate(bytes); }
-  void zero(void* d, size_t n) override { inner_->zero(d, n); }
-  void upload(void* d, const void* s, size_t n) override { inner_->upload(d, s, n); }
-  void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }
-  void synchronize() override {}
-
- private:
-  std::unique_ptr<Streams> inner_ = make_streams(Device{});
 };
 
 // An unchecked step on a device keeps no host copy of pools, queries and outs; its pools are
