@@ -13,6 +13,7 @@ from .buffers import kv_counter_buffer, workspace_buffer
 from .decode import (backend_info, kv_counter_bytes, query_capability, sparse_mla_decode,
                      workspace_bytes)
 from .executor import AttentionLayer, StepExecutor, StepInputs
+from .quantize import quantize_kv
 from .index import (CompressedColumns, SparseIndexArgs, SparseIndexTable, StepMetadata, SwaGroup,
                     build_sparse_indices, dspark_swa_width, sparse_index_columns)
 from .tables import SparseIndexTables
@@ -29,4 +30,5 @@ __all__ = [
     "LayerSpec", "ModelPreset", "model_presets", "model_preset", "model_layers", "topk_width",
     "sparse_index_key", "SparseIndexTables",
     "AttentionLayer", "StepInputs", "StepExecutor",
+    "quantize_kv",
 ]

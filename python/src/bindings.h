@@ -13,5 +13,6 @@ void bind_index(nb::module_& m);     // IndexArgs, build_sparse_indices, column 
 void bind_model(nb::module_& m);     // LayerSpec, ModelPreset, model_layers, sparse_index_key
 void bind_tables(nb::module_& m);    // SparseIndexTables
 void bind_executor(nb::module_& m);  // StepExecutor
+void bind_quantize(nb::module_& m);  // quantize_kv
 
 }  // namespace smla::py

@@ -16,4 +16,5 @@ NB_MODULE(_smla, m) {
   smla::py::bind_model(m);
   smla::py::bind_tables(m);
   smla::py::bind_executor(m);
+  smla::py::bind_quantize(m);
 }

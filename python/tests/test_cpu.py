@@ -551,3 +551,73 @@ def test_model_presets():
     assert layers[3].swa_group == 1 and layers[-1].mtp
     with pytest.raises(ValueError, match="smla: model:"):
         smla.model_preset("v5")
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantizers
+# ---------------------------------------------------------------------------------------------
+
+def test_quantize_kv_per_tensor_matches_an_e4m3_cast():
+    rng = np.random.default_rng(21)
+    rows = (rng.standard_normal((40, D)) * 20).astype(BF16)  # |x| / kv_scale stays below 448
+    pool = np.full((4, 16, D), np.nan, np.float32).astype(E4M3)
+    slots = rng.permutation(64)[:40].astype(np.int32)
+    slots[::7] = -1
+    smla.quantize_kv(rows=rows, slots=slots, pool=pool, kv_scale=0.5)
+    flat = pool.reshape(64, D)
+    written = slots >= 0
+    expected = (rows[written].astype(np.float32) / np.float32(0.5)).astype(E4M3)
+    assert (flat[slots[written]].view(np.uint8) == expected.view(np.uint8)).all()
+    untouched = np.setdiff1d(np.arange(64), slots[written])
+    assert np.isnan(flat[untouched].astype(np.float32)).all(), "wrote a slot it was not given"
+
+
+def ds_mla_rows(buf, block_size):
+    """The float64 rows an fp8_ds_mla page buffer holds (SPEC §2), decoded here."""
+    record = 576
+    blocks = buf.shape[0]
+    records = buf[:, :block_size * record].reshape(blocks, block_size, record)
+    scales = buf[:, block_size * record:block_size * (record + 8)].reshape(blocks, block_size, 8)
+    nope = records[:, :, :448].copy().view(E4M3).astype(np.float64)
+    rope = records[:, :, 448:].copy().view(BF16).astype(np.float64)
+    scale = np.repeat(2.0 ** (scales[:, :, :7].astype(np.float64) - 127), 64, axis=2)
+    return np.concatenate([nope * scale, rope], axis=2)
+
+
+def test_quantize_kv_fp8_ds_mla_feeds_the_decode_op():
+    rng = np.random.default_rng(22)
+    blocks, block_size = 6, 16
+    page = -(-block_size * 584 // 576) * 576
+    buf = np.full((blocks, page), 0xAB, np.uint8)
+    view = np.lib.stride_tricks.as_strided(buf, shape=(blocks, block_size, 584),
+                                           strides=(page, 584, 1))
+    n = blocks * block_size
+    magnitudes = 2.0 ** rng.integers(-6, 7, (n, 8)).repeat(64, axis=1)
+    rows = (rng.standard_normal((n, D)) * magnitudes).astype(BF16)
+    smla.quantize_kv(rows=rows, slots=np.arange(n, dtype=np.int32), pool=view)
+    stored = ds_mla_rows(buf, block_size).reshape(n, D)
+    exact = rows.astype(np.float64)
+    group_max = np.abs(exact[:, :448]).reshape(n, 7, 64).max(axis=2).repeat(64, axis=1)
+    assert (np.abs(stored[:, :448] - exact[:, :448]) <= group_max / 16 + 1e-30).all()
+    assert (stored[:, 448:] == exact[:, 448:]).all()
+
+    args, _ = make_case(rng, separate_pools=False)
+    pool = ref.Pool(stored.reshape(blocks, block_size, D), block_size)
+    args["swa_kv_cache"] = view
+    args["sparse_indices"] = random_offsets(rng, pool, (args["query"].shape[0], W + 32))
+    expected_out, expected_lse = reference(args, {"swa": pool, "comp": None})
+    smla.sparse_mla_decode(**args)
+    check(args, expected_out, expected_lse, args["query"].shape[1])
+
+
+@pytest.mark.parametrize("change,error,argument", [
+    (lambda a: dict(a, rows=a["rows"].astype(np.float32)), TypeError, "rows"),
+    (lambda a: dict(a, slots=np.array([0, 64], np.int32)), ValueError, "slots"),
+    (lambda a: dict(a, kv_scale=0.0), ValueError, "kv_scale"),
+])
+def test_quantize_kv_errors_name_the_argument(change, error, argument):
+    args = dict(rows=np.zeros((2, D), np.float32).astype(BF16), slots=np.array([0, 1], np.int32),
+                pool=np.zeros((4, 16, D), np.float32).astype(E4M3), kv_scale=1.0)
+    with pytest.raises(error) as info:
+        smla.quantize_kv(**change(args))
+    assert info.value.argument == argument

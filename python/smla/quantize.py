@@ -1,0 +1,18 @@
+"""Writing KV rows into a pool of any layout (include/smla/quantize.h)."""
+
+from . import _smla
+from ._arrays import device_of, on_device, stream_handle, tensor
+
+
+def quantize_kv(*, rows, slots, pool, kv_scale=1.0, stream=None) -> None:
+    """Writes row i of `rows` (bf16 [N, 512]) into slot `slots[i]` (i32, SPEC §4's
+    `page * block_size + i`; negative = skipped) of `pool`, encoded in the pool's layout: bf16
+    as is, f8e4m3 as e4m3(x / kv_scale), u8 (fp8_ds_mla) as e4m3 NoPE values under one UE8M0
+    scale per 64 plus bf16 RoPE values (docs/decode.md, "Quantizers"). Bad input raises
+    TypeError / ValueError naming the argument, before anything is written."""
+    r = tensor(rows, "rows")
+    device = device_of(r)
+    args = dict(rows=r, slots=tensor(slots, "slots"), pool=tensor(pool, "pool", writable=True),
+                kv_scale=float(kv_scale), stream=stream_handle(stream, device, rows))
+    with on_device(device, rows):
+        _smla.quantize_kv(**args)
