@@ -1,0 +1,164 @@
+// The decode kernel's epilogue: final scaling, staged 16-byte output writes, and the in-launch
+// reduction of split rows through the counters (SPEC §3).
+#pragma once
+#include "cuda/decode_consumer.cuh"
+
+namespace smla::cuda {
+
+// Output = factor * o for a row with running max `m` (log2 units) and sum `l`; writes lse.
+__device__ __forceinline__ float finish_row(const DecodeParams& p, int token, int head, float m,
+                                            float l, bool write_lse) {
+  if (write_lse && p.lse)
+    p.lse[token * p.lse_token_stride + head * p.lse_head_stride] =
+        m == -INFINITY ? -INFINITY : (m + __log2f(l)) * kLn2;
+  const float sink = p.sinks ? __ldg(p.sinks + head) * kLog2e : -INFINITY;
+  const float top = fmaxf(m, sink);
+  if (m == -INFINITY || top == INFINITY) return 0.f;  // no attended column, or a +inf sink
+  const float w = exp2f(m - top);
+  return p.bmm2_scale * w / (l * w + exp2f(sink - top));
+}
+
+__device__ __forceinline__ __nv_bfloat16* out_row(const DecodeParams& p, int token, int head) {
+  return static_cast<__nv_bfloat16*>(p.out) + token * p.out_token_stride + head * p.out_head_stride;
+}
+
+// Heads past the last head block (up to H_out) are zeros; written once per token.
+__device__ __forceinline__ void zero_tail_heads(const DecodeParams& p, int token, int thread) {
+  const int first = p.head_blocks * p.heads_per_cta;
+  for (int i = thread; i < (p.out_heads - first) * 64; i += 256) {
+    const int head = first + i / 64, unit = i % 64;
+    reinterpret_cast<uint4*>(out_row(p, token, head))[unit] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Output rows are staged as bf16 in the idle KV buffers, then written in 16-byte chunks.
+constexpr int kStagePitch = 1024 + 16;  // bytes per staged row; the pad spreads banks
+
+// Stages output columns (col, col + 1) of `row` (< heads_per_cta) from two f32 values.
+__device__ __forceinline__ void stage_pair(uint8_t* smem, int row, int col, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(smem + Smem::kv + row * kStagePitch + col * 2) =
+      __floats2bfloat162_rn(a, b);
+}
+
+__device__ __forceinline__ void write_staged(const DecodeParams& p, const Work& w, uint8_t* smem,
+                                             int thread) {
+  ptx::named_sync(5, 256);
+  for (int i = thread; i < p.heads_per_cta * 64; i += 256) {
+    const int row = i / 64, unit = i % 64, head = w.head0 + row;
+    if (head < p.out_heads)
+      reinterpret_cast<uint4*>(out_row(p, w.token, head))[unit] =
+          *reinterpret_cast<const uint4*>(smem + Smem::kv + row * kStagePitch + unit * 16);
+  }
+  if (w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
+}
+
+// A row's fragment `o` element i sits at row (i >> 1) & 1 (+8) and column 8 (i / 4) + 2 (lane % 4)
+// + (i & 1) of this warpgroup's half.
+__device__ __forceinline__ void store_output(const DecodeParams& p, const Work& w, const Consumer& c,
+                                             uint8_t* smem, int thread) {
+  // The stage overlays the KV tiles: the other warpgroup's last P.V may still read them.
+  ptx::named_sync(5, 256);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = c.warp * 16 + c.lane / 4 + 8 * r;
+    if (row >= p.heads_per_cta) continue;
+    const float factor = row < w.live_heads
+        ? finish_row(p, w.token, w.head0 + row, c.row_max[r], c.row_sum[r], c.half == 0 && c.lane % 4 == 0)
+        : 0.f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      stage_pair(smem, row, c.half * 256 + 8 * j + 2 * (c.lane % 4), c.o[4 * j + 2 * r] * factor,
+                 c.o[4 * j + 2 * r + 1] * factor);
+  }
+  write_staged(p, w, smem, thread);
+}
+
+// The last CTA of a split row sums every split's partial in split order (deterministic), each
+// thread a quarter, half or whole row slice of kHeads rows, into the output stage.
+template <int kHeads>
+__device__ __forceinline__ void combine_rows(const DecodeParams& p, const float* row_partials,
+                                             const float* weights, const float* factors,
+                                             uint8_t* smem, int thread) {
+  constexpr int kThreadsPerRow = 256 / kHeads, kVectors = 128 / kThreadsPerRow;
+  const int row = thread / kThreadsPerRow, part = thread % kThreadsPerRow;
+  const int64_t stride = partial_floats(kHeads);
+  float4 acc[kVectors];
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s = 0; s < p.num_splits; ++s) {
+    const float4* o = reinterpret_cast<const float4*>(row_partials + s * stride + row * 512) + part;
+    float4 v[kVectors];
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) v[k] = __ldcg(o + k * kThreadsPerRow);
+    const float wgt = weights[s * kHeads + row];
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k)
+      acc[k].x += wgt * v[k].x, acc[k].y += wgt * v[k].y, acc[k].z += wgt * v[k].z, acc[k].w += wgt * v[k].w;
+  }
+  const float factor = factors[row];
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k) {
+    const int col = 4 * (part + k * kThreadsPerRow);
+    stage_pair(smem, row, col, acc[k].x * factor, acc[k].y * factor);
+    stage_pair(smem, row, col + 2, acc[k].z * factor, acc[k].w * factor);
+  }
+}
+
+// Split row: publishes this CTA's partial (unnormalized O rows, then (max, sum) per row) and
+// counts the arrival. The last CTA to arrive returns the counter to zero, combines the splits
+// and writes the output; the others return at once.
+__device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& w, const Consumer& c,
+                                             uint8_t* smem, int thread) {
+  const int heads = p.heads_per_cta;
+  const int64_t stride = partial_floats(heads);
+  float* row_partials =
+      p.partials + (int64_t(w.token) * p.head_blocks + w.head_block) * p.num_splits * stride;
+  float* mine = row_partials + w.split * stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = c.warp * 16 + c.lane / 4 + 8 * r;
+    if (row >= heads) continue;
+    float2* dst = reinterpret_cast<float2*>(mine + row * 512 + c.half * 256 + (c.lane % 4) * 2);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) __stcg(dst + j * 4, make_float2(c.o[4 * j + 2 * r], c.o[4 * j + 2 * r + 1]));
+    if (c.half == 0 && c.lane % 4 == 0)
+      __stcg(reinterpret_cast<float2*>(mine + heads * 512) + row, make_float2(c.row_max[r], c.row_sum[r]));
+  }
+  __threadfence();
+  ptx::named_sync(5, 256);
+  int32_t* counter = p.counters + int64_t(w.token) * p.head_blocks + w.head_block;
+  int* is_last = reinterpret_cast<int*>(smem + Smem::flag);
+  if (thread == 0) *is_last = atomicAdd(counter, 1) == p.num_splits - 1;
+  ptx::named_sync(5, 256);
+  if (!*is_last) return;
+  __threadfence();
+  if (thread == 0) *counter = 0;  // back to zero for the next launch (SPEC §3)
+
+  // Per row: the max over splits, each split's weight, the sum, and the output factor.
+  float2* ml = reinterpret_cast<float2*>(smem + Smem::xch);              // [split][row]
+  float* weights = reinterpret_cast<float*>(ml + kMaxSplits * kMmaRows);  // [split][row]
+  float* factors = weights + kMaxSplits * kMmaRows;                       // [row]
+  for (int i = thread; i < p.num_splits * heads; i += 256)
+    ml[i] = __ldcg(reinterpret_cast<const float2*>(row_partials + (i / heads) * stride + heads * 512) + i % heads);
+  ptx::named_sync(5, 256);
+  if (thread < heads) {
+    float m = -INFINITY, l = 0.f;
+    for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, ml[s * heads + thread].x);
+    const float base = m == -INFINITY ? 0.f : m;
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float weight = exp2f(ml[s * heads + thread].x - base);
+      l += weight * ml[s * heads + thread].y;
+      weights[s * heads + thread] = weight;
+    }
+    factors[thread] = thread < w.live_heads ? finish_row(p, w.token, w.head0 + thread, m, l, true) : 0.f;
+  }
+  ptx::named_sync(5, 256);
+  switch (heads) {
+    case 16: combine_rows<16>(p, row_partials, weights, factors, smem, thread); break;
+    case 32: combine_rows<32>(p, row_partials, weights, factors, smem, thread); break;
+    default: combine_rows<64>(p, row_partials, weights, factors, smem, thread); break;
+  }
+  write_staged(p, w, smem, thread);
+}
+
+}  // namespace smla::cuda

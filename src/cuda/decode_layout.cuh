@@ -1,0 +1,74 @@
+// Where the decode kernel keeps things: its constants, the shared-memory map, the 128B swizzle
+// and which (token, head block, split) a CTA computes.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/decode_params.h"
+#include "cuda/decode_plan.h"
+#include "cuda/ptx.cuh"
+
+namespace smla::cuda {
+
+constexpr int kStages = 4;
+constexpr int kThreads = 384;                       // producer + 2 consumer warpgroups
+constexpr int kQChunkBytes = kMmaRows * 128;        // 64 heads x 64 dims, bf16, swizzled
+constexpr int kKvChunkBytes = kTileColumns * 128;   // 32 rows x 64 dims
+constexpr int kScores = kTileColumns / 2;           // score registers per consumer thread
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct Smem {  // byte offsets from a 1024-aligned base
+  static constexpr int q = 0;                                     // 8 chunks: 64 x 512
+  static constexpr int kv = q + 8 * kQChunkBytes;                 // kStages x 8 chunks
+  static constexpr int xch = kv + kStages * 8 * kKvChunkBytes;    // 2 x 128 threads x kScores f32
+  static constexpr int xch_bytes = 2 * 128 * kScores * 4;
+  static constexpr int combine_bytes = (3 * kMaxSplits + 1) * kMmaRows * 4;  // (m, l), weights, factors
+  static constexpr int mask = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
+  static constexpr int bars = mask + kStages * kTileColumns;      // full[kStages], empty[kStages]
+  static constexpr int flag = bars + 2 * kStages * 8;
+  static constexpr int end = flag + 16;
+};
+constexpr int kSmemBytes = Smem::end + 1024;  // slack to align the base
+static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
+
+// Byte offset of 16-byte unit `unit` (0..7) of row `row` inside a 128B-swizzled chunk.
+__device__ __forceinline__ uint32_t swizzle(int row, int unit) {
+  return row * 128 + ((unit ^ (row & 7)) << 4);
+}
+
+struct Work {
+  int token, head_block, split, head0, live_heads;
+  int swa_len, topk_len;
+  int tile_begin, tile_end;
+};
+
+__device__ __forceinline__ Work locate_work(const DecodeParams& p) {
+  Work w;
+  const int cta = blockIdx.x;
+  w.head_block = cta % p.head_blocks;
+  w.split = (cta / p.head_blocks) % p.num_splits;
+  w.token = cta / (p.head_blocks * p.num_splits);
+  w.head0 = w.head_block * p.heads_per_cta;
+  w.live_heads = min(p.heads_per_cta, p.num_heads - w.head0);
+  int request = w.token, first = w.token, q_len = 1;
+  if (p.cum_seq_lens_q) {  // the token's request = how many requests end at or before it
+    int ended = 0;
+    for (int b = threadIdx.x % 32; b < p.num_requests; b += 32)
+      ended += __ldg(p.cum_seq_lens_q + b + 1) <= w.token;
+    for (int d = 16; d > 0; d /= 2) ended += __shfl_xor_sync(~0u, ended, d);
+    request = ended;
+    first = __ldg(p.cum_seq_lens_q + request);
+    q_len = __ldg(p.cum_seq_lens_q + request + 1) - first;
+  }
+  const int pos = __ldg(p.seq_lens + request) - q_len + (w.token - first);
+  w.swa_len = max(0, min(pos + 1, p.window));
+  w.topk_len = max(0, min(__ldg(p.sparse_topk_lens + w.token), p.num_columns));
+  const int tiles = (w.topk_len + kTileColumns - 1) / kTileColumns;
+  w.tile_begin = min(tiles, w.split * p.tiles_per_split);
+  w.tile_end = min(tiles, w.tile_begin + p.tiles_per_split);
+  return w;
+}
+
+}  // namespace smla::cuda
