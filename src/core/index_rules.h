@@ -12,6 +12,21 @@
 
 namespace smla::rules {
 
+// The request of token `t`: the last b < num_requests with start(b) <= t (binary search over
+// the requests' first tokens, e.g. cum_seq_lens_q).
+template <class Start>
+SMLA_HOST_DEVICE inline int64_t request_of(int64_t t, int64_t num_requests, const Start& start) {
+  int64_t lo = 0, hi = num_requests - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (start(mid) <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 // The slot of position (or compressed entry) `pos` on page `page_id` of `rows_per_page` rows.
 SMLA_HOST_DEVICE inline int64_t slot(int32_t page_id, int64_t rows_per_page, int64_t pos) {
   return int64_t{page_id} * rows_per_page + pos % rows_per_page;

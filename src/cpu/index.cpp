@@ -129,16 +129,7 @@ void build_sparse_indices(const IndexProblem& p, const SparseIndexArgs& a) {
   parallel_for(tasks, [&](int64_t task) {
     const int64_t first = task * kTokensPerTask;
     const int64_t last = std::min(first + kTokensPerTask, p.num_tokens);
-    // The request of `first`: the last b with start(b) <= first (binary search on cum).
-    int64_t lo = 0, hi = p.num_requests - 1;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      if (start(mid) <= first)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    for (int64_t t = first, b = lo; t < last; ++t) {
+    for (int64_t t = first, b = rules::request_of(first, p.num_requests, start); t < last; ++t) {
       while (start(b + 1) <= t) ++b;
       writer.write(t, b, t - start(b), start(b + 1) - start(b));
     }

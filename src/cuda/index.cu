@@ -63,15 +63,7 @@ struct IndexParams {
 __global__ void __launch_bounds__(kThreads) build_index_kernel(const IndexParams p) {
   const int64_t t = blockIdx.x;
   auto start = [&](int64_t b) -> int64_t { return p.cum.data ? p.cum.at(b) : b; };
-  // The request of t: the last b with start(b) <= t, as the CPU finds it.
-  int64_t b = 0, hi = p.num_requests - 1;
-  while (b < hi) {
-    const int64_t mid = (b + hi + 1) / 2;
-    if (start(mid) <= t)
-      b = mid;
-    else
-      hi = mid - 1;
-  }
+  const int64_t b = rules::request_of(t, p.num_requests, start);
   const int64_t seq_len = p.seq_lens.at(b), q_len = start(b + 1) - start(b);
   const bool valid = !p.is_valid || p.is_valid[t * p.valid_stride];
   const bool decode = b < p.num_decodes;

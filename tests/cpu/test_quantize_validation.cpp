@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "error_check.h"
 #include "host_case.h"
 #include "smla/error.h"
 #include "smla/quantize.h"
@@ -42,17 +43,8 @@ class QuantizeValidation : public ::testing::Test {
   void expect_error(ErrorKind kind, const std::string& argument, const std::string& expected,
                     const std::string& got) {
     const std::vector<std::byte> before = pool_bytes;
-    try {
-      quantize_kv(rows, slots, pool, kv_scale);
-      ADD_FAILURE() << "no error; expected one for " << argument;
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_EQ(e.kind(), kind) << what;
-      EXPECT_EQ(e.argument(), argument) << what;
-      EXPECT_NE(what.find("expected " + e.expected()), std::string::npos) << what;
-      EXPECT_NE(e.expected().find(expected), std::string::npos) << what << "\n  lacks " << expected;
-      EXPECT_NE(e.got().find(got), std::string::npos) << what << "\n  lacks " << got;
-    }
+    test::expect_smla_error([&] { quantize_kv(rows, slots, pool, kv_scale); }, kind, argument,
+                            expected, got);
     EXPECT_TRUE(pool_bytes == before) << "the pool was written before the error";
   }
 };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/problem.h"
+#include "error_check.h"
 #include "oracle.h"
 #include "smla/decode.h"
 #include "smla/error.h"
@@ -40,17 +41,7 @@ class Validation : public ::testing::Test {
   // validate_decode(a) throws kind / argument, and what() quotes `expected` and `got`.
   void expect_error(ErrorKind kind, const std::string& argument, const std::string& expected,
                     const std::string& got) {
-    try {
-      validate_decode(a);
-      ADD_FAILURE() << "no error; expected one for " << argument;
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_EQ(e.kind(), kind) << what;
-      EXPECT_EQ(e.argument(), argument) << what;
-      EXPECT_NE(what.find("expected " + e.expected()), std::string::npos) << what;
-      EXPECT_NE(e.expected().find(expected), std::string::npos) << what << "\n  lacks " << expected;
-      EXPECT_NE(e.got().find(got), std::string::npos) << what << "\n  lacks " << got;
-    }
+    test::expect_smla_error([&] { validate_decode(a); }, kind, argument, expected, got);
   }
 };
 
