@@ -12,6 +12,7 @@ import smla
 from smla.engine import trtllm_batch_decode_sparse_mla_dsv4, trtllm_decode_sparse_mla_dsv4
 
 import np_reference as ref
+from step_layers import four_layers
 
 BF16 = ml_dtypes.bfloat16
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -462,12 +463,7 @@ def test_build_sparse_indices_errors_name_the_argument():
 def layers_and_pools(rng, heads=4):
     """Four layers, two SWA groups: SWA-only in each, then a run of one ratio-4 key
     (index and kv source: layer 2) across both groups."""
-    specs = [smla.LayerSpec(layer=0, swa_group=0, num_heads=heads),
-             smla.LayerSpec(layer=1, swa_group=1, num_heads=heads),
-             smla.LayerSpec(layer=2, swa_group=0, compress_ratio=4, kv_source=2, index_source=2,
-                            index_topk=12, num_heads=heads),
-             smla.LayerSpec(layer=3, swa_group=1, compress_ratio=4, kv_source=2, index_source=2,
-                            index_topk=12, num_heads=heads)]
+    specs = four_layers(heads)
     return specs, [bf16_pool(rng, 40, 64, 80) for _ in specs]
 
 

@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
 
 import smla  # noqa: E402
 from smla.engine import trtllm_batch_decode_sparse_mla_dsv4  # noqa: E402
+from step_layers import four_layers  # noqa: E402
 
 if not smla.WITH_CUDA:
     pytest.skip("smla was built without CUDA", allow_module_level=True)
@@ -284,12 +285,7 @@ def test_step_executor_on_cuda_matches_cpu_and_replays():
     gen = torch.Generator(device=DEV).manual_seed(6)
     heads, q_lens, seq_lens = 16, (1, 2, 1), (5, 200, 131)
     num_tokens = sum(q_lens)
-    specs = [smla.LayerSpec(layer=0, swa_group=0, num_heads=heads),
-             smla.LayerSpec(layer=1, swa_group=1, num_heads=heads),
-             smla.LayerSpec(layer=2, swa_group=0, compress_ratio=4, kv_source=2, index_source=2,
-                            index_topk=12, num_heads=heads),
-             smla.LayerSpec(layer=3, swa_group=1, compress_ratio=4, kv_source=2, index_source=2,
-                            index_topk=12, num_heads=heads)]
+    specs = four_layers(heads)
     pools = [packed_pool(gen, 40, 64, 80)[0] for _ in specs]
     comp = packed_pool(gen, 30, 16, 20)[0]
     tables = [torch.randperm(40, generator=gen, device=DEV)[:16].view(4, 4).int() for _ in range(2)]
