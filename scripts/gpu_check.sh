@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Everything GPU-side in one call on the GPU machine: GPU tests, compute-sanitizer on a small
 # case, the decode benchmark, the main job on CUDA, the step benchmark; a short table last.
-# Full logs go to $OUT (or ./gpu-out), at most 7 files: build.log, tests.log (tests and
-# sanitizers), bench.log, bench.csv, run.log, step.log, step.csv. Uses a carried build dir
+# Full logs go to $OUT (or ./gpu-out), at most 8 files: build.log, tests.log (tests and
+# sanitizers), bench.log, bench.csv, run.log, step.log, step.csv, python.log. Uses a carried build dir
 # (default build-cuda) or builds one.
-#   scripts/gpu_check.sh [tests] [sanitize] [bench] [run] [step]     (default: all)
+#   scripts/gpu_check.sh [tests] [sanitize] [bench] [run] [step] [python]   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${SMLA_BUILD:-build-cuda}
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-steps=${*:-tests sanitize bench run step}
+steps=${*:-tests sanitize bench run step python}
 status=()
 declare -A begun  # logs written by this call: the first step to use one truncates it
 
@@ -52,7 +52,9 @@ for step in $steps; do
       run_step run-v41 run.log "$BUILD/smla" run --device cuda --model v41-flash --groups 3 --mtp 2 --check 4 ;;
     step)  # the whole step with and without table sharing (about a minute; --quick: seconds)
       run_step step step.log "$BUILD/smla_step_bench" --csv "$OUT/step.csv" ;;
-    *) echo "unknown step '$step' (tests sanitize bench run step)"; exit 2 ;;
+    python)  # builds the package with CUDA here (wheels it lacks come from a carried .whl/)
+      run_step python python.log env SMLA_PYTHON_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 scripts/python_test.sh ;;
+    *) echo "unknown step '$step' (tests sanitize bench run step python)"; exit 2 ;;
   esac
 done
 

@@ -12,13 +12,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
+# Offline machines (the GPU machine) install missing modules from wheels carried in .whl/.
+wheels=(); [ -d .whl ] && wheels=(--no-index --find-links .whl)
 
 need=()
 for mod in numpy:numpy ml_dtypes:ml_dtypes pytest:pytest scikit_build_core:scikit-build-core \
            nanobind:nanobind; do
   "$PY" -c "import ${mod%%:*}" 2>/dev/null || need+=("${mod#*:}")
 done
-[ ${#need[@]} -eq 0 ] || pip_install "${need[@]}"
+[ ${#need[@]} -eq 0 ] || pip_install "${wheels[@]}" "${need[@]}"
 
 cuda=${SMLA_PYTHON_CUDA:-}
 if [ -z "$cuda" ]; then
