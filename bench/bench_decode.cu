@@ -1,6 +1,7 @@
-// Decode-kernel benchmark on DeepSeek-V4 shapes: median kernel time over graph replays with
-// inputs rotated through more memory than L2, against the roofline floor measured in the
-// same run and FlashMLA's anchors (DESIGN.md). Prints a table; --csv writes it too.
+// Decode-kernel benchmark on DeepSeek-V4 shapes for each cache layout: median kernel time over
+// graph replays with inputs rotated through more memory than L2, against the roofline floor
+// measured in the same run (from the bytes each layout moves) and FlashMLA's anchors
+// (DESIGN.md). Prints a table; --csv writes it too.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -27,6 +28,19 @@ struct Shape {
   int heads, requests, tokens_per_request, topk;
 };
 
+// A cache layout as benchmarked: its query dtype and the bytes a row moves (fp8_ds_mla: the
+// 576-B record plus its 8 scale bytes).
+struct Layout {
+  const char* name;
+  KvLayout kv;
+  DType query;
+  int row_bytes;
+  int gather_row_bytes;  // the row size the gather ceiling is measured with
+};
+constexpr Layout kLayouts[] = {{"bf16", KvLayout::bf16, DType::bf16, 1024, 1024},
+                               {"fp8_ds_mla", KvLayout::fp8_ds_mla, DType::bf16, 584, 576},
+                               {"fp8_e4m3", KvLayout::fp8_e4m3, DType::f8e4m3, 512, 512}};
+
 // FlashMLA sparse decode, fp8_ds_mla cache, 2 tokens per request (DESIGN.md, H200).
 double flashmla_anchor_us(const Shape& s) {
   if (s.tokens_per_request != 2) return 0;
@@ -39,8 +53,35 @@ double flashmla_anchor_us(const Shape& s) {
   return 0;
 }
 
-constexpr int64_t kPoolRows = int64_t(2) << 20;  // 2 GiB of bf16 rows
+constexpr int64_t kPoolBytes = int64_t(2) << 30;
 constexpr int kBlockSize = 64;
+constexpr int64_t kDsMlaPageBytes = 65 * kDsMlaRecordBytes;  // >= 64 x 584, a multiple of 576
+
+int64_t pool_rows(const Layout& l) {
+  return l.kv == KvLayout::fp8_ds_mla ? kPoolBytes / kDsMlaPageBytes * kBlockSize : kPoolBytes / l.row_bytes;
+}
+
+TensorView pool_view(void* pool, const Layout& l, Device dev) {
+  const int64_t blocks = pool_rows(l) / kBlockSize;
+  switch (l.kv) {
+    case KvLayout::fp8_ds_mla:
+      return make_view(pool, DType::u8, dev, {blocks, kBlockSize, kDsMlaRecordBytes + kDsMlaScaleBytes},
+                       {kDsMlaPageBytes, kDsMlaRecordBytes + kDsMlaScaleBytes, 1});
+    case KvLayout::fp8_e4m3: return make_view(pool, DType::f8e4m3, dev, {blocks, kBlockSize, 512});
+    default: return make_view(pool, DType::bf16, dev, {blocks, kBlockSize, 512});
+  }
+}
+
+// Pool bytes that are finite in every layout: bf16 values of magnitude 2^-15..2^16, e4m3 codes
+// of 2^-8..2^1 and UE8M0 scales of 2^-79..2^-48 (only the time matters here).
+void fill_pool(void* pool, std::mt19937& rng) {
+  std::vector<uint8_t> chunk(size_t(1) << 25);
+  std::uniform_int_distribution<int> byte(0x30, 0x4f);
+  for (auto& x : chunk) x = uint8_t(byte(rng));
+  for (int64_t off = 0; off < kPoolBytes; off += chunk.size())
+    SMLA_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(pool) + off, chunk.data(), chunk.size(),
+                               cudaMemcpyHostToDevice));
+}
 constexpr size_t kL2Bytes = 60u << 20;
 
 template <class T>
@@ -58,17 +99,18 @@ struct Result {
   double us, tflops, gbps, floor_us, anchor_us;
 };
 
-Result run_shape(const Shape& shape, void* pool, double gather_bw, double matmul_rate,
-                 std::mt19937& rng) {
+Result run_shape(const Shape& shape, const Layout& layout, void* pool, double gather_bw,
+                 double matmul_rate, std::mt19937& rng) {
   const int T = shape.requests * shape.tokens_per_request, H = shape.heads;
   const int K = kWindow + shape.topk;
   const Device dev{DeviceKind::cuda, cuda::current_device()};
-  const double kv_bytes = double(T) * K * 1024;
-  const double bytes = kv_bytes + 2.0 * T * H * 1024 + double(T) * K * 4;
+  const int q_bytes = int(dtype_size(layout.query));
+  const double kv_bytes = double(T) * K * layout.row_bytes;
+  const double bytes = kv_bytes + double(T) * H * 512 * (q_bytes + 2) + double(T) * K * 4;
   const double flops = 4.0 * T * K * H * 512;
   const int sets = int(std::clamp<double>(std::ceil(3.0 * kL2Bytes / bytes), 2, 512));
 
-  std::uniform_int_distribution<int32_t> row(0, int32_t(kPoolRows - 1));
+  std::uniform_int_distribution<int32_t> row(0, int32_t(pool_rows(layout) - 1));
   std::vector<int32_t> cum(shape.requests + 1), seq(shape.requests, 100000), lens(T, K);
   for (int b = 0; b <= shape.requests; ++b) cum[b] = b * shape.tokens_per_request;
   int32_t *d_cum = device_copy(cum), *d_seq = device_copy(seq), *d_lens = device_copy(lens);
@@ -78,12 +120,12 @@ Result run_shape(const Shape& shape, void* pool, double gather_bw, double matmul
     for (auto& x : indices) x = row(rng);
     d = device_copy(indices);
   }
-  std::vector<__nv_bfloat16> q(size_t(T) * H * 512);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (auto& x : q) x = __float2bfloat16(normal(rng));
-  __nv_bfloat16* d_q = device_copy(q);
-  __nv_bfloat16* d_out;
-  SMLA_CUDA_CHECK(cudaMalloc(&d_out, q.size() * 2));
+  std::vector<uint8_t> q(size_t(T) * H * 512 * q_bytes);
+  std::uniform_int_distribution<int> byte(0x30, 0x4f);
+  for (auto& x : q) x = uint8_t(byte(rng));
+  uint8_t* d_q = device_copy(q);
+  void* d_out;
+  SMLA_CUDA_CHECK(cudaMalloc(&d_out, size_t(T) * H * 512 * 2));
   const size_t ws_bytes = workspace_bytes(T, H, K, dev), counter_bytes = kv_counter_bytes(T, H);
   void *d_ws = nullptr, *d_counters = nullptr;
   SMLA_CUDA_CHECK(cudaMalloc(&d_ws, std::max<size_t>(ws_bytes, 16)));
@@ -91,8 +133,8 @@ Result run_shape(const Shape& shape, void* pool, double gather_bw, double matmul
   SMLA_CUDA_CHECK(cudaMemset(d_counters, 0, counter_bytes));
 
   DecodeArgs args;
-  args.query = make_view(d_q, DType::bf16, dev, {T, H, 512});
-  args.swa_kv_cache = make_view(pool, DType::bf16, dev, {kPoolRows / kBlockSize, kBlockSize, 512});
+  args.query = make_view(d_q, layout.query, dev, {T, H, 512});
+  args.swa_kv_cache = pool_view(pool, layout, dev);
   args.seq_lens = make_view(d_seq, DType::i32, dev, {shape.requests});
   args.cum_seq_lens_q = make_view(d_cum, DType::i32, dev, {shape.requests + 1});
   args.max_q_len = shape.tokens_per_request;
@@ -139,6 +181,7 @@ std::vector<Shape> issue_shapes() {
 int main(int argc, char** argv) {
   std::string csv_path;
   std::vector<Shape> shapes = issue_shapes();
+  std::vector<Layout> layouts(std::begin(kLayouts), std::end(kLayouts));
   for (int i = 1; i < argc; ++i) {
     Shape only{};
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) {
@@ -147,45 +190,58 @@ int main(int argc, char** argv) {
                std::sscanf(argv[++i], "%d:%d:%d:%d", &only.heads, &only.requests,
                            &only.tokens_per_request, &only.topk) == 4) {
       shapes = {only};
+    } else if (!std::strcmp(argv[i], "--kv") && i + 1 < argc) {
+      const std::string name = argv[++i];
+      layouts.clear();
+      for (const Layout& l : kLayouts)
+        if (name == l.name) layouts = {l};
+      if (layouts.empty()) {
+        std::fprintf(stderr, "smla_bench: --kv: expected bf16, fp8_ds_mla or fp8_e4m3, got %s\n", name.c_str());
+        return 2;
+      }
     } else {
-      std::fprintf(stderr, "usage: smla_bench [--csv PATH] [--shape HEADS:REQUESTS:TOKENS:TOPK]\n");
+      std::fprintf(stderr,
+                   "usage: smla_bench [--csv PATH] [--shape HEADS:REQUESTS:TOKENS:TOPK] "
+                   "[--kv bf16|fp8_ds_mla|fp8_e4m3 (default: all)]\n");
       return 2;
     }
   }
   try {
-    const double gather_bw = bench::measure_gather_bandwidth(1024);
     const double matmul_rate = bench::measure_bf16_matmul_rate();
-    std::printf("ceilings: random 1 KiB-row gather %.2f TB/s, bf16 matmul %.0f TFLOP/s\n",
-                gather_bw / 1e12, matmul_rate / 1e12);
+    std::printf("ceilings: bf16 matmul %.0f TFLOP/s; random row gather", matmul_rate / 1e12);
+    std::vector<double> gather_bw;
+    for (const Layout& l : layouts) {
+      gather_bw.push_back(bench::measure_gather_bandwidth(l.gather_row_bytes));
+      std::printf(" %d B %.2f TB/s%s", l.gather_row_bytes, gather_bw.back() / 1e12,
+                  &l == &layouts.back() ? "\n" : ",");
+    }
     const size_t ws = workspace_bytes(512, 128, kWindow + 1024, {DeviceKind::cuda, cuda::current_device()});
     std::printf("workspace for 256 requests x 2 tokens x 128 heads, 128+1024: %.1f MiB\n", ws / 1048576.0);
 
     void* pool;
-    SMLA_CUDA_CHECK(cudaMalloc(&pool, kPoolRows * 1024));
-    std::vector<__nv_bfloat16> chunk(size_t(1) << 24);
+    SMLA_CUDA_CHECK(cudaMalloc(&pool, kPoolBytes));
     std::mt19937 rng(2026);
-    std::normal_distribution<float> normal(0.f, 1.f);
-    for (auto& x : chunk) x = __float2bfloat16(normal(rng));
-    for (int64_t off = 0; off < kPoolRows * 512; off += chunk.size())
-      SMLA_CUDA_CHECK(cudaMemcpy(static_cast<__nv_bfloat16*>(pool) + off, chunk.data(), chunk.size() * 2,
-                                 cudaMemcpyHostToDevice));
+    fill_pool(pool, rng);
 
     FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
     if (csv) std::fprintf(csv, "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,tflops,gbps,floor_us,floor_fraction,flashmla_us\n");
-    std::printf("%-5s %4s %5s %3s %9s %6s %5s %9s %8s %8s %9s %6s %9s\n", "kv", "H", "req", "q",
+    std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %8s %8s %9s %6s %9s\n", "kv", "H", "req", "q",
                 "topk", "splits", "ctas", "us", "TFLOP/s", "GB/s", "floor_us", "floor%", "FlashMLA");
-    for (const Shape& s : shapes) {
-      const Result r = run_shape(s, pool, gather_bw, matmul_rate, rng);
-      const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
-      std::printf("%-5s %4d %5d %3d %4d+%-4d %6d %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n", "bf16",
-                  s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
-                  (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us,
-                  anchor.c_str());
-      if (csv)
-        std::fprintf(csv, "bf16,%d,%d,%d,%d,%d,%lld,%.2f,%.1f,%.0f,%.2f,%.3f,%.1f\n", s.heads, s.requests,
-                     s.tokens_per_request, kWindow + s.topk, r.splits, (long long)r.ctas, r.us, r.tflops,
-                     r.gbps, r.floor_us, r.floor_us / r.us, r.anchor_us);
-    }
+    for (size_t li = 0; li < layouts.size(); ++li)
+      for (const Shape& s : shapes) {
+        const Layout& l = layouts[li];
+        const Result r = run_shape(s, l, pool, gather_bw[li], matmul_rate, rng);
+        const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
+        std::printf("%-10s %4d %5d %3d %4d+%-4d %6d %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n", l.name,
+                    s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
+                    (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us,
+                    anchor.c_str());
+        std::fflush(stdout);
+        if (csv)
+          std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.1f,%.0f,%.2f,%.3f,%.1f\n", l.name, s.heads,
+                       s.requests, s.tokens_per_request, kWindow + s.topk, r.splits, (long long)r.ctas,
+                       r.us, r.tflops, r.gbps, r.floor_us, r.floor_us / r.us, r.anchor_us);
+      }
     if (csv) std::fclose(csv);
     SMLA_CUDA_CHECK(cudaFree(pool));
   } catch (const std::exception& e) {

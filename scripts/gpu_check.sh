@@ -60,5 +60,6 @@ done
 
 echo "== summary"
 printf '%s\n' "${status[@]}"
-[ -f "$OUT/bench.log" ] && grep -E "^(ceilings|workspace|kv |bf16)" "$OUT/bench.log"
+# the issues' target shapes: H=64/128 at 2 and 128 requests x 2 tokens, H=8/16/32 at 128 x 2
+[ -f "$OUT/bench.log" ] && grep -E "^(ceilings|workspace|kv )|^(bf16|fp8)[a-z0-9_]* +((64|128) +(2|128)|(8|16|32) +128) +2 " "$OUT/bench.log"
 [ -f "$OUT/step.log" ] && grep -E "^(model|v4|  graph WRONG)" "$OUT/step.log"

@@ -34,6 +34,9 @@ struct CaseSpec {
   bool lse = true;
   PoolSharing pools = PoolSharing::random;
   bool extremes = false;    // fp8: every e4m3 code; UE8M0 exponents 107..147 and extremes
+  // The largest extreme exponent: the float64 oracle takes 240 (values near 2^121), a kernel
+  // that sums P.V in float32 needs 448 * 2^(e-127) * K * 2^8 below 2^128.
+  int top_exponent = 240;
   double masked = 0.15;     // chance of a padding / past-the-pool / packed-slot offset
   bool all_masked = false;  // no token attends any row
 };
@@ -107,14 +110,14 @@ inline uint8_t e4m3_code(Rng& rng, bool extremes) {
 }
 
 // UE8M0 exponents for `count` scale slots: 127 +- 3, or (extremes) every exponent of
-// 127 +- 20 plus extreme ones whose values stay finite in float and bf16, shuffled.
-inline std::vector<uint8_t> scale_exponents(Rng& rng, int64_t count, bool extremes) {
+// 127 +- 20 plus extreme ones up to `top` (values stay finite in float and bf16), shuffled.
+inline std::vector<uint8_t> scale_exponents(Rng& rng, int64_t count, bool extremes, int top) {
   std::vector<uint8_t> e(count);
   if (!extremes) {
     for (auto& x : e) x = static_cast<uint8_t>(127 + rng.uniform(-3, 3));
     return e;
   }
-  std::vector<uint8_t> all = {0, 1, 2, 230, 240};
+  std::vector<uint8_t> all = {0, 1, 2, static_cast<uint8_t>(top - 10), static_cast<uint8_t>(top)};
   for (int x = 107; x <= 147; ++x) all.push_back(static_cast<uint8_t>(x));
   for (int64_t i = 0; i < count; ++i) e[i] = all[i % all.size()];
   std::shuffle(e.begin(), e.end(), rng.engine());
@@ -129,7 +132,8 @@ struct Moments {
   double rms() const { return count && sum_squares > 0 ? std::sqrt(sum_squares / count) : 1.0; }
 };
 
-inline HostTensor make_pool(const PoolShape& s, Rng& rng, bool extremes, Moments& moments) {
+inline HostTensor make_pool(const PoolShape& s, Rng& rng, bool extremes, Moments& moments,
+                            int top_exponent = 240) {
   const bool ds = s.layout == KvLayout::fp8_ds_mla;
   const int64_t row = ds ? kDsMlaRecordBytes + kDsMlaScaleBytes : kHeadDim;
   const int64_t token = ds ? row : kHeadDim + s.token_pad;
@@ -143,7 +147,7 @@ inline HostTensor make_pool(const PoolShape& s, Rng& rng, bool extremes, Moments
   t.bytes.resize(s.num_blocks * block * dtype_size(dtype));
   std::fill(t.bytes.begin(), t.bytes.end(), std::byte{0xff});  // NaN in every format
   const std::vector<uint8_t> exps =
-      ds ? scale_exponents(rng, s.num_blocks * s.block_size * 7, extremes) : std::vector<uint8_t>{};
+      ds ? scale_exponents(rng, s.num_blocks * s.block_size * 7, extremes, top_exponent) : std::vector<uint8_t>{};
   const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
   for (int64_t p = 0; p < s.num_blocks; ++p) {
     for (int64_t i = 0; i < s.block_size; ++i) {
@@ -284,13 +288,13 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
   Moments kv, qm;
   const PoolShape swa = random_pool_shape(rng, spec.layout);
   PoolShape compressed = swa;
-  c.swa_kv_cache = make_pool(swa, rng, spec.extremes, kv);
+  c.swa_kv_cache = make_pool(swa, rng, spec.extremes, kv, spec.top_exponent);
   const PoolSharing sharing =
       spec.pools != PoolSharing::random ? spec.pools : static_cast<PoolSharing>(rng.uniform(1, 3));
   if (sharing == PoolSharing::same) c.compressed_kv_cache = c.swa_kv_cache;
   if (sharing == PoolSharing::separate) {
     compressed = random_pool_shape(rng, spec.layout);
-    c.compressed_kv_cache = make_pool(compressed, rng, spec.extremes, kv);
+    c.compressed_kv_cache = make_pool(compressed, rng, spec.extremes, kv, spec.top_exponent);
   }
 
   const int64_t q_token_stride = H * kHeadDim + (rng.chance(0.3) ? kHeadDim : 0);

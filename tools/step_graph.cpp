@@ -34,7 +34,7 @@ GraphNodes count_nodes(cudaGraph_t graph) {
         SMLA_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &params));
         if (params.func == cuda::index_kernel())
           ++n.table_builds;
-        else if (params.func == cuda::decode_kernel())
+        else if (cuda::is_decode_kernel(params.func))
           ++n.decodes;
         else
           ++n.other_kernels;

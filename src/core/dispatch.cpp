@@ -66,9 +66,6 @@ Capability query_capability(int head_size, DType query_dtype, DType kv_dtype, in
   if (device.kind == DeviceKind::cpu) return {true, {}};
 #if SMLA_WITH_CUDA
   if (std::string why = cuda::unsupported_reason(device.id); !why.empty()) return refuse(why);
-  if (kv_dtype != DType::bf16)
-    return refuse(std::string("the CUDA kernel for ") + dtype_name(kv_dtype) +
-                  " caches is not built yet (bf16 only)");
   return {true, {}};
 #else
   return refuse("this build has no CUDA backend");

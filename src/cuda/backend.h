@@ -10,8 +10,8 @@ namespace smla::cuda {
 
 // One kernel launch on `stream`; no allocation, no host synchronisation.
 void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream);
-// The kernel's host entry, for counting its nodes in a captured graph.
-const void* decode_kernel();
+// Whether `func` is a decode kernel's host entry (any layout), for counting graph nodes.
+bool is_decode_kernel(const void* func);
 
 size_t kv_counter_bytes(int64_t max_tokens, int num_heads);
 size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, int device);

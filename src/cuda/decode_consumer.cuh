@@ -8,6 +8,7 @@ namespace smla::cuda {
 // P <= 2^8 stays exact enough in bf16 and the 128-register rescale of O is skipped.
 constexpr float kRescaleThreshold = 8.f;
 
+template <int kStages>
 struct Consumer {
   int half, tid, warp, lane;
   uint64_t q_desc, k_desc, v_desc;  // descriptors of this warpgroup's Q half, K and V of stage 0
@@ -20,7 +21,7 @@ struct Consumer {
 
   // Issues the partial scores of the tile in `stage` (this warpgroup's 256 dims).
   __device__ __forceinline__ void issue_scores(float (&s)[kScores], int stage) {
-    const uint64_t k_stage = k_desc + ptx::desc_offset(stage * 8 * kKvChunkBytes);
+    const uint64_t k_stage = k_desc + ptx::desc_offset(stage * kTileBytes);
     ptx::fence_operands(s);
     ptx::wgmma_fence();
 #pragma unroll
@@ -98,7 +99,7 @@ struct Consumer {
       for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
     }
 
-    const uint64_t v_stage = v_desc + ptx::desc_offset(stage * 8 * kKvChunkBytes);
+    const uint64_t v_stage = v_desc + ptx::desc_offset(stage * kTileBytes);
     ptx::fence_operands(o);
     ptx::wgmma_fence();
 #pragma unroll

@@ -54,6 +54,7 @@ __device__ __forceinline__ void write_staged(const DecodeParams& p, const Work& 
 
 // A row's fragment `o` element i sits at row (i >> 1) & 1 (+8) and column 8 (i / 4) + 2 (lane % 4)
 // + (i & 1) of this warpgroup's half.
+template <class Consumer>
 __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& w, const Consumer& c,
                                              uint8_t* smem, int thread) {
   // The stage overlays the KV tiles: the other warpgroup's last P.V may still read them.
@@ -107,6 +108,7 @@ __device__ __forceinline__ void combine_rows(const DecodeParams& p, const float*
 // Split row: publishes this CTA's partial (unnormalized O rows, then (max, sum) per row) and
 // counts the arrival. The last CTA to arrive returns the counter to zero, combines the splits
 // and writes the output; the others return at once.
+template <class Consumer>
 __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& w, const Consumer& c,
                                              uint8_t* smem, int thread) {
   const int heads = p.heads_per_cta;

@@ -1,17 +1,20 @@
-// The sm_90a sparse MLA decode kernel (bf16 KV). One CTA = up to 64 heads of one token x one
-// slice of its columns. Warpgroup 0 gathers KV rows with cp.async into 128B-swizzled shared
-// memory, kStages tiles ahead; warpgroups 1 and 2 each own 256 of the 512 dims: they compute
-// partial scores over their half with wgmma, exchange them through shared memory, run the same
-// online softmax, and accumulate P.V for their half of the output. Splits of a row are reduced
-// in the same launch by the last CTA to arrive (SPEC §3).
+// The sm_90a sparse MLA decode kernel. One CTA = up to 64 heads of one token x one slice of
+// its columns. Warpgroup 0 gathers KV rows into 128B-swizzled shared memory as bf16, a few
+// tiles ahead (cp.async for bf16 caches; fp8 records are copied raw, then converted);
+// warpgroups 1 and 2 each own 256 of the 512 dims: they compute partial scores over their half
+// with wgmma, exchange them through shared memory, run the same online softmax, and accumulate
+// P.V for their half of the output. Splits of a row are reduced in the same launch by the last
+// CTA to arrive (SPEC §3).
 #pragma once
 #include "cuda/decode_epilogue.cuh"
 #include "cuda/decode_producer.cuh"
 
 namespace smla::cuda {
 
+template <KvLayout L>
 __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, uint8_t* smem) {
-  Consumer c;
+  constexpr int kStagesL = kStages<L>;
+  Consumer<kStagesL> c;
   c.half = threadIdx.x / 128 - 1;  // which 256 dims this warpgroup owns
   c.tid = threadIdx.x % 128, c.warp = c.tid / 32, c.lane = c.tid % 32;
   uint8_t* q_half = smem + Smem::q + c.half * 4 * kQChunkBytes;
@@ -20,21 +23,27 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
   c.k_desc = ptx::sw128_desc(kv_half, 16, 1024);
   c.v_desc = ptx::sw128_desc(kv_half, kKvChunkBytes, 1024);
   c.full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
-  c.empty = c.full + kStages;
+  c.empty = c.full + kStagesL;
   c.xch_mine = reinterpret_cast<float4*>(smem + Smem::xch) + c.half * 128 * (kScores / 4);
   c.xch_other = reinterpret_cast<const float4*>(smem + Smem::xch) + (1 - c.half) * 128 * (kScores / 4);
   c.mask = smem + Smem::mask;
 
-  // Query half: 64 rows x 256 dims; rows past the live heads are zeros (no padded copy).
+  // Query half: 64 rows x 256 dims as bf16 (an e4m3 query converts exactly); rows past the
+  // live heads are zeros (no padded copy).
   for (int i = c.tid; i < kMmaRows * 32; i += 128) {
     const int row = i / 32, unit = i % 32;
     const bool live = row < w.live_heads;
-    const char* src = static_cast<const char*>(p.query);
-    if (live)
-      src += (int64_t(w.token) * p.q_token_stride + int64_t(w.head0 + row) * p.q_head_stride +
-              c.half * 256 + unit * 8) * 2;
-    ptx::cp_async_16(ptx::smem_addr(q_half + (unit / 8) * kQChunkBytes + swizzle(row, unit % 8)),
-                     src, live);
+    const int64_t at = int64_t(w.token) * p.q_token_stride + int64_t(w.head0 + row) * p.q_head_stride +
+                       c.half * 256 + unit * 8;
+    uint8_t* dst = q_half + (unit / 8) * kQChunkBytes + swizzle(row, unit % 8);
+    if (p.query_fp8) {
+      const uint2 v = live ? __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.query) + at))
+                           : make_uint2(0, 0);
+      *reinterpret_cast<uint4*>(dst) = e4m3x8_to_bf16(v.x, v.y, 1.f);
+    } else {
+      ptx::cp_async_16(ptx::smem_addr(dst), static_cast<const __nv_bfloat16*>(p.query) + (live ? at : 0),
+                       live);
+    }
   }
   ptx::cp_async_commit();
   ptx::cp_async_wait<0>();
@@ -59,7 +68,7 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
   }
   ptx::wgmma_wait<0>();
   ptx::fence_operands(c.o);
-  if (tiles > 0) ptx::mbar_arrive(&c.empty[(tiles - 1) % kStages]);
+  if (tiles > 0) ptx::mbar_arrive(&c.empty[(tiles - 1) % kStagesL]);
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -72,7 +81,14 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
   else
     store_output(p, w, c, smem, thread);
 }
-__global__ void __launch_bounds__(kThreads, 1) decode_bf16_kernel(const __grid_constant__ DecodeParams p) {
+// The producer needs a few more registers when it converts fp8 rows.
+template <KvLayout L>
+constexpr int kProducerRegs = L == KvLayout::bf16 ? 40 : 56;
+template <KvLayout L>
+constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs<L>) / 2 / 8 * 8;
+
+template <KvLayout L>
+__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
   // Offsetting the __shared__ array (not an integer cast) keeps shared-memory instructions.
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
@@ -85,19 +101,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_bf16_kernel(const __grid_c
   const Work w = locate_work(p);
   if (threadIdx.x == 0) {
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::bars);
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbar_init(&bars[s], 128 + 32);       // full: copies of 128 threads + 32 flag writers
-      ptx::mbar_init(&bars[kStages + s], 256);  // empty: every consumer thread
+    for (int s = 0; s < kStages<L>; ++s) {
+      ptx::mbar_init(&bars[s], 128 + 32);          // full: 128 producer threads + 32 flag writers
+      ptx::mbar_init(&bars[kStages<L> + s], 256);  // empty: every consumer thread
     }
     ptx::mbar_init_fence();
   }
   __syncthreads();
   if (threadIdx.x < 128) {
-    ptx::reg_dealloc<40>();
-    produce(p, w, smem, first_offsets[0], first_offsets[1]);
+    ptx::reg_dealloc<kProducerRegs<L>>();
+    if constexpr (L == KvLayout::bf16)
+      produce_bf16(p, w, smem, first_offsets[0], first_offsets[1]);
+    else
+      produce_fp8<L>(p, w, smem, first_offsets[0], first_offsets[1]);
   } else {
-    ptx::reg_alloc<232>();
-    consume(p, w, smem);
+    ptx::reg_alloc<kConsumerRegs<L>>();
+    consume<L>(p, w, smem);
   }
 }
 

@@ -32,15 +32,21 @@ PoolParams pool_params(const KvPool& pool, const char* name) {
   p.rows = uint32_t(std::min<int64_t>(pool.rows(), INT32_MAX));  // offsets are int32
   p.span = uint32_t(pool.span);
   p.block_size = uint32_t(pool.block_size);
+  p.scales_offset_bytes = uint32_t(pool.block_size * kDsMlaRecordBytes);
   return p;
 }
 
-void enable_large_smem(int device) {
-  static std::array<std::atomic<bool>, 64> done{};
-  if (done[device].load()) return;
-  SMLA_CUDA_CHECK(cudaFuncSetAttribute(decode_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kSmemBytes));
-  done[device].store(true);
+// The kernel of each cache layout; only these three are built.
+template <KvLayout L>
+void launch(const DecodeParams& p, int64_t ctas, int device, cudaStream_t stream) {
+  static std::array<std::atomic<bool>, 64> large_smem{};
+  if (!large_smem[device].load()) {
+    SMLA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<L>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         kSmemBytes<L>));
+    large_smem[device].store(true);
+  }
+  decode_kernel<L><<<dim3(unsigned(ctas)), kThreads, kSmemBytes<L>, stream>>>(p);
+  SMLA_CUDA_CHECK(cudaGetLastError());
 }
 
 size_t bytes_of(const TensorView& v) { return v.defined() ? size_t(v.numel()) * dtype_size(v.dtype) : 0; }
@@ -56,13 +62,13 @@ size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, i
   return workspace_bound(num_tokens, num_heads, num_columns, sm_count(device));
 }
 
-const void* decode_kernel() { return reinterpret_cast<const void*>(&decode_bf16_kernel); }
+bool is_decode_kernel(const void* func) {
+  return func == reinterpret_cast<const void*>(&decode_kernel<KvLayout::bf16>) ||
+         func == reinterpret_cast<const void*>(&decode_kernel<KvLayout::fp8_e4m3>) ||
+         func == reinterpret_cast<const void*>(&decode_kernel<KvLayout::fp8_ds_mla>);
+}
 
 void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) {
-  require(problem.layout == KvLayout::bf16 && problem.query_dtype == DType::bf16, "swa_kv_cache",
-          "a bf16 cache and bf16 query on CUDA (fp8 layouts are not built yet)",
-          std::string(kv_layout_name(problem.layout)) + " cache, " + dtype_name(problem.query_dtype) +
-              " query");
   const int device = problem.device.id;
   if (const std::string why = unsupported_reason(device); !why.empty())
     throw Error(ErrorKind::unsupported, "query", "a tensor on a Hopper GPU", why);
@@ -89,6 +95,7 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
 
   DecodeParams p{};
   p.query = q.data;
+  p.query_fp8 = problem.query_dtype == DType::f8e4m3;
   p.q_token_stride = q.stride(0);
   p.q_head_stride = q.stride(1);
   p.swa = pool_params(problem.swa, "swa_kv_cache");
@@ -120,10 +127,12 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   p.partials = plan.num_splits > 1 ? args.workspace.ptr<float>() : nullptr;
   p.counters = plan.num_splits > 1 ? args.kv_counters.ptr<int32_t>() : nullptr;
 
-  enable_large_smem(device);
-  decode_bf16_kernel<<<dim3(unsigned(plan.ctas)), kThreads, kSmemBytes,
-                       static_cast<cudaStream_t>(stream)>>>(p);
-  SMLA_CUDA_CHECK(cudaGetLastError());
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (problem.layout) {
+    case KvLayout::bf16: return launch<KvLayout::bf16>(p, plan.ctas, device, s);
+    case KvLayout::fp8_e4m3: return launch<KvLayout::fp8_e4m3>(p, plan.ctas, device, s);
+    case KvLayout::fp8_ds_mla: return launch<KvLayout::fp8_ds_mla>(p, plan.ctas, device, s);
+  }
 }
 
 }  // namespace smla::cuda

@@ -8,30 +8,53 @@
 #include "cuda/decode_params.h"
 #include "cuda/decode_plan.h"
 #include "cuda/ptx.cuh"
+#include "smla/decode.h"
 
 namespace smla::cuda {
 
-constexpr int kStages = 4;
 constexpr int kThreads = 384;                       // producer + 2 consumer warpgroups
 constexpr int kQChunkBytes = kMmaRows * 128;        // 64 heads x 64 dims, bf16, swizzled
 constexpr int kKvChunkBytes = kTileColumns * 128;   // 32 rows x 64 dims
+constexpr int kTileBytes = 8 * kKvChunkBytes;       // one stage: 32 rows x 512 dims, bf16
 constexpr int kScores = kTileColumns / 2;           // score registers per consumer thread
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// bf16 tiles in flight; fp8 layouts give one up to two raw tiles (RawTile) that the producer
+// copies asynchronously and converts, which keeps two tiles of fp8 rows in flight.
+constexpr int kMaxStages = 4;
+template <KvLayout L>
+constexpr int kStages = L == KvLayout::bf16 ? 4 : 3;
+
+// A tile of fp8 rows as copied from the pool: 32 records (pitch chosen so a warp's 16-byte
+// reads hit every bank group), then fp8_ds_mla's scale bytes, one 8-byte copy per lane.
+template <KvLayout L>
+struct RawTile {
+  static constexpr int kBuffers = L == KvLayout::bf16 ? 0 : 2;
+  static constexpr int kPitch = L == KvLayout::fp8_ds_mla ? kDsMlaRecordBytes : kHeadDim + 16;
+  static constexpr int kScales = kTileColumns * kPitch;  // offset of the scale copies
+  static constexpr int kBytes = kScales + (L == KvLayout::fp8_ds_mla ? kTileColumns * 4 * 8 : 0);
+};
+
 struct Smem {  // byte offsets from a 1024-aligned base
   static constexpr int q = 0;                                     // 8 chunks: 64 x 512
-  static constexpr int kv = q + 8 * kQChunkBytes;                 // kStages x 8 chunks
-  static constexpr int xch = kv + kStages * 8 * kKvChunkBytes;    // 2 x 128 threads x kScores f32
+  static constexpr int xch = q + 8 * kQChunkBytes;                // 2 x 128 threads x kScores f32
   static constexpr int xch_bytes = 2 * 128 * kScores * 4;
   static constexpr int combine_bytes = (3 * kMaxSplits + 1) * kMmaRows * 4;  // (m, l), weights, factors
   static constexpr int mask = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
-  static constexpr int bars = mask + kStages * kTileColumns;      // full[kStages], empty[kStages]
-  static constexpr int flag = bars + 2 * kStages * 8;
-  static constexpr int end = flag + 16;
+  static constexpr int bars = mask + kMaxStages * kTileColumns;   // full[stages], empty[stages]
+  static constexpr int flag = bars + 2 * kMaxStages * 8;
+  static constexpr int kv = (flag + 16 + 1023) / 1024 * 1024;    // stages x 8 chunks
+  template <KvLayout L>
+  static constexpr int raw = kv + kStages<L> * kTileBytes;        // RawTile buffers
+  template <KvLayout L>
+  static constexpr int end = raw<L> + RawTile<L>::kBuffers * RawTile<L>::kBytes;
 };
-constexpr int kSmemBytes = Smem::end + 1024;  // slack to align the base
-static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
+template <KvLayout L>
+constexpr int kSmemBytes = Smem::end<L> + 1024;  // slack to align the base
+static_assert(kSmemBytes<KvLayout::bf16> <= 227 * 1024 && kSmemBytes<KvLayout::fp8_e4m3> <= 227 * 1024 &&
+                  kSmemBytes<KvLayout::fp8_ds_mla> <= 227 * 1024,
+              "shared memory per CTA");
 
 // Byte offset of 16-byte unit `unit` (0..7) of row `row` inside a 128B-swizzled chunk.
 __device__ __forceinline__ uint32_t swizzle(int row, int unit) {

@@ -12,10 +12,12 @@ struct PoolParams {
   uint32_t rows;        // num_blocks * span, clamped to 2^31
   uint32_t span;
   uint32_t block_size;
+  uint32_t scales_offset_bytes;  // fp8_ds_mla: where a page's scale records start
 };
 
 struct DecodeParams {
-  const void* query;                 // [T, H, 512]
+  const void* query;                 // [T, H, 512] bf16, or e4m3 when query_fp8
+  bool query_fp8;
   int64_t q_token_stride, q_head_stride;  // elements
   PoolParams swa, compressed;
   const int32_t* sparse_indices;     // [T, K]

@@ -1,11 +1,14 @@
-// The decode kernel's producer warpgroup: gathers each tile's KV rows into shared memory.
+// The decode kernel's producer warpgroup: gathers each tile's KV rows into shared memory as
+// bf16, whatever the cache layout, so the consumers run one bf16 wgmma path.
 #pragma once
+#include <cuda_fp8.h>
+
 #include "cuda/decode_layout.cuh"
 
 namespace smla::cuda {
 
-// Four lanes copy one 1 KiB row (each 16 of its 64 16-byte units); columns that are not
-// attended (SPEC §2 rules 1-3) become zero rows that are never read from memory.
+// Four lanes fill one row; columns that are not attended (SPEC §2 rules 1-3) become zero rows
+// that are never read from memory.
 // The producer lane's KV row within a tile, and the index of its column in `tile` (no
 // dependence on the row's metadata, so the first ones load while that is still in flight).
 __device__ __forceinline__ int producer_row() { return (threadIdx.x / 32) % 4 * 8 + threadIdx.x % 32 / 4; }
@@ -14,40 +17,156 @@ __device__ __forceinline__ int32_t load_index(const DecodeParams& p, int token, 
   return col < p.num_columns ? __ldg(p.sparse_indices + int64_t(token) * p.indices_stride + col) : -1;
 }
 
-__device__ __forceinline__ void produce(const DecodeParams& p, const Work& w, uint8_t* smem,
-                                        int32_t offset_next, int32_t offset_after) {
-  const int lane = threadIdx.x % 32;
-  const int row = producer_row(), part = lane % 4;
+// Where one column's row lives; `valid` false for a column that is not attended.
+struct RowSource {
+  bool valid;
+  const char* record;  // the row's first byte
+  const char* scales;  // fp8_ds_mla: its 8 scale bytes
+};
+
+__device__ __forceinline__ RowSource row_source(const DecodeParams& p, const Work& w, int col,
+                                                int32_t offset) {
+  const bool swa = col < p.window;
+  const PoolParams& pool = swa ? p.swa : p.compressed;
+  RowSource r;
+  r.valid = col < w.topk_len && (!swa || col < w.swa_len) && offset >= 0 &&
+            uint32_t(offset) < pool.rows && uint32_t(offset) % pool.span < pool.block_size;
+  r.record = r.scales = pool.base;
+  if (r.valid) {
+    const int64_t page = int64_t(uint32_t(offset) / pool.span) * pool.block_stride_bytes;
+    const uint32_t slot = uint32_t(offset) % pool.span;
+    r.record += page + int64_t(slot) * pool.token_stride_bytes;
+    r.scales += page + pool.scales_offset_bytes + slot * kDsMlaScaleBytes;
+  }
+  return r;
+}
+
+// Eight e4m3 values (two words) times a power of two -> eight bf16 (16 bytes). Exact: e4m3 and
+// a power-of-two scale fit bf16 unless the product leaves bf16's range, as in the CPU backend.
+__device__ __forceinline__ uint4 e4m3x8_to_bf16(uint32_t lo, uint32_t hi, float scale) {
+  uint32_t out[4];
+  const uint32_t words[2] = {lo, hi};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+    out[i] = *reinterpret_cast<uint32_t*>(&b);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// fp8 rows in 16-byte chunks: lane `part` copies and converts chunks part + 4k, k <
+// kChunksPerLane. Chunk c below kFp8Chunks holds dims 16c.. as e4m3 (fp8_ds_mla: scale group
+// c / 4 = k); the rest (fp8_ds_mla) hold the RoPE dims as bf16, 8 per chunk. Each lane reads
+// back only what it copied itself, so cp.async.wait_group is all the synchronisation needed.
+template <KvLayout L>
+struct Fp8Rows {
+  using Raw = RawTile<L>;
+  static constexpr int kFp8Chunks = (L == KvLayout::fp8_ds_mla ? kNopeDim : kHeadDim) / 16;
+  static constexpr int kChunksPerLane = (kFp8Chunks + (kHeadDim - 16 * kFp8Chunks) / 8) / 4;
+  static_assert(kFp8Chunks % 4 == 0, "a k's chunks are all e4m3 or all bf16");
+
+  // This lane's part of `src`'s record (zeros when not attended) into raw buffer `raw`.
+  static __device__ __forceinline__ void copy(const RowSource& src, uint8_t* raw, int row, int part) {
+    const uint32_t dst = ptx::smem_addr(raw + row * Raw::kPitch);
+#pragma unroll
+    for (int k = 0; k < kChunksPerLane; ++k)
+      ptx::cp_async_16(dst + 16 * (part + 4 * k), src.record + 16 * (part + 4 * k), src.valid);
+    if constexpr (L == KvLayout::fp8_ds_mla)
+      ptx::cp_async_8(ptx::smem_addr(raw + Raw::kScales + (row * 4 + part) * 8), src.scales, src.valid);
+  }
+
+  // The row as bf16 16-byte units into the 128B-swizzled chunks of the stage at `dst`.
+  static __device__ __forceinline__ void convert(const uint8_t* raw, uint8_t* dst, int row, int part) {
+    const uint8_t* src = raw + row * Raw::kPitch;
+    uint2 scales = make_uint2(0, 0);
+    if constexpr (L == KvLayout::fp8_ds_mla)
+      scales = *reinterpret_cast<const uint2*>(raw + Raw::kScales + (row * 4 + part) * 8);
+#pragma unroll
+    for (int k = 0; k < kChunksPerLane; ++k) {
+      const int c = part + 4 * k;
+      const uint4 v = *reinterpret_cast<const uint4*>(src + 16 * c);
+      if (4 * k < kFp8Chunks) {
+        float scale = 1.f;
+        if constexpr (L == KvLayout::fp8_ds_mla) {
+          const uint32_t e = ((k < 4 ? scales.x : scales.y) >> (8 * (k % 4))) & 0xff;
+          scale = __uint_as_float(e ? e << 23 : 0x400000u);  // UE8M0: 2^(e - 127), e = 0 subnormal
+        }
+        const int unit = 2 * c;
+        *reinterpret_cast<uint4*>(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8)) =
+            e4m3x8_to_bf16(v.x, v.y, scale);
+        *reinterpret_cast<uint4*>(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8 + 1)) =
+            e4m3x8_to_bf16(v.z, v.w, scale);
+      } else {
+        const int unit = 2 * kFp8Chunks + (c - kFp8Chunks);
+        *reinterpret_cast<uint4*>(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8)) = v;
+      }
+    }
+  }
+};
+
+// bf16: rows land in their stage by cp.async, indices two tiles ahead.
+__device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& w, uint8_t* smem,
+                                             int32_t offset_next, int32_t offset_after) {
+  constexpr int kStagesL = kStages<KvLayout::bf16>;
+  const int row = producer_row(), part = threadIdx.x % 4;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
-  uint64_t* empty = full + kStages;
+  uint64_t* empty = full + kStagesL;
   int n = 0;
-  for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {  // indices two tiles ahead
+  for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
     const int32_t offset = offset_next;
     offset_next = offset_after;
     offset_after = tile + 2 < w.tile_end ? load_index(p, w.token, tile + 2) : -1;
-    const int stage = n % kStages;
-    if (n >= kStages) ptx::mbar_wait(&empty[stage], ((n / kStages) - 1) & 1);
-    const int col = tile * kTileColumns + row;
-    const bool swa = col < p.window;
-    const uint32_t rows = swa ? p.swa.rows : p.compressed.rows;
-    const uint32_t span = swa ? p.swa.span : p.compressed.span;
-    const uint32_t block_size = swa ? p.swa.block_size : p.compressed.block_size;
-    const bool valid = col < w.topk_len && (!swa || col < w.swa_len) && offset >= 0 &&
-                       uint32_t(offset) < rows && uint32_t(offset) % span < block_size;
-    const char* src = swa ? p.swa.base : p.compressed.base;
-    if (valid)
-      src += int64_t(uint32_t(offset) / span) *
-                 (swa ? p.swa.block_stride_bytes : p.compressed.block_stride_bytes) +
-             int64_t(uint32_t(offset) % span) *
-                 (swa ? p.swa.token_stride_bytes : p.compressed.token_stride_bytes);
-    const uint32_t dst = ptx::smem_addr(smem + Smem::kv + stage * 8 * kKvChunkBytes);
+    const int stage = n % kStagesL;
+    const RowSource src = row_source(p, w, tile * kTileColumns + row, offset);
+    uint8_t* dst = smem + Smem::kv + stage * kTileBytes;
+    if (n >= kStagesL) ptx::mbar_wait(&empty[stage], ((n / kStagesL) - 1) & 1);
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
-      const int unit = part + 4 * k;  // 16-byte unit of the row
-      ptx::cp_async_16(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8), src + unit * 16, valid);
+      const int unit = part + 4 * k;  // 16-byte unit of the 1 KiB row
+      ptx::cp_async_16(ptx::smem_addr(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8)),
+                       src.record + unit * 16, src.valid);
     }
     ptx::cp_async_arrive(&full[stage]);  // when this thread's copies land
     if (part == 0) {                     // column flags: released by a plain arrive
+      smem[Smem::mask + stage * kTileColumns + row] = src.valid;
+      ptx::mbar_arrive(&full[stage]);
+    }
+  }
+}
+
+// fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage.
+template <KvLayout L>
+__device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w, uint8_t* smem,
+                                            int32_t offset_first, int32_t offset_next) {
+  constexpr int kStagesL = kStages<L>;
+  using Rows = Fp8Rows<L>;
+  const int row = producer_row(), part = threadIdx.x % 4;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
+  uint64_t* empty = full + kStagesL;
+  uint8_t* raw = smem + Smem::raw<L>;
+  if (w.tile_begin >= w.tile_end) return;
+  RowSource src = row_source(p, w, w.tile_begin * kTileColumns + row, offset_first);
+  Rows::copy(src, raw, row, part);
+  ptx::cp_async_commit();
+  int n = 0;
+  for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
+    const bool valid = src.valid;
+    if (tile + 1 < w.tile_end) {
+      src = row_source(p, w, (tile + 1) * kTileColumns + row, offset_next);
+      Rows::copy(src, raw + (n + 1) % 2 * RawTile<L>::kBytes, row, part);
+      offset_next = tile + 2 < w.tile_end ? load_index(p, w.token, tile + 2) : -1;
+    }
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<1>();  // tile n's copies have landed
+    const int stage = n % kStagesL;
+    if (n >= kStagesL) ptx::mbar_wait(&empty[stage], ((n / kStagesL) - 1) & 1);
+    Rows::convert(raw + n % 2 * RawTile<L>::kBytes, smem + Smem::kv + stage * kTileBytes, row, part);
+    ptx::fence_proxy_async();  // st.shared, then wgmma reads
+    ptx::mbar_arrive(&full[stage]);
+    if (part == 0) {
       smem[Smem::mask + stage * kTileColumns + row] = valid;
       ptx::mbar_arrive(&full[stage]);
     }

@@ -56,7 +56,7 @@ std::string device_info() {
             std::to_string(prop.multiProcessorCount) + " SMs, " +
             std::to_string(prop.totalGlobalMem >> 30) + " GiB, sm_" + std::to_string(prop.major) +
             std::to_string(prop.minor) + ": " +
-            (why.empty() ? "supported (bf16 cache; 1..128 heads)" : "unsupported: " + why) + "\n";
+            (why.empty() ? "supported (bf16, fp8_e4m3 and fp8_ds_mla caches; 1..128 heads)" : "unsupported: " + why) + "\n";
   }
   return info;
 }

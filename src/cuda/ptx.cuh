@@ -39,6 +39,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                "r"(valid ? 16 : 0)
                : "memory");
 }
+// 8 bytes global -> shared (through L1: .cg takes only 16); zero-filled when !valid.
+__device__ __forceinline__ void cp_async_8(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 8 : 0)
+               : "memory");
+}
 // Arrives on `bar` once every cp.async this thread issued so far has landed.
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
