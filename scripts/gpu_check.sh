@@ -39,8 +39,8 @@ run_step() {  # name, log, command...   (steps may share a log: each appends its
 for step in $steps; do
   case $step in
     tests) run_step tests tests.log "$BUILD/tests/smla_gpu_tests" ;;
-    sanitize)  # a small decode case, and a 3-layer step with forks on 3 SWA groups
-      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups'
+    sanitize)  # small bf16 and fp8_ds_mla decodes, the index builders, a 3-layer step with forks
+      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.Fp8DsMlaGraphReplayEqualsEagerBitwise:GpuIndex.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups'
       run_step memcheck tests.log timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter
       run_step racecheck tests.log timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 \
@@ -49,7 +49,8 @@ for step in $steps; do
     run)
       run_step info run.log "$BUILD/smla" info
       run_step run run.log "$BUILD/smla" run --device cuda --requests 64 --mtp 2 --context 16384 --check 4
-      run_step run-v41 run.log "$BUILD/smla" run --device cuda --model v41-flash --groups 3 --mtp 2 --check 4 ;;
+      run_step run-v41 run.log "$BUILD/smla" run --device cuda --model v41-flash --groups 3 --mtp 2 --check 4
+      run_step run-fp8 run.log "$BUILD/smla" run --device cuda --kv fp8_ds_mla --requests 64 --mtp 2 --check 4 ;;
     step)  # the whole step with and without table sharing (about a minute; --quick: seconds)
       run_step step step.log "$BUILD/smla_step_bench" --csv "$OUT/step.csv" ;;
     python)  # builds the package with CUDA here (wheels it lacks come from a carried .whl/)
