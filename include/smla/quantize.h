@@ -23,8 +23,9 @@ namespace smla {
 //   kv_scale  finite and > 0 for every layout; used by fp8_e4m3 pools only
 //
 // Throws smla::Error naming the first bad argument, before anything is written. Slot values
-// are checked for host tensors only. CUDA pools are ErrorKind::unsupported until the CUDA
-// quantizer exists; `stream` is for it.
+// are checked for host tensors only: on CUDA (one kernel launch on `stream`, capturable, the
+// same bytes as the CPU) a row whose slot is >= num_blocks * block_size is skipped like
+// padding, and rows sharing a slot leave its bytes undefined.
 void quantize_kv(const TensorView& rows, const TensorView& slots, const TensorView& pool,
                  float kv_scale = 1.0f, void* stream = nullptr);
 

@@ -9,7 +9,9 @@ def quantize_kv(*, rows, slots, pool, kv_scale=1.0, stream=None) -> None:
     `page * block_size + i`; negative = skipped) of `pool`, encoded in the pool's layout: bf16
     as is, f8e4m3 as e4m3(x / kv_scale), u8 (fp8_ds_mla) as e4m3 NoPE values under one UE8M0
     scale per 64 plus bf16 RoPE values (docs/decode.md, "Quantizers"). Bad input raises
-    TypeError / ValueError naming the argument, before anything is written."""
+    TypeError / ValueError naming the argument, before anything is written. On CUDA it is one
+    kernel on `stream` (default: the current stream of the rows' framework) writing the CPU's
+    bytes; slot values are not read on the host there, and a slot past the pool is skipped."""
     r = tensor(rows, "rows")
     device = device_of(r)
     args = dict(rows=r, slots=tensor(slots, "slots"), pool=tensor(pool, "pool", writable=True),

@@ -343,6 +343,56 @@ def test_step_executor_on_cuda_matches_cpu_and_replays():
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
+def quantize_rows(gen, n):
+    """bf16 rows whose 64-value groups span bf16's exponents (fp8 saturation, e4m3 subnormals,
+    every UE8M0 range), with a zero group and infinities and NaNs among them."""
+    exps = torch.randint(-135, 128, (n, 8), generator=gen, device=DEV).repeat_interleave(64, 1)
+    rows = (torch.randn(n, D, generator=gen, device=DEV).double() * torch.pow(2.0, exps.double()))
+    rows = rows.bfloat16()
+    rows[0, :64] = 0
+    rows[1, 64:128] = -0.0
+    flat = rows.view(-1)
+    special = torch.randint(0, n * D, (60,), generator=gen, device=DEV)
+    flat[special[:20]] = math.inf
+    flat[special[20:40]] = -math.inf
+    flat[special[40:]] = math.nan
+    return rows
+
+
+def poisoned_pool(layout, blocks, block_size, device):
+    """A pool of `layout` with packed pages over a buffer of 0xAB bytes: (buffer, pool)."""
+    if layout == "fp8_ds_mla":
+        page = -(-block_size * 584 // 576) * 576 + 576
+        buf = torch.full((blocks, page), 0xAB, dtype=torch.uint8, device=device)
+        return buf, buf.as_strided((blocks, block_size, 584), (page, 584, 1))
+    width = 2 * D if layout == "bf16" else D
+    buf = torch.full((blocks, block_size + 8, width), 0xAB, dtype=torch.uint8, device=device)
+    dtype = torch.bfloat16 if layout == "bf16" else torch.float8_e4m3fn
+    return buf, buf.view(dtype)[:, :block_size]
+
+
+@pytest.mark.parametrize("layout", ["bf16", "fp8_e4m3", "fp8_ds_mla"])
+def test_quantize_kv_writes_the_cpu_bytes(layout):
+    """quantize_kv into a CUDA pool writes the CPU quantizer's bytes (whole buffers compared,
+    page tails and unwritten slots included); a slot past the pool, which only a host call can
+    refuse, is skipped on the device."""
+    gen = torch.Generator(device=DEV).manual_seed(8)
+    blocks, block_size, n = 6, 16, 80
+    rows = quantize_rows(gen, n)
+    slots = torch.randperm(blocks * block_size, generator=gen, device=DEV)[:n].int()
+    slots[::9] = -1
+    device_slots = slots.clone()
+    device_slots[4] = blocks * block_size
+    slots[4] = -1
+    buf, pool = poisoned_pool(layout, blocks, block_size, DEV)
+    cpu_buf, cpu_pool = poisoned_pool(layout, blocks, block_size, "cpu")
+    smla.quantize_kv(rows=rows, slots=device_slots, pool=pool, kv_scale=0.5)
+    smla.quantize_kv(rows=rows.cpu(), slots=slots.cpu(), pool=cpu_pool, kv_scale=0.5)
+    torch.cuda.synchronize()
+    assert (cpu_buf != 0xAB).any(), "the CPU quantizer wrote nothing"
+    assert torch.equal(buf.cpu(), cpu_buf)
+
+
 def _numpy(t, np, ml_dtypes):
     """A host copy of a CUDA tensor as NumPy (bf16 through ml_dtypes)."""
     if t.dtype == torch.bfloat16:

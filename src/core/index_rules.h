@@ -4,11 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SMLA_HOST_DEVICE __host__ __device__
-#else
-#define SMLA_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 namespace smla::rules {
 
@@ -25,6 +21,18 @@ SMLA_HOST_DEVICE inline int64_t request_of(int64_t t, int64_t num_requests, cons
       hi = mid - 1;
   }
   return lo;
+}
+
+// request_of as a count that threads can share: for nondecreasing starts, the last
+// b < num_requests with start(b) <= t is the number of b in [1, num_requests) with
+// start(b) <= t. This counts those among b = first, first + step, ... (first >= 1), so the
+// counts of first = 1 .. step sum to request_of; whatever the starts, that sum is a request.
+template <class Start>
+SMLA_HOST_DEVICE inline int64_t requests_started(int64_t t, int64_t first, int64_t step,
+                                                 int64_t num_requests, const Start& start) {
+  int64_t count = 0;
+  for (int64_t b = first; b < num_requests; b += step) count += start(b) <= t;
+  return count;
 }
 
 // The slot of position (or compressed entry) `pos` on page `page_id` of `rows_per_page` rows.

@@ -3,12 +3,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/host_device.h"
 #include "smla/decode.h"
 
 namespace smla {
 
 // Geometry of one KV pool. Offsets index rows: row o lives in page o / span at slot o % span;
-// slots >= block_size of a page hold packed data of others and are never read.
+// slots >= block_size of a page hold packed data of others and are never read. Its methods run
+// on the device too (the CUDA quantizer writes where the CPU one does).
 struct KvPool {
   KvLayout layout = KvLayout::bf16;
   const std::byte* base = nullptr;
@@ -18,19 +20,22 @@ struct KvPool {
   int64_t token_stride_bytes = 0;  // fp8_ds_mla: kDsMlaRecordBytes
   int64_t block_stride_bytes = 0;
 
-  int64_t rows() const { return num_blocks * span; }
-  int64_t slots() const { return num_blocks * block_size; }  // SPEC §4 slots: the real rows
+  SMLA_HOST_DEVICE int64_t rows() const { return num_blocks * span; }
+  // SPEC §4 slots: the real rows.
+  SMLA_HOST_DEVICE int64_t slots() const { return num_blocks * block_size; }
   // SPEC §4: the storage offset of slot `slot` in [0, slots()).
-  int64_t slot_offset(int64_t slot) const { return slot / block_size * span + slot % block_size; }
-  bool valid(int64_t offset) const {
+  SMLA_HOST_DEVICE int64_t slot_offset(int64_t slot) const {
+    return slot / block_size * span + slot % block_size;
+  }
+  SMLA_HOST_DEVICE bool valid(int64_t offset) const {
     return offset >= 0 && offset < rows() && offset % span < block_size;
   }
   // Start of row `offset`'s record (valid offsets only).
-  const std::byte* row(int64_t offset) const {
+  SMLA_HOST_DEVICE const std::byte* row(int64_t offset) const {
     return base + (offset / span) * block_stride_bytes + (offset % span) * token_stride_bytes;
   }
   // fp8_ds_mla: the 8 scale bytes of row `offset`.
-  const uint8_t* ds_mla_scales(int64_t offset) const {
+  SMLA_HOST_DEVICE const uint8_t* ds_mla_scales(int64_t offset) const {
     return reinterpret_cast<const uint8_t*>(base + (offset / span) * block_stride_bytes +
                                             block_size * kDsMlaRecordBytes +
                                             (offset % span) * kDsMlaScaleBytes);

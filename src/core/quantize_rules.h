@@ -1,14 +1,30 @@
-// fp8_ds_mla's scale rule (docs/decode.md, "Quantizers"), in integer arithmetic on float bits
-// so that the CPU quantizer and a device one pick the same UE8M0 bytes; constexpr, so a CUDA
-// kernel can call it (--expt-relaxed-constexpr).
+// The quantizers' per-value rules (docs/decode.md, "Quantizers"), in integer arithmetic on float
+// bits plus one float division or exact multiplication, so that the CPU quantizer and the CUDA
+// one write the same bytes; constexpr, so a CUDA kernel calls them (--expt-relaxed-constexpr).
 #pragma once
 #include <bit>
 #include <cstdint>
 
+#include "core/numeric.h"
+
 namespace smla::rules {
+
+// A per-tensor fp8 value: x / kv_scale as an IEEE float division (so it rounds to float first:
+// CUDA's `/` on floats is the same division unless built with fast math), then e4m3.
+constexpr uint8_t e4m3_per_tensor(uint16_t x_bf16, float kv_scale) {
+  return float_to_e4m3(bf16_to_float(x_bf16) / kv_scale);
+}
 
 // UE8M0 byte of a group with no finite non-zero value: scale 1.
 constexpr uint8_t kDsMlaZeroGroupExponent = 127;
+
+// |x| of a finite bf16 as bf16 bits, 0 for inf and NaN (inf saturates and NaN stays NaN: neither
+// sets the group's scale). Non-negative bf16 bits order as their values do, so the integer max
+// of these over a group is the bits of its largest finite |x|.
+constexpr uint16_t finite_magnitude(uint16_t x_bf16) {
+  const uint16_t magnitude = x_bf16 & 0x7fffu;
+  return magnitude < 0x7f80u ? magnitude : 0;
+}
 
 // The UE8M0 byte e of the smallest scale 2^(e-127) with max_abs / scale <= 448 (the largest
 // e4m3), so that no value of the group saturates; `max_abs` is the largest finite |x| of the
@@ -22,10 +38,20 @@ constexpr uint8_t ds_mla_scale_exponent(float max_abs) {
   return static_cast<uint8_t>(e < 0 ? 0 : e);
 }
 
+// The same from a group's largest finite_magnitude.
+constexpr uint8_t ds_mla_group_exponent(uint16_t max_finite_magnitude) {
+  return ds_mla_scale_exponent(bf16_to_float(max_finite_magnitude));
+}
+
 // 2^(127 - e), the factor that takes a group's values to its e4m3 range: exact in float for
 // every e <= 253, and x * factor is exact unless it falls below 2^-126, where e4m3 is zero anyway.
 constexpr float ds_mla_inverse_scale(uint8_t e) {
   return std::bit_cast<float>(static_cast<uint32_t>(254 - e) << 23);
+}
+
+// A NoPE value of a group whose scale byte has `inverse_scale` (ds_mla_inverse_scale).
+constexpr uint8_t ds_mla_e4m3(uint16_t x_bf16, float inverse_scale) {
+  return float_to_e4m3(bf16_to_float(x_bf16) * inverse_scale);
 }
 
 }  // namespace smla::rules

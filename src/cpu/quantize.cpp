@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "core/check.h"
-#include "core/numeric.h"
 #include "core/quantize_rules.h"
 #include "cpu/parallel.h"
 
@@ -14,23 +13,20 @@ namespace {
 constexpr int kGroup = 64;             // NoPE values under one UE8M0 scale
 constexpr int64_t kRowsPerTask = 256;  // a decode step's few rows stay on the caller's thread
 
-// x / kv_scale in float (IEEE division, as a device would compute it), then e4m3.
 void encode_e4m3(const uint16_t* x, float kv_scale, uint8_t* out) {
-  for (int d = 0; d < kHeadDim; ++d) out[d] = float_to_e4m3(bf16_to_float(x[d]) / kv_scale);
+  for (int d = 0; d < kHeadDim; ++d) out[d] = rules::e4m3_per_tensor(x[d], kv_scale);
 }
 
 // 576-B record: NoPE e4m3 under per-group scales, RoPE bf16 bits; 8-B scale record.
 void encode_ds_mla(const uint16_t* x, uint8_t* record, uint8_t* scales) {
   for (int g = 0; g < kNopeDim / kGroup; ++g) {
-    float max_abs = 0;  // of the finite values: inf saturates, NaN stays NaN
-    for (int d = g * kGroup; d < (g + 1) * kGroup; ++d) {
-      const uint16_t magnitude = x[d] & 0x7fffu;
-      if (magnitude < 0x7f80u) max_abs = std::max(max_abs, bf16_to_float(magnitude));
-    }
-    const uint8_t e = rules::ds_mla_scale_exponent(max_abs);
+    uint16_t max_magnitude = 0;
+    for (int d = g * kGroup; d < (g + 1) * kGroup; ++d)
+      max_magnitude = std::max(max_magnitude, rules::finite_magnitude(x[d]));
+    const uint8_t e = rules::ds_mla_group_exponent(max_magnitude);
     const float inverse = rules::ds_mla_inverse_scale(e);
     for (int d = g * kGroup; d < (g + 1) * kGroup; ++d)
-      record[d] = float_to_e4m3(bf16_to_float(x[d]) * inverse);
+      record[d] = rules::ds_mla_e4m3(x[d], inverse);
     scales[g] = e;
   }
   scales[kNopeDim / kGroup] = 0;  // the pad byte

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "oracle.h"
+#include "quantize_inputs.h"
 #include "ref_quantize.h"
 #include "smla/decode.h"
 #include "smla/quantize.h"
@@ -32,32 +33,11 @@ TensorView host_view(const HostTensor& t) {
   return t.view(const_cast<std::byte*>(t.bytes.data()), Device{});
 }
 
-// A pool of `shape` whose every byte is 0xFF, so that a byte quantize_kv must not write shows.
-HostTensor blank_pool(const PoolShape& shape) {
-  Rng rng(0);
-  Moments unused;
-  HostTensor pool = make_pool(shape, rng, false, unused);
-  std::fill(pool.bytes.begin(), pool.bytes.end(), std::byte{0xff});
-  return pool;
-}
+HostTensor blank_pool(const PoolShape& shape) { return filled_pool(shape, std::byte{0xff}); }
 
 PoolShape one_page(KvLayout layout, int64_t block_size) {
   return {.layout = layout, .num_blocks = 1, .block_size = block_size};
 }
-
-// bf16 rows [N, 512], `pad` elements between rows (filled with NaN).
-struct Rows {
-  HostTensor t;
-  explicit Rows(int64_t n, int64_t pad = 0)
-      : t(HostTensor::make(DType::bf16, {n, 512}, {512 + pad, 1})) {
-    for (size_t i = 0; i < t.bytes.size() / 2; ++i) t.set<uint16_t>(i, kNan);
-  }
-  int64_t size() const { return t.size(0); }
-  uint16_t* row(int64_t i) { return reinterpret_cast<uint16_t*>(t.bytes.data()) + i * t.stride(0); }
-  const uint16_t* row(int64_t i) const {
-    return reinterpret_cast<const uint16_t*>(t.bytes.data()) + i * t.stride(0);
-  }
-};
 
 void quantize(const Rows& rows, const std::vector<int32_t>& slots, HostTensor& pool,
               float kv_scale = 1.0f) {
@@ -270,23 +250,15 @@ TEST(Quantize, EveryBf16ValueE4m3) {
 TEST(Quantize, EveryUe8m0ExponentDsMla) {
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
-  std::vector<uint16_t> maxima;
-  for (uint16_t m = 0x0001; m <= 0x7f7f; ++m) maxima.push_back(m);
-  std::shuffle(maxima.begin(), maxima.end(), rng.engine());
-  const int64_t n = (static_cast<int64_t>(maxima.size()) + 6) / 7;
-  Rows rows(n);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int g = 0; g < 7; ++g) {
-      const size_t k = static_cast<size_t>(i * 7 + g);
-      const uint16_t m = k < maxima.size() ? maxima[k] : 0x3f80;
-      uint16_t* x = rows.row(i) + g * 64;
-      for (int d = 0; d < 64; ++d)  // smaller values of either sign, now and then inf or NaN
-        x[d] = rng.chance(0.03) ? (rng.chance(0.5) ? kNan : kNegInf)
+  // Smaller values of either sign, now and then inf or NaN.
+  const Rows rows = rows_with_every_group_maximum(
+      rng, 0,
+      [&](uint16_t m) {
+        return rng.chance(0.03) ? (rng.chance(0.5) ? kNan : kNegInf)
                                 : to_bf16(ref_bf16(m) * rng.real(-1, 1));
-      x[rng.uniform(0, 63)] = static_cast<uint16_t>(m | (rng.chance(0.5) ? 0x8000 : 0));
-    }
-    for (int d = 448; d < 512; ++d) rows.row(i)[d] = random_bf16(rng, 0, true);
-  }
+      },
+      [&] { return random_bf16(rng, 0, true); });
+  const int64_t n = rows.size();
   const PoolShape shape{
       .layout = KvLayout::fp8_ds_mla, .num_blocks = (n + 63) / 64, .block_size = 64};
   HostTensor pool = blank_pool(shape);

@@ -165,9 +165,11 @@ TEST_F(QuantizeValidation, KvScaleCheckedForBf16Pools) {
   expect_error(ErrorKind::value, "kv_scale", "finite float > 0", "nan");
 }
 
-TEST_F(QuantizeValidation, CudaPoolIsUnsupported) {
-  rows.device = slots.device = pool.device = kCuda;
-  expect_error(ErrorKind::unsupported, "pool", "a cpu pool", "cuda:0");
+// A build without CUDA refuses every CUDA pool; a CUDA build one on a device it cannot use
+// (here one that no machine has), before any memory is touched.
+TEST_F(QuantizeValidation, PoolOnAnUnusableCudaDeviceIsUnsupported) {
+  rows.device = slots.device = pool.device = Device{DeviceKind::cuda, 63};
+  expect_error(ErrorKind::unsupported, "pool", "a ", "cuda:63");
 }
 
 }  // namespace
