@@ -61,13 +61,16 @@ Built build(const SparseIndexArgs& host_args, DeviceMirror* gpu, int64_t pad = 0
           bytes_of(a.out.seq_lens)};
 }
 
-void expect_same(const StepCase& c, int layer, int64_t pad, const std::string& what) {
+void expect_same(const SparseIndexArgs& a, int64_t pad, const std::string& what) {
   DeviceMirror gpu;
-  const SparseIndexArgs a = c.args(layer);
   const Built cpu = build(a, nullptr, pad), device = build(a, &gpu, pad);
-  EXPECT_TRUE(cpu.indices == device.indices) << what << ", layer " << layer << ": indices";
-  EXPECT_TRUE(cpu.lens == device.lens) << what << ", layer " << layer << ": lengths";
-  EXPECT_TRUE(cpu.seq_lens == device.seq_lens) << what << ", layer " << layer << ": seq_lens";
+  EXPECT_TRUE(cpu.indices == device.indices) << what << ": indices";
+  EXPECT_TRUE(cpu.lens == device.lens) << what << ": lengths";
+  EXPECT_TRUE(cpu.seq_lens == device.seq_lens) << what << ": seq_lens";
+}
+
+void expect_same(const StepCase& c, int layer, int64_t pad, const std::string& what) {
+  expect_same(c.args(layer), pad, what + ", layer " + std::to_string(layer));
 }
 
 int32_t* i32_data(const TensorView& v) { return static_cast<int32_t*>(v.data); }
@@ -106,7 +109,8 @@ TEST(GpuIndex, RandomDsparkStepsMatchTheCpuBitForBit) {
   }
 }
 
-// Large steps: many CTAs, rows wider than one pass of the CTA's threads.
+// Large steps: many CTAs, rows of one pass of the CTA's columns (W + 1024) and of two
+// (W + 2000, the second pass holding entries of request 0 and -1 padding of request 2).
 TEST(GpuIndex, WideAndLongTablesMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   const CaseShape s{.q_lens = {4, 1, 1500, 700},
@@ -116,10 +120,47 @@ TEST(GpuIndex, WideAndLongTablesMatchTheCpu) {
                     .span = 72,
                     .entries_per_page = 64,
                     .compressed_span = 64};
-  std::vector<LayerSpec> layers = three_layers(4);
-  layers[2].index_topk = 1024;
-  const StepCase c(layers, s, 3);
-  for (int layer = 0; layer < 3; ++layer) expect_same(c, layer, 0, "wide");
+  for (const int topk : {1024, 2000}) {
+    std::vector<LayerSpec> layers = three_layers(4);
+    layers[2].index_topk = topk;
+    const StepCase c(layers, s, 3);
+    for (int layer = 0; layer < 3; ++layer)
+      expect_same(c, layer, topk > 1024 ? 3 : 0, "wide, top-k " + std::to_string(topk));
+  }
+}
+
+// Many requests: the CTA's count over cum_seq_lens_q takes up to two entries a thread (B > 512),
+// some requests are empty (equal starts), and decode rows take two passes (W + 1500). A step of
+// one-token requests also runs without cum_seq_lens_q (each token its own request).
+TEST(GpuIndex, ManyRequestsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(700);
+  std::vector<LayerSpec> layers = three_layers(2);
+  layers[2].index_topk = 1500;
+  for (const bool mixed : {true, false}) {
+    CaseShape s{.num_decodes = mixed ? 450 : 700,
+                .span = 18,
+                .compressed_span = 9,
+                .invalid_fraction = 0.1,
+                .evict_outside_window = true};
+    std::uniform_int_distribution<int> decode_len(1, mixed ? 4 : 1), prefill_len(0, 24),
+        extra(0, 150);
+    for (int b = 0; b < 700; ++b) {
+      s.q_lens.push_back(b < s.num_decodes ? decode_len(rng) : prefill_len(rng));
+      s.seq_lens.push_back(s.q_lens.back() + extra(rng));
+    }
+    StepCase c(layers, s, rng());
+    add_odd_entries(c, rng);
+    const std::string what = mixed ? "mixed q_len" : "one token each";
+    for (int layer = 0; layer < 3; ++layer) {
+      expect_same(c, layer, 3, what);
+      if (mixed) continue;
+      SparseIndexArgs a = c.args(layer);
+      a.step.cum_seq_lens_q = {};
+      expect_same(a, 0, what + " without cum_seq_lens_q, layer " + std::to_string(layer));
+    }
+    if (HasFailure()) return;
+  }
 }
 
 // SPEC §4 / docs/sparse_index.md: a block-table page or top-k index out of range throws on the
