@@ -72,16 +72,40 @@ TensorView pool_view(void* pool, const Layout& l, Device dev) {
   }
 }
 
-// Pool bytes that are finite in every layout: bf16 values of magnitude 2^-15..2^16, e4m3 codes
-// of 2^-8..2^1 and UE8M0 scales of 2^-79..2^-48 (only the time matters here).
-void fill_pool(void* pool, std::mt19937& rng) {
-  std::vector<uint8_t> chunk(size_t(1) << 25);
-  std::uniform_int_distribution<int> byte(0x30, 0x4f);
-  for (auto& x : chunk) x = uint8_t(byte(rng));
+// Normal-like values in the layout's format: bf16 N(0, 1); e4m3 codes of magnitude 2^-3..2^3;
+// fp8_ds_mla records of such codes and N(0, 1) RoPE, UE8M0 scales 2^-3..2^3. Data decide how
+// often the kernel rescales, so they should look like real K/V; a chunk of whole pages repeats.
+void fill_pool(void* pool, const Layout& l, std::mt19937& rng) {
+  const bool ds = l.kv == KvLayout::fp8_ds_mla;
+  const int64_t unit = ds ? kDsMlaPageBytes : 2;
+  std::vector<uint8_t> chunk(((size_t(1) << 25) / unit) * unit);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int> bit(0, 1), exponent(4, 9), mantissa(0, 7), scale(124, 130);
+  auto e4m3 = [&] { return uint8_t(bit(rng) << 7 | exponent(rng) << 3 | mantissa(rng)); };
+  auto bf16 = [&](uint8_t* at) {
+    const __nv_bfloat16 x = __float2bfloat16(normal(rng));
+    std::memcpy(at, &x, 2);
+  };
+  if (l.kv == KvLayout::bf16)
+    for (size_t i = 0; i < chunk.size(); i += 2) bf16(&chunk[i]);
+  else if (!ds)
+    for (auto& x : chunk) x = e4m3();
+  else
+    for (size_t page = 0; page < chunk.size(); page += kDsMlaPageBytes) {
+      std::fill_n(&chunk[page], kDsMlaPageBytes, uint8_t(0));
+      for (int r = 0; r < kBlockSize; ++r) {
+        uint8_t* rec = &chunk[page + r * kDsMlaRecordBytes];
+        for (int d = 0; d < kNopeDim; ++d) rec[d] = e4m3();
+        for (int d = 0; d < kRopeDim; ++d) bf16(rec + kNopeDim + 2 * d);
+        uint8_t* scales = &chunk[page + kBlockSize * kDsMlaRecordBytes + r * kDsMlaScaleBytes];
+        for (int g = 0; g < 7; ++g) scales[g] = uint8_t(scale(rng));
+      }
+    }
   for (int64_t off = 0; off < kPoolBytes; off += chunk.size())
-    SMLA_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(pool) + off, chunk.data(), chunk.size(),
-                               cudaMemcpyHostToDevice));
+    SMLA_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(pool) + off, chunk.data(),
+                               std::min<int64_t>(chunk.size(), kPoolBytes - off), cudaMemcpyHostToDevice));
 }
+
 constexpr size_t kL2Bytes = 60u << 20;
 
 template <class T>
@@ -121,8 +145,16 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
     d = device_copy(indices);
   }
   std::vector<uint8_t> q(size_t(T) * H * 512 * q_bytes);
-  std::uniform_int_distribution<int> byte(0x30, 0x4f);
-  for (auto& x : q) x = uint8_t(byte(rng));
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (size_t i = 0; i < q.size(); i += q_bytes) {
+    if (q_bytes == 1) {  // an e4m3 code of magnitude 2^-3..2^3
+      q[i] = uint8_t(std::uniform_int_distribution<int>(0, 1)(rng) << 7 |
+                     std::uniform_int_distribution<int>(4, 9)(rng) << 3 | (i / 7) % 8);
+    } else {
+      const __nv_bfloat16 x = __float2bfloat16(normal(rng));
+      std::memcpy(&q[i], &x, 2);
+    }
+  }
   uint8_t* d_q = device_copy(q);
   void* d_out;
   SMLA_CUDA_CHECK(cudaMalloc(&d_out, size_t(T) * H * 512 * 2));
@@ -221,13 +253,13 @@ int main(int argc, char** argv) {
     void* pool;
     SMLA_CUDA_CHECK(cudaMalloc(&pool, kPoolBytes));
     std::mt19937 rng(2026);
-    fill_pool(pool, rng);
 
     FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
     if (csv) std::fprintf(csv, "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,tflops,gbps,floor_us,floor_fraction,flashmla_us\n");
     std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %8s %8s %9s %6s %9s\n", "kv", "H", "req", "q",
                 "topk", "splits", "ctas", "us", "TFLOP/s", "GB/s", "floor_us", "floor%", "FlashMLA");
-    for (size_t li = 0; li < layouts.size(); ++li)
+    for (size_t li = 0; li < layouts.size(); ++li) {
+      fill_pool(pool, layouts[li], rng);
       for (const Shape& s : shapes) {
         const Layout& l = layouts[li];
         const Result r = run_shape(s, l, pool, gather_bw[li], matmul_rate, rng);
@@ -242,6 +274,7 @@ int main(int argc, char** argv) {
                        s.requests, s.tokens_per_request, kWindow + s.topk, r.splits, (long long)r.ctas,
                        r.us, r.tflops, r.gbps, r.floor_us, r.floor_us / r.us, r.anchor_us);
       }
+    }
     if (csv) std::fclose(csv);
     SMLA_CUDA_CHECK(cudaFree(pool));
   } catch (const std::exception& e) {

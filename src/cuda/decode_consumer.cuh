@@ -87,8 +87,8 @@ struct Consumer {
     for (int j = 0; j < kScores / 4; ++j) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float p0 = exp2f(s[4 * j + 2 * r] - base[r]);
-        const float p1 = exp2f(s[4 * j + 2 * r + 1] - base[r]);
+        const float p0 = ptx::exp2_approx(s[4 * j + 2 * r] - base[r]);
+        const float p1 = ptx::exp2_approx(s[4 * j + 2 * r + 1] - base[r]);
         row_sum[r] += p0 + p1;
         __nv_bfloat162 packed = __floats2bfloat162_rn(p0, p1);
         pa[j / 2][(j % 2) * 2 + r] = *reinterpret_cast<uint32_t*>(&packed);
