@@ -39,11 +39,11 @@ run_step() {  # name, log, command...   (steps may share a log: each appends its
 for step in $steps; do
   case $step in
     tests) run_step tests tests.log "$BUILD/tests/smla_gpu_tests" ;;
-    sanitize)  # small bf16 and fp8_ds_mla decodes, the index builders, a 3-layer step with forks
-      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.Fp8DsMlaGraphReplayEqualsEagerBitwise:GpuIndex.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups'
-      run_step memcheck tests.log timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    sanitize)  # small bf16 and fp8_ds_mla decodes, index builders, quantizer, a 3-layer forked step
+      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.Fp8DsMlaGraphReplayEqualsEagerBitwise:GpuIndex.*:GpuQuantize.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups-GpuIndex.ManyRequestsMatchTheCpu'
+      run_step memcheck tests.log timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter
-      run_step racecheck tests.log timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      run_step racecheck tests.log timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter ;;
     bench) run_step bench bench.log "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
     run)
