@@ -92,6 +92,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   extern __shared__ uint8_t smem_raw[];
   // Offsetting the __shared__ array (not an integer cast) keeps shared-memory instructions.
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
+  ptx::griddep_launch_dependents();
+  ptx::griddep_wait();  // the previous kernel (a table build, a layer) may write what we read
   // The producer's first two indices load alongside the row's metadata.
   const int first_tile = blockIdx.x / p.head_blocks % p.num_splits * p.tiles_per_split;
   const int token = blockIdx.x / (p.head_blocks * p.num_splits);

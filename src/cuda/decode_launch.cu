@@ -10,6 +10,7 @@
 #include "cuda/check.h"
 #include "cuda/decode_kernel.cuh"
 #include "cuda/device.h"
+#include "cuda/launch.h"
 
 namespace smla::cuda {
 namespace {
@@ -45,8 +46,7 @@ void launch(const DecodeParams& p, int64_t ctas, int device, cudaStream_t stream
                                          kSmemBytes<L>));
     large_smem[device].store(true);
   }
-  decode_kernel<L><<<dim3(unsigned(ctas)), kThreads, kSmemBytes<L>, stream>>>(p);
-  SMLA_CUDA_CHECK(cudaGetLastError());
+  launch_early(decode_kernel<L>, dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<L>, stream, p);
 }
 
 size_t bytes_of(const TensorView& v) { return v.defined() ? size_t(v.numel()) * dtype_size(v.dtype) : 0; }

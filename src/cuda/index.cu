@@ -13,6 +13,8 @@
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
+#include "cuda/launch.h"
+#include "cuda/ptx.cuh"
 
 namespace smla::cuda {
 namespace {
@@ -140,6 +142,8 @@ __device__ int write_pass(const IndexParams& p, const Row& r, int64_t base,
 }
 
 __global__ void __launch_bounds__(kThreads) build_index_kernel(const IndexParams p) {
+  ptx::griddep_launch_dependents();
+  ptx::griddep_wait();  // the step's inputs, and this table's buffer, may be in use until now
   __shared__ int partial[2][kWarps];  // one per block_sum
   Row r{};
   r.t = blockIdx.x;
@@ -242,9 +246,8 @@ void build_sparse_indices(const IndexProblem& problem, const SparseIndexArgs& a,
     p.out_seq_lens = out.seq_lens.ptr<int32_t>();
     p.out_seq_lens_stride = out.seq_lens.strides[0];
   }
-  build_index_kernel<<<static_cast<unsigned>(problem.num_tokens), kThreads, 0,
-                       static_cast<cudaStream_t>(stream)>>>(p);
-  SMLA_CUDA_CHECK(cudaGetLastError());
+  launch_early(build_index_kernel, dim3(static_cast<unsigned>(problem.num_tokens)), dim3(kThreads), 0,
+               static_cast<cudaStream_t>(stream), p);
 }
 
 }  // namespace smla::cuda

@@ -66,6 +66,15 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// ---- programmatic dependent launch ----------------------------------------------------------
+// Lets the next kernel on the stream launch now (it still waits for this grid in griddep_wait).
+__device__ __forceinline__ void griddep_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// Waits until the previous kernel on the stream has finished and its writes are visible; a
+// no-op for a kernel launched without programmatic stream serialization.
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // ---- barriers and registers -----------------------------------------------------------------
 __device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

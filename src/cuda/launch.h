@@ -1,0 +1,30 @@
+// Kernel launches that overlap their start-up with the end of the previous kernel on the stream
+// (programmatic dependent launch; captured as programmatic edges in a CUDA graph).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "cuda/check.h"
+
+namespace smla::cuda {
+
+// `kernel` must call ptx::griddep_wait() before it reads or writes global memory that work
+// earlier on the stream may touch.
+template <class... Params, class... Args>
+void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                  cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute early{};
+  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = &early;
+  config.numAttrs = 1;
+  SMLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace smla::cuda
