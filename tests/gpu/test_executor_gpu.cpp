@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <list>
 #include <map>
+#include <memory>
 #include <ostream>
 #include <random>
 #include <set>
@@ -143,6 +144,16 @@ struct GpuStep {
   int64_t max_columns = 0;
 };
 
+// The executor of a step on its own non-blocking stream.
+struct StepOnStream {
+  explicit StepOnStream(const GpuStep& g)
+      : streams(make_streams(DeviceMirror::kDevice, stream.get())),
+        executor(g.layers, *streams, g.c.num_tokens(), g.max_columns) {}
+  TestStream stream;  // declared first: made before the streams that use it
+  std::unique_ptr<Streams> streams;
+  StepExecutor executor;
+};
+
 class GpuExecutor : public testing::TestWithParam<Pattern> {};
 
 // (b) Each layer by itself (its own table built on the GPU, sparse_mla_decode called directly
@@ -152,9 +163,9 @@ class GpuExecutor : public testing::TestWithParam<Pattern> {};
 TEST_P(GpuExecutor, StepEqualsDirectCallsBitForBit) {
   SKIP_WITHOUT_GPU();
   GpuStep g(GetParam());
-  TestStream stream;
-  const auto streams = make_streams(DeviceMirror::kDevice, stream.get());
-  StepExecutor executor(g.layers, *streams, g.c.num_tokens(), g.max_columns);
+  StepOnStream on(g);
+  TestStream& stream = on.stream;
+  StepExecutor& executor = on.executor;
   executor.run_step(g.inputs, g.queries, g.outs);
   stream.synchronize();
   const auto stepped = g.out_bytes();
@@ -189,9 +200,9 @@ TEST_P(GpuExecutor, StepEqualsDirectCallsBitForBit) {
 TEST_P(GpuExecutor, CapturedStepReplaysBitwise) {
   SKIP_WITHOUT_GPU();
   GpuStep g(GetParam());
-  TestStream stream;
-  const auto streams = make_streams(DeviceMirror::kDevice, stream.get());
-  StepExecutor executor(g.layers, *streams, g.c.num_tokens(), g.max_columns);
+  StepOnStream on(g);
+  TestStream& stream = on.stream;
+  StepExecutor& executor = on.executor;
   executor.run_step(g.inputs, g.queries, g.outs);
   stream.synchronize();
   const auto eager = g.out_bytes();
@@ -293,9 +304,9 @@ TEST(GpuTables, BookkeepingEqualsTheCpuPath) {
 TEST(GpuTables, CaptureBeforeAnEagerStepSaysSo) {
   SKIP_WITHOUT_GPU();
   GpuStep g({"v4-flash", 2, 0, 6, decode_shape(2)});
-  TestStream stream;
-  const auto streams = make_streams(DeviceMirror::kDevice, stream.get());
-  StepExecutor executor(g.layers, *streams, g.c.num_tokens(), g.max_columns);
+  StepOnStream on(g);
+  TestStream& stream = on.stream;
+  StepExecutor& executor = on.executor;
   ASSERT_CUDA(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
   try {
     executor.run_step(g.inputs, g.queries, g.outs);
@@ -318,9 +329,9 @@ TEST(GpuTables, UnreadablePoolFailsWithTheDecodeError) {
   GpuStep g({"v4-flash", 1, 0, 4, decode_shape(1)});
   for (AttentionLayer& l : g.layers)
     l.swa_kv_cache.data = static_cast<char*>(l.swa_kv_cache.data) + 2;  // one bf16 off
-  TestStream stream;
-  const auto streams = make_streams(DeviceMirror::kDevice, stream.get());
-  StepExecutor executor(g.layers, *streams, g.c.num_tokens(), g.max_columns);
+  StepOnStream on(g);
+  TestStream& stream = on.stream;
+  StepExecutor& executor = on.executor;
   try {
     executor.run_step(g.inputs, g.queries, g.outs);
     ADD_FAILURE() << "a misaligned pool ran on CUDA";
