@@ -20,14 +20,18 @@ constexpr int kScores = kTileColumns / 2;           // score registers per consu
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// bf16 tiles in flight; fp8 layouts give one up to two raw tiles (RawTile) that the producer
-// copies asynchronously and converts, which keeps two tiles of fp8 rows in flight.
+// bf16 tiles in flight. fp8 layouts trade one stage for two raw tiles (RawTile), which the
+// producer fills asynchronously and converts, so that two tiles of fp8 rows are in flight.
 constexpr int kMaxStages = 4;
 template <KvLayout L>
 constexpr int kStages = L == KvLayout::bf16 ? 4 : 3;
+static_assert(kStages<KvLayout::bf16> <= kMaxStages && kStages<KvLayout::fp8_e4m3> <= kMaxStages &&
+                  kStages<KvLayout::fp8_ds_mla> <= kMaxStages,
+              "barriers and column flags are laid out for kMaxStages");
 
-// A tile of fp8 rows as copied from the pool: 32 records (pitch chosen so a warp's 16-byte
-// reads hit every bank group), then fp8_ds_mla's scale bytes, one 8-byte copy per lane.
+// A tile of fp8 rows as copied from the pool: 32 records, then fp8_ds_mla's scale bytes, one
+// 8-byte copy per lane. fp8_ds_mla's 576-B pitch spreads a warp's 16-byte reads over all bank
+// groups; e4m3's 528 B leaves two-way conflicts (576 for both is the next thing to measure).
 template <KvLayout L>
 struct RawTile {
   static constexpr int kBuffers = L == KvLayout::bf16 ? 0 : 2;

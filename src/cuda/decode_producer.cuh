@@ -7,10 +7,9 @@
 
 namespace smla::cuda {
 
-// Four lanes fill one row; columns that are not attended (SPEC §2 rules 1-3) become zero rows
-// that are never read from memory.
-// The producer lane's KV row within a tile, and the index of its column in `tile` (no
-// dependence on the row's metadata, so the first ones load while that is still in flight).
+// Four lanes fill one row of a tile; columns that are not attended (SPEC §2 rules 1-3) become
+// zero rows that are never read from memory. The lane's row, and the index of its column in
+// `tile` (no dependence on the row's metadata, so the first ones load while that is in flight).
 __device__ __forceinline__ int producer_row() { return (threadIdx.x / 32) % 4 * 8 + threadIdx.x % 32 / 4; }
 __device__ __forceinline__ int32_t load_index(const DecodeParams& p, int token, int tile) {
   const int col = tile * kTileColumns + producer_row();
@@ -41,8 +40,9 @@ __device__ __forceinline__ RowSource row_source(const DecodeParams& p, const Wor
   return r;
 }
 
-// Eight e4m3 values (two words) times a power of two -> eight bf16 (16 bytes). Exact: e4m3 and
-// a power-of-two scale fit bf16 unless the product leaves bf16's range, as in the CPU backend.
+// Eight e4m3 values (two words) times a power of two -> eight bf16 (16 bytes). Exact unless the
+// product leaves bf16's range: above it inf, below 2^-133 (UE8M0 bytes 0..2 with e4m3
+// subnormals) rounded to a bf16 subnormal or 0, where the CPU's float64 keeps the value.
 __device__ __forceinline__ uint4 e4m3x8_to_bf16(uint32_t lo, uint32_t hi, float scale) {
   uint32_t out[4];
   const uint32_t words[2] = {lo, hi};

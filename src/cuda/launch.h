@@ -9,8 +9,9 @@
 
 namespace smla::cuda {
 
-// `kernel` must call ptx::griddep_wait() before it reads or writes global memory that work
-// earlier on the stream may touch.
+// Every CTA of `kernel` must call ptx::griddep_wait(), unconditionally, before it reads or
+// writes global memory that earlier work on the stream may touch: a CTA that exits without
+// waiting would let the next kernel run ahead of the one before this.
 template <class... Params, class... Args>
 void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
                   cudaStream_t stream, Args&&... args) {

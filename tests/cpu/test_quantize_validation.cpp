@@ -169,7 +169,11 @@ TEST_F(QuantizeValidation, KvScaleCheckedForBf16Pools) {
 // (here one that no machine has), before any memory is touched.
 TEST_F(QuantizeValidation, PoolOnAnUnusableCudaDeviceIsUnsupported) {
   rows.device = slots.device = pool.device = Device{DeviceKind::cuda, 63};
-  expect_error(ErrorKind::unsupported, "pool", "a ", "cuda:63");
+#if SMLA_WITH_CUDA
+  expect_error(ErrorKind::unsupported, "pool", "a pool on a Hopper GPU", "cuda:63");
+#else
+  expect_error(ErrorKind::unsupported, "pool", "a cpu pool", "cuda:63");
+#endif
 }
 
 }  // namespace
