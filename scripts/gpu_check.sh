@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Everything GPU-side in one call on the GPU machine: GPU tests, compute-sanitizer on a small
-# case, the decode benchmark, the main job on CUDA, the step benchmark; a short table last.
-# Full logs go to $OUT (or ./gpu-out), at most 8 files: build.log, tests.log (tests and
-# sanitizers), bench.log, bench.csv, run.log, step.log, step.csv, python.log. Uses a carried build dir
-# (default build-cuda) or builds one.
+# Everything GPU-side in one call on the GPU machine: GPU tests, compute-sanitizer on small
+# cases, the decode benchmark, the main job on CUDA, the step benchmark, the Python package;
+# a short table last. Full logs go to $OUT (or ./gpu-out), at most 8 files: build.log,
+# tests.log (tests and sanitizers), bench.log, bench.csv, run.log, step.log, step.csv,
+# python.log. Uses a carried build dir (default build-cuda) or builds one.
 #   scripts/gpu_check.sh [tests] [sanitize] [bench] [run] [step] [python]   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
