@@ -58,14 +58,16 @@ constexpr int kBlockSize = 64;
 constexpr int64_t kDsMlaPageBytes = 65 * kDsMlaRecordBytes;  // >= 64 x 584, a multiple of 576
 
 int64_t pool_rows(const Layout& l) {
-  return l.kv == KvLayout::fp8_ds_mla ? kPoolBytes / kDsMlaPageBytes * kBlockSize : kPoolBytes / l.row_bytes;
+  return l.kv == KvLayout::fp8_ds_mla ? kPoolBytes / kDsMlaPageBytes * kBlockSize
+                                      : kPoolBytes / l.row_bytes;
 }
 
 TensorView pool_view(void* pool, const Layout& l, Device dev) {
   const int64_t blocks = pool_rows(l) / kBlockSize;
   switch (l.kv) {
     case KvLayout::fp8_ds_mla:
-      return make_view(pool, DType::u8, dev, {blocks, kBlockSize, kDsMlaRecordBytes + kDsMlaScaleBytes},
+      return make_view(pool, DType::u8, dev,
+                       {blocks, kBlockSize, kDsMlaRecordBytes + kDsMlaScaleBytes},
                        {kDsMlaPageBytes, kDsMlaRecordBytes + kDsMlaScaleBytes, 1});
     case KvLayout::fp8_e4m3: return make_view(pool, DType::f8e4m3, dev, {blocks, kBlockSize, 512});
     default: return make_view(pool, DType::bf16, dev, {blocks, kBlockSize, 512});
@@ -103,7 +105,8 @@ void fill_pool(void* pool, const Layout& l, std::mt19937& rng) {
     }
   for (int64_t off = 0; off < kPoolBytes; off += chunk.size())
     SMLA_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(pool) + off, chunk.data(),
-                               std::min<int64_t>(chunk.size(), kPoolBytes - off), cudaMemcpyHostToDevice));
+                               std::min<int64_t>(chunk.size(), kPoolBytes - off),
+                               cudaMemcpyHostToDevice));
 }
 
 constexpr size_t kL2Bytes = 60u << 20;
@@ -192,7 +195,8 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
   r.gbps = bytes / (r.us * 1e-6) / 1e9;
   r.floor_us = std::max(bytes / gather_bw, flops / matmul_rate) * 1e6;
   for (int32_t* d : d_indices) SMLA_CUDA_CHECK(cudaFree(d));
-  for (void* p : {(void*)d_cum, (void*)d_seq, (void*)d_lens, (void*)d_q, (void*)d_out, d_ws, d_counters})
+  for (void* p :
+       {(void*)d_cum, (void*)d_seq, (void*)d_lens, (void*)d_q, (void*)d_out, d_ws, d_counters})
     SMLA_CUDA_CHECK(cudaFree(p));
   return r;
 }
@@ -228,7 +232,8 @@ int main(int argc, char** argv) {
       for (const Layout& l : kLayouts)
         if (name == l.name) layouts = {l};
       if (layouts.empty()) {
-        std::fprintf(stderr, "smla_bench: --kv: expected bf16, fp8_ds_mla or fp8_e4m3, got %s\n", name.c_str());
+        std::fprintf(stderr, "smla_bench: --kv: expected bf16, fp8_ds_mla or fp8_e4m3, got %s\n",
+                     name.c_str());
         return 2;
       }
     } else {
@@ -247,32 +252,39 @@ int main(int argc, char** argv) {
       std::printf(" %d B %.2f TB/s%s", l.gather_row_bytes, gather_bw.back() / 1e12,
                   &l == &layouts.back() ? "\n" : ",");
     }
-    const size_t ws = workspace_bytes(512, 128, kWindow + 1024, {DeviceKind::cuda, cuda::current_device()});
-    std::printf("workspace for 256 requests x 2 tokens x 128 heads, 128+1024: %.1f MiB\n", ws / 1048576.0);
+    const size_t ws =
+        workspace_bytes(512, 128, kWindow + 1024, {DeviceKind::cuda, cuda::current_device()});
+    std::printf("workspace for 256 requests x 2 tokens x 128 heads, 128+1024: %.1f MiB\n",
+                ws / 1048576.0);
 
     void* pool;
     SMLA_CUDA_CHECK(cudaMalloc(&pool, kPoolBytes));
     std::mt19937 rng(2026);
 
     FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
-    if (csv) std::fprintf(csv, "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,tflops,gbps,floor_us,floor_fraction,flashmla_us\n");
+    if (csv)
+      std::fprintf(csv,
+                   "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,tflops,gbps,floor_us,"
+                   "floor_fraction,flashmla_us\n");
     std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %8s %8s %9s %6s %9s\n", "kv", "H", "req", "q",
-                "topk", "splits", "ctas", "us", "TFLOP/s", "GB/s", "floor_us", "floor%", "FlashMLA");
+                "topk", "splits", "ctas", "us", "TFLOP/s", "GB/s", "floor_us", "floor%",
+                "FlashMLA");
     for (size_t li = 0; li < layouts.size(); ++li) {
       fill_pool(pool, layouts[li], rng);
       for (const Shape& s : shapes) {
         const Layout& l = layouts[li];
         const Result r = run_shape(s, l, pool, gather_bw[li], matmul_rate, rng);
         const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
-        std::printf("%-10s %4d %5d %3d %4d+%-4d %6d %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n", l.name,
-                    s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
+        std::printf("%-10s %4d %5d %3d %4d+%-4d %6d %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n",
+                    l.name, s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
                     (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us,
                     anchor.c_str());
         std::fflush(stdout);
         if (csv)
-          std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.1f,%.0f,%.2f,%.3f,%.1f\n", l.name, s.heads,
-                       s.requests, s.tokens_per_request, kWindow + s.topk, r.splits, (long long)r.ctas,
-                       r.us, r.tflops, r.gbps, r.floor_us, r.floor_us / r.us, r.anchor_us);
+          std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.1f,%.0f,%.2f,%.3f,%.1f\n", l.name,
+                       s.heads, s.requests, s.tokens_per_request, kWindow + s.topk, r.splits,
+                       (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us, r.floor_us / r.us,
+                       r.anchor_us);
       }
     }
     if (csv) std::fclose(csv);

@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "cuda/decode_plan.h"
+#include "cuda/device.h"
 #include "device_case.h"
 #include "oracle.h"
 #include "smla/decode.h"
@@ -157,7 +159,7 @@ TEST(GpuDecode, Fp8CachesAgainstOracleAndCpu) {
   for (int round = 0; round < 2; ++round)
     for (const Kind& kind : kinds)
       for (int h : {1, 16, 64, 100, 128})
-        for (int width : {64, 512, 1024}) {
+        for (int width : {4, 64, 512, 1024}) {  // 4: a last tile of 4 columns
           CaseSpec spec{.layout = kind.layout, .query_dtype = kind.query, .heads = h,
                         .compressed_width = width, .extremes = round == 1, .top_exponent = 200};
           spec.requests = h >= 64 ? 2 : 3;
@@ -166,7 +168,7 @@ TEST(GpuDecode, Fp8CachesAgainstOracleAndCpu) {
           ++cases;
           if (HasFailure()) return;
         }
-  EXPECT_EQ(cases, 90);
+  EXPECT_EQ(cases, 120);
 }
 
 // An fp8_ds_mla launch split over many CTAs, captured and replayed: bitwise equal to eager.
@@ -176,6 +178,9 @@ TEST(GpuDecode, Fp8DsMlaGraphReplayEqualsEagerBitwise) {
                             .compressed_width = 1024},
                            fresh_seed());
   DeviceCase d(c);
+  const cuda::DecodePlan plan = cuda::plan_decode(c.query.size(0), 64, c.sparse_indices.size(1),
+                                                  cuda::sm_count(0), SIZE_MAX, SIZE_MAX);
+  ASSERT_GT(plan.num_splits, 1) << "the case must split rows to test the counters";
   sparse_mla_decode(d.args);
   ASSERT_CUDA(cudaDeviceSynchronize());
   d.fetch(c);
