@@ -74,33 +74,41 @@ TensorView pool_view(void* pool, const Layout& l, Device dev) {
   }
 }
 
-// Normal-like values in the layout's format: bf16 N(0, 1); e4m3 codes of magnitude 2^-3..2^3;
-// fp8_ds_mla records of such codes and N(0, 1) RoPE, UE8M0 scales 2^-3..2^3. Data decide how
-// often the kernel rescales, so they should look like real K/V; a chunk of whole pages repeats.
+// Normal-like element bytes: bf16 N(0, 1), e4m3 codes of magnitude 2^-3..2^3, UE8M0 scales
+// 2^-3..2^3. Data decide how often the kernel rescales, so they should look like real K/V/Q.
+struct ValueBytes {
+  std::mt19937& rng;
+  std::normal_distribution<float> normal{0.f, 1.f};
+  std::uniform_int_distribution<int> bit{0, 1}, exponent{4, 9}, mantissa{0, 7}, scale{124, 130};
+
+  uint8_t e4m3() { return uint8_t(bit(rng) << 7 | exponent(rng) << 3 | mantissa(rng)); }
+  uint8_t ue8m0() { return uint8_t(scale(rng)); }
+  void bf16(uint8_t* at) {
+    const __nv_bfloat16 x = __float2bfloat16(normal(rng));
+    std::memcpy(at, &x, 2);
+  }
+};
+
+// The pool as rows of the layout (fp8_ds_mla: records of e4m3 codes and bf16 RoPE, then the
+// page's scales), a chunk of whole pages repeated.
 void fill_pool(void* pool, const Layout& l, std::mt19937& rng) {
   const bool ds = l.kv == KvLayout::fp8_ds_mla;
   const int64_t unit = ds ? kDsMlaPageBytes : 2;
   std::vector<uint8_t> chunk(((size_t(1) << 25) / unit) * unit);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::uniform_int_distribution<int> bit(0, 1), exponent(4, 9), mantissa(0, 7), scale(124, 130);
-  auto e4m3 = [&] { return uint8_t(bit(rng) << 7 | exponent(rng) << 3 | mantissa(rng)); };
-  auto bf16 = [&](uint8_t* at) {
-    const __nv_bfloat16 x = __float2bfloat16(normal(rng));
-    std::memcpy(at, &x, 2);
-  };
+  ValueBytes v{rng};
   if (l.kv == KvLayout::bf16)
-    for (size_t i = 0; i < chunk.size(); i += 2) bf16(&chunk[i]);
+    for (size_t i = 0; i < chunk.size(); i += 2) v.bf16(&chunk[i]);
   else if (!ds)
-    for (auto& x : chunk) x = e4m3();
+    for (auto& x : chunk) x = v.e4m3();
   else
     for (size_t page = 0; page < chunk.size(); page += kDsMlaPageBytes) {
       std::fill_n(&chunk[page], kDsMlaPageBytes, uint8_t(0));
       for (int r = 0; r < kBlockSize; ++r) {
         uint8_t* rec = &chunk[page + r * kDsMlaRecordBytes];
-        for (int d = 0; d < kNopeDim; ++d) rec[d] = e4m3();
-        for (int d = 0; d < kRopeDim; ++d) bf16(rec + kNopeDim + 2 * d);
+        for (int d = 0; d < kNopeDim; ++d) rec[d] = v.e4m3();
+        for (int d = 0; d < kRopeDim; ++d) v.bf16(rec + kNopeDim + 2 * d);
         uint8_t* scales = &chunk[page + kBlockSize * kDsMlaRecordBytes + r * kDsMlaScaleBytes];
-        for (int g = 0; g < 7; ++g) scales[g] = uint8_t(scale(rng));
+        for (int g = 0; g < 7; ++g) scales[g] = v.ue8m0();
       }
     }
   for (int64_t off = 0; off < kPoolBytes; off += chunk.size())
@@ -148,15 +156,12 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
     d = device_copy(indices);
   }
   std::vector<uint8_t> q(size_t(T) * H * 512 * q_bytes);
-  std::normal_distribution<float> normal(0.f, 1.f);
+  ValueBytes v{rng};
   for (size_t i = 0; i < q.size(); i += q_bytes) {
-    if (q_bytes == 1) {  // an e4m3 code of magnitude 2^-3..2^3
-      q[i] = uint8_t(std::uniform_int_distribution<int>(0, 1)(rng) << 7 |
-                     std::uniform_int_distribution<int>(4, 9)(rng) << 3 | (i / 7) % 8);
-    } else {
-      const __nv_bfloat16 x = __float2bfloat16(normal(rng));
-      std::memcpy(&q[i], &x, 2);
-    }
+    if (q_bytes == 1)
+      q[i] = v.e4m3();
+    else
+      v.bf16(&q[i]);
   }
   uint8_t* d_q = device_copy(q);
   void* d_out;

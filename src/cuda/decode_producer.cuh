@@ -113,6 +113,15 @@ struct Fp8Rows {
   }
 };
 
+// Whether the row's column is attended, for the consumers' mask: written by the row's first
+// lane and released by a plain arrive on the stage's full barrier.
+__device__ __forceinline__ void publish_flag(uint8_t* smem, uint64_t* full, int stage, int row,
+                                             int part, bool valid) {
+  if (part != 0) return;
+  smem[Smem::mask + stage * kTileColumns + row] = valid;
+  ptx::mbar_arrive(full);
+}
+
 // bf16: rows land in their stage by cp.async, indices two tiles ahead.
 __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& w, uint8_t* smem,
                                              int32_t offset_next, int32_t offset_after) {
@@ -136,10 +145,7 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
                        src.record + unit * 16, src.valid);
     }
     ptx::cp_async_arrive(&full[stage]);  // when this thread's copies land
-    if (part == 0) {                     // column flags: released by a plain arrive
-      smem[Smem::mask + stage * kTileColumns + row] = src.valid;
-      ptx::mbar_arrive(&full[stage]);
-    }
+    publish_flag(smem, &full[stage], stage, row, part, src.valid);
   }
 }
 
@@ -173,10 +179,7 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
                   part);
     ptx::fence_proxy_async();  // st.shared, then wgmma reads
     ptx::mbar_arrive(&full[stage]);
-    if (part == 0) {
-      smem[Smem::mask + stage * kTileColumns + row] = valid;
-      ptx::mbar_arrive(&full[stage]);
-    }
+    publish_flag(smem, &full[stage], stage, row, part, valid);
   }
 }
 
