@@ -58,52 +58,63 @@ constexpr int kBlockSize = 64;
 constexpr int64_t kDsMlaPageBytes = 65 * kDsMlaRecordBytes;  // >= 64 x 584, a multiple of 576
 
 int64_t pool_rows(const Layout& l) {
-  return l.kv == KvLayout::fp8_ds_mla ? kPoolBytes / kDsMlaPageBytes * kBlockSize : kPoolBytes / l.row_bytes;
+  return l.kv == KvLayout::fp8_ds_mla ? kPoolBytes / kDsMlaPageBytes * kBlockSize
+                                      : kPoolBytes / l.row_bytes;
 }
 
 TensorView pool_view(void* pool, const Layout& l, Device dev) {
   const int64_t blocks = pool_rows(l) / kBlockSize;
   switch (l.kv) {
     case KvLayout::fp8_ds_mla:
-      return make_view(pool, DType::u8, dev, {blocks, kBlockSize, kDsMlaRecordBytes + kDsMlaScaleBytes},
+      return make_view(pool, DType::u8, dev,
+                       {blocks, kBlockSize, kDsMlaRecordBytes + kDsMlaScaleBytes},
                        {kDsMlaPageBytes, kDsMlaRecordBytes + kDsMlaScaleBytes, 1});
     case KvLayout::fp8_e4m3: return make_view(pool, DType::f8e4m3, dev, {blocks, kBlockSize, 512});
     default: return make_view(pool, DType::bf16, dev, {blocks, kBlockSize, 512});
   }
 }
 
-// Normal-like values in the layout's format: bf16 N(0, 1); e4m3 codes of magnitude 2^-3..2^3;
-// fp8_ds_mla records of such codes and N(0, 1) RoPE, UE8M0 scales 2^-3..2^3. Data decide how
-// often the kernel rescales, so they should look like real K/V; a chunk of whole pages repeats.
+// Normal-like element bytes: bf16 N(0, 1), e4m3 codes of magnitude 2^-3..2^3, UE8M0 scales
+// 2^-3..2^3. Data decide how often the kernel rescales, so they should look like real K/V/Q.
+struct ValueBytes {
+  std::mt19937& rng;
+  std::normal_distribution<float> normal{0.f, 1.f};
+  std::uniform_int_distribution<int> bit{0, 1}, exponent{4, 9}, mantissa{0, 7}, scale{124, 130};
+
+  uint8_t e4m3() { return uint8_t(bit(rng) << 7 | exponent(rng) << 3 | mantissa(rng)); }
+  uint8_t ue8m0() { return uint8_t(scale(rng)); }
+  void bf16(uint8_t* at) {
+    const __nv_bfloat16 x = __float2bfloat16(normal(rng));
+    std::memcpy(at, &x, 2);
+  }
+};
+
+// The pool as rows of the layout (fp8_ds_mla: records of e4m3 codes and bf16 RoPE, then the
+// page's scales), a chunk of whole pages repeated.
 void fill_pool(void* pool, const Layout& l, std::mt19937& rng) {
   const bool ds = l.kv == KvLayout::fp8_ds_mla;
   const int64_t unit = ds ? kDsMlaPageBytes : 2;
   std::vector<uint8_t> chunk(((size_t(1) << 25) / unit) * unit);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::uniform_int_distribution<int> bit(0, 1), exponent(4, 9), mantissa(0, 7), scale(124, 130);
-  auto e4m3 = [&] { return uint8_t(bit(rng) << 7 | exponent(rng) << 3 | mantissa(rng)); };
-  auto bf16 = [&](uint8_t* at) {
-    const __nv_bfloat16 x = __float2bfloat16(normal(rng));
-    std::memcpy(at, &x, 2);
-  };
+  ValueBytes v{rng};
   if (l.kv == KvLayout::bf16)
-    for (size_t i = 0; i < chunk.size(); i += 2) bf16(&chunk[i]);
+    for (size_t i = 0; i < chunk.size(); i += 2) v.bf16(&chunk[i]);
   else if (!ds)
-    for (auto& x : chunk) x = e4m3();
+    for (auto& x : chunk) x = v.e4m3();
   else
     for (size_t page = 0; page < chunk.size(); page += kDsMlaPageBytes) {
       std::fill_n(&chunk[page], kDsMlaPageBytes, uint8_t(0));
       for (int r = 0; r < kBlockSize; ++r) {
         uint8_t* rec = &chunk[page + r * kDsMlaRecordBytes];
-        for (int d = 0; d < kNopeDim; ++d) rec[d] = e4m3();
-        for (int d = 0; d < kRopeDim; ++d) bf16(rec + kNopeDim + 2 * d);
+        for (int d = 0; d < kNopeDim; ++d) rec[d] = v.e4m3();
+        for (int d = 0; d < kRopeDim; ++d) v.bf16(rec + kNopeDim + 2 * d);
         uint8_t* scales = &chunk[page + kBlockSize * kDsMlaRecordBytes + r * kDsMlaScaleBytes];
-        for (int g = 0; g < 7; ++g) scales[g] = uint8_t(scale(rng));
+        for (int g = 0; g < 7; ++g) scales[g] = v.ue8m0();
       }
     }
   for (int64_t off = 0; off < kPoolBytes; off += chunk.size())
     SMLA_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(pool) + off, chunk.data(),
-                               std::min<int64_t>(chunk.size(), kPoolBytes - off), cudaMemcpyHostToDevice));
+                               std::min<int64_t>(chunk.size(), kPoolBytes - off),
+                               cudaMemcpyHostToDevice));
 }
 
 constexpr size_t kL2Bytes = 60u << 20;
@@ -145,15 +156,12 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
     d = device_copy(indices);
   }
   std::vector<uint8_t> q(size_t(T) * H * 512 * q_bytes);
-  std::normal_distribution<float> normal(0.f, 1.f);
+  ValueBytes v{rng};
   for (size_t i = 0; i < q.size(); i += q_bytes) {
-    if (q_bytes == 1) {  // an e4m3 code of magnitude 2^-3..2^3
-      q[i] = uint8_t(std::uniform_int_distribution<int>(0, 1)(rng) << 7 |
-                     std::uniform_int_distribution<int>(4, 9)(rng) << 3 | (i / 7) % 8);
-    } else {
-      const __nv_bfloat16 x = __float2bfloat16(normal(rng));
-      std::memcpy(&q[i], &x, 2);
-    }
+    if (q_bytes == 1)
+      q[i] = v.e4m3();
+    else
+      v.bf16(&q[i]);
   }
   uint8_t* d_q = device_copy(q);
   void* d_out;
@@ -192,7 +200,8 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
   r.gbps = bytes / (r.us * 1e-6) / 1e9;
   r.floor_us = std::max(bytes / gather_bw, flops / matmul_rate) * 1e6;
   for (int32_t* d : d_indices) SMLA_CUDA_CHECK(cudaFree(d));
-  for (void* p : {(void*)d_cum, (void*)d_seq, (void*)d_lens, (void*)d_q, (void*)d_out, d_ws, d_counters})
+  for (void* p :
+       {(void*)d_cum, (void*)d_seq, (void*)d_lens, (void*)d_q, (void*)d_out, d_ws, d_counters})
     SMLA_CUDA_CHECK(cudaFree(p));
   return r;
 }
@@ -228,7 +237,8 @@ int main(int argc, char** argv) {
       for (const Layout& l : kLayouts)
         if (name == l.name) layouts = {l};
       if (layouts.empty()) {
-        std::fprintf(stderr, "smla_bench: --kv: expected bf16, fp8_ds_mla or fp8_e4m3, got %s\n", name.c_str());
+        std::fprintf(stderr, "smla_bench: --kv: expected bf16, fp8_ds_mla or fp8_e4m3, got %s\n",
+                     name.c_str());
         return 2;
       }
     } else {
@@ -247,32 +257,39 @@ int main(int argc, char** argv) {
       std::printf(" %d B %.2f TB/s%s", l.gather_row_bytes, gather_bw.back() / 1e12,
                   &l == &layouts.back() ? "\n" : ",");
     }
-    const size_t ws = workspace_bytes(512, 128, kWindow + 1024, {DeviceKind::cuda, cuda::current_device()});
-    std::printf("workspace for 256 requests x 2 tokens x 128 heads, 128+1024: %.1f MiB\n", ws / 1048576.0);
+    const size_t ws =
+        workspace_bytes(512, 128, kWindow + 1024, {DeviceKind::cuda, cuda::current_device()});
+    std::printf("workspace for 256 requests x 2 tokens x 128 heads, 128+1024: %.1f MiB\n",
+                ws / 1048576.0);
 
     void* pool;
     SMLA_CUDA_CHECK(cudaMalloc(&pool, kPoolBytes));
     std::mt19937 rng(2026);
 
     FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
-    if (csv) std::fprintf(csv, "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,tflops,gbps,floor_us,floor_fraction,flashmla_us\n");
+    if (csv)
+      std::fprintf(csv,
+                   "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,tflops,gbps,floor_us,"
+                   "floor_fraction,flashmla_us\n");
     std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %8s %8s %9s %6s %9s\n", "kv", "H", "req", "q",
-                "topk", "splits", "ctas", "us", "TFLOP/s", "GB/s", "floor_us", "floor%", "FlashMLA");
+                "topk", "splits", "ctas", "us", "TFLOP/s", "GB/s", "floor_us", "floor%",
+                "FlashMLA");
     for (size_t li = 0; li < layouts.size(); ++li) {
       fill_pool(pool, layouts[li], rng);
       for (const Shape& s : shapes) {
         const Layout& l = layouts[li];
         const Result r = run_shape(s, l, pool, gather_bw[li], matmul_rate, rng);
         const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
-        std::printf("%-10s %4d %5d %3d %4d+%-4d %6d %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n", l.name,
-                    s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
+        std::printf("%-10s %4d %5d %3d %4d+%-4d %6d %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n",
+                    l.name, s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
                     (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us,
                     anchor.c_str());
         std::fflush(stdout);
         if (csv)
-          std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.1f,%.0f,%.2f,%.3f,%.1f\n", l.name, s.heads,
-                       s.requests, s.tokens_per_request, kWindow + s.topk, r.splits, (long long)r.ctas,
-                       r.us, r.tflops, r.gbps, r.floor_us, r.floor_us / r.us, r.anchor_us);
+          std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.1f,%.0f,%.2f,%.3f,%.1f\n", l.name,
+                       s.heads, s.requests, s.tokens_per_request, kWindow + s.topk, r.splits,
+                       (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us, r.floor_us / r.us,
+                       r.anchor_us);
       }
     }
     if (csv) std::fclose(csv);

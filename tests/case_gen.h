@@ -147,7 +147,8 @@ inline HostTensor make_pool(const PoolShape& s, Rng& rng, bool extremes, Moments
   t.bytes.resize(s.num_blocks * block * dtype_size(dtype));
   std::fill(t.bytes.begin(), t.bytes.end(), std::byte{0xff});  // NaN in every format
   const std::vector<uint8_t> exps =
-      ds ? scale_exponents(rng, s.num_blocks * s.block_size * 7, extremes, top_exponent) : std::vector<uint8_t>{};
+      ds ? scale_exponents(rng, s.num_blocks * s.block_size * 7, extremes, top_exponent)
+         : std::vector<uint8_t>{};
   const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
   for (int64_t p = 0; p < s.num_blocks; ++p) {
     for (int64_t i = 0; i < s.block_size; ++i) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "case_gen.h"
@@ -55,6 +56,20 @@ Rows rows_with_every_group_maximum(Rng& rng, int64_t pad, const Below& below, co
     for (int d = 448; d < 512; ++d) rows.row(i)[d] = rope();
   }
   return rows;
+}
+
+// Each real slot of `shape` with chance `keep`, plus 12 padding slots (-1, INT32_MIN, other
+// negatives), shuffled.
+inline std::vector<int32_t> random_slots(Rng& rng, const PoolShape& shape, double keep) {
+  std::vector<int32_t> slots;
+  for (int32_t s = 0; s < shape.num_blocks * shape.block_size; ++s)
+    if (rng.chance(keep)) slots.push_back(s);
+  for (int k = 0; k < 12; ++k)
+    slots.push_back(k % 3 == 0   ? -1
+                    : k % 3 == 1 ? std::numeric_limits<int32_t>::min()
+                                 : -static_cast<int32_t>(rng.uniform(2, 99)));
+  std::shuffle(slots.begin(), slots.end(), rng.engine());
+  return slots;
 }
 
 }  // namespace smla::test

@@ -15,6 +15,7 @@ constexpr int kMaxHeads = 128;
 constexpr int kWindow = 128;    // W in every known config
 constexpr int kDsMlaRecordBytes = 576;  // fp8_ds_mla: 448 e4m3 + 64 bf16 per token
 constexpr int kDsMlaScaleBytes = 8;     // fp8_ds_mla: 7 UE8M0 scales + 1 pad per token
+constexpr int kDsMlaGroup = 64;         // fp8_ds_mla: NoPE values under one UE8M0 scale
 
 // How a KV pool stores its 512-wide rows; fixed by the pool's dtype
 // (bf16 -> bf16, f8e4m3 -> fp8_e4m3, u8 -> fp8_ds_mla).

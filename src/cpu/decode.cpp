@@ -16,8 +16,7 @@
 namespace smla::cpu {
 namespace {
 
-constexpr int kGroup = 64;                  // values under one UE8M0 scale
-constexpr int kGroups = kHeadDim / kGroup;  // 7 NoPE groups, then the RoPE group
+constexpr int kGroups = kHeadDim / kDsMlaGroup;  // 7 NoPE groups, then the RoPE group
 constexpr int kHeadsPerItem = 16;           // enough items to spread small batches over threads
 
 const std::array<float, 256> kE4m3 = [] {
@@ -57,7 +56,7 @@ struct Rows {
         for (int d = 0; d < kNopeDim; ++d) v[d] = load_e4m3(src + d);
         for (int d = 0; d < kRopeDim; ++d) v[kNopeDim + d] = load_bf16(src + kNopeDim + 2 * d);
         const uint8_t* e = pool.ds_mla_scales(offset);
-        for (int g = 0; g < kNopeDim / kGroup; ++g) s[g] = ue8m0_to_float(e[g]);
+        for (int g = 0; g < kNopeDim / kDsMlaGroup; ++g) s[g] = ue8m0_to_float(e[g]);
         break;
       }
     }
@@ -81,7 +80,7 @@ Rows gather(const DecodeProblem& p, const DecodeArgs& a, int64_t t, int64_t swa_
 
 float dot64(const float* a, const float* b) {
   float lane[8] = {};
-  for (int i = 0; i < kGroup; i += 8)
+  for (int i = 0; i < kDsMlaGroup; i += 8)
     for (int l = 0; l < 8; ++l) lane[l] += a[i + l] * b[i + l];
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
@@ -102,7 +101,7 @@ void attend(const Rows& rows, const float* q, const DecodeArgs& a, bool has_sink
     double acc = 0;
     for (int g = 0; g < kGroups; ++g)
       acc += rows.scales[j * kGroups + g] *
-             dot64(q + g * kGroup, &rows.values[j * kHeadDim + g * kGroup]);
+             dot64(q + g * kDsMlaGroup, &rows.values[j * kHeadDim + g * kDsMlaGroup]);
     s[j] = a.bmm1_scale * acc;
   }
   const double m_scores = *std::max_element(s.begin(), s.end());
@@ -119,7 +118,7 @@ void attend(const Rows& rows, const float* q, const DecodeArgs& a, bool has_sink
     const float* v = &rows.values[j * kHeadDim];
     for (int g = 0; g < kGroups; ++g) {
       const double w = p * rows.scales[j * kGroups + g];
-      for (int d = g * kGroup; d < (g + 1) * kGroup; ++d) r.out[d] += w * v[d];
+      for (int d = g * kDsMlaGroup; d < (g + 1) * kDsMlaGroup; ++d) r.out[d] += w * v[d];
     }
   }
   const double factor = a.bmm2_scale / denom;

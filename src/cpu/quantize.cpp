@@ -10,7 +10,6 @@
 namespace smla::cpu {
 namespace {
 
-constexpr int kGroup = 64;             // NoPE values under one UE8M0 scale
 constexpr int64_t kRowsPerTask = 256;  // a decode step's few rows stay on the caller's thread
 
 void encode_e4m3(const uint16_t* x, float kv_scale, uint8_t* out) {
@@ -19,17 +18,17 @@ void encode_e4m3(const uint16_t* x, float kv_scale, uint8_t* out) {
 
 // 576-B record: NoPE e4m3 under per-group scales, RoPE bf16 bits; 8-B scale record.
 void encode_ds_mla(const uint16_t* x, uint8_t* record, uint8_t* scales) {
-  for (int g = 0; g < kNopeDim / kGroup; ++g) {
+  for (int g = 0; g < kNopeDim / kDsMlaGroup; ++g) {
     uint16_t max_magnitude = 0;
-    for (int d = g * kGroup; d < (g + 1) * kGroup; ++d)
+    for (int d = g * kDsMlaGroup; d < (g + 1) * kDsMlaGroup; ++d)
       max_magnitude = std::max(max_magnitude, rules::finite_magnitude(x[d]));
     const uint8_t e = rules::ds_mla_group_exponent(max_magnitude);
     const float inverse = rules::ds_mla_inverse_scale(e);
-    for (int d = g * kGroup; d < (g + 1) * kGroup; ++d)
+    for (int d = g * kDsMlaGroup; d < (g + 1) * kDsMlaGroup; ++d)
       record[d] = rules::ds_mla_e4m3(x[d], inverse);
     scales[g] = e;
   }
-  scales[kNopeDim / kGroup] = 0;  // the pad byte
+  scales[kNopeDim / kDsMlaGroup] = 0;  // the pad byte
   std::memcpy(record + kNopeDim, x + kNopeDim, kRopeDim * sizeof(uint16_t));
 }
 

@@ -34,8 +34,8 @@ struct Consumer {
   }
 
   // Tile n: its scores are in `s`; ends with P.V of n and the scores of n+1 (into `next`) queued.
-  __device__ __forceinline__ void step(int n, int tiles, float (&s)[kScores], float (&next)[kScores],
-                                       const DecodeParams& p) {
+  __device__ __forceinline__ void step(int n, int tiles, float (&s)[kScores],
+                                       float (&next)[kScores], const DecodeParams& p) {
     const int stage = n % kStages;
     ptx::wgmma_wait<0>();  // scores of n, and P.V of n-1
     ptx::fence_operands(s);
@@ -113,7 +113,6 @@ struct Consumer {
       ptx::fence_proxy_async();
       issue_scores(next, (n + 1) % kStages);
     }
-
   }
 };
 

@@ -55,8 +55,8 @@ __device__ __forceinline__ void write_staged(const DecodeParams& p, const Work& 
 // A row's fragment `o` element i sits at row (i >> 1) & 1 (+8) and column 8 (i / 4) + 2 (lane % 4)
 // + (i & 1) of this warpgroup's half.
 template <class Consumer>
-__device__ __forceinline__ void store_output(const DecodeParams& p, const Work& w, const Consumer& c,
-                                             uint8_t* smem, int thread) {
+__device__ __forceinline__ void store_output(const DecodeParams& p, const Work& w,
+                                             const Consumer& c, uint8_t* smem, int thread) {
   // The stage overlays the KV tiles: the other warpgroup's last P.V may still read them.
   ptx::named_sync(5, 256);
 #pragma unroll
@@ -64,8 +64,9 @@ __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& 
     const int row = c.warp * 16 + c.lane / 4 + 8 * r;
     if (row >= p.heads_per_cta) continue;
     const float factor = row < w.live_heads
-        ? finish_row(p, w.token, w.head0 + row, c.row_max[r], c.row_sum[r], c.half == 0 && c.lane % 4 == 0)
-        : 0.f;
+                             ? finish_row(p, w.token, w.head0 + row, c.row_max[r], c.row_sum[r],
+                                          c.half == 0 && c.lane % 4 == 0)
+                             : 0.f;
 #pragma unroll
     for (int j = 0; j < 32; ++j)
       stage_pair(smem, row, c.half * 256 + 8 * j + 2 * (c.lane % 4), c.o[4 * j + 2 * r] * factor,
@@ -94,7 +95,8 @@ __device__ __forceinline__ void combine_rows(const DecodeParams& p, const float*
     const float wgt = weights[s * kHeads + row];
 #pragma unroll
     for (int k = 0; k < kVectors; ++k)
-      acc[k].x += wgt * v[k].x, acc[k].y += wgt * v[k].y, acc[k].z += wgt * v[k].z, acc[k].w += wgt * v[k].w;
+      acc[k].x += wgt * v[k].x, acc[k].y += wgt * v[k].y, acc[k].z += wgt * v[k].z,
+          acc[k].w += wgt * v[k].w;
   }
   const float factor = factors[row];
 #pragma unroll
@@ -109,8 +111,8 @@ __device__ __forceinline__ void combine_rows(const DecodeParams& p, const float*
 // counts the arrival. The last CTA to arrive returns the counter to zero, combines the splits
 // and writes the output; the others return at once.
 template <class Consumer>
-__device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& w, const Consumer& c,
-                                             uint8_t* smem, int thread) {
+__device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& w,
+                                             const Consumer& c, uint8_t* smem, int thread) {
   const int heads = p.heads_per_cta;
   const int64_t stride = partial_floats(heads);
   float* row_partials =
@@ -122,9 +124,11 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
     if (row >= heads) continue;
     float2* dst = reinterpret_cast<float2*>(mine + row * 512 + c.half * 256 + (c.lane % 4) * 2);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) __stcg(dst + j * 4, make_float2(c.o[4 * j + 2 * r], c.o[4 * j + 2 * r + 1]));
+    for (int j = 0; j < 32; ++j)
+      __stcg(dst + j * 4, make_float2(c.o[4 * j + 2 * r], c.o[4 * j + 2 * r + 1]));
     if (c.half == 0 && c.lane % 4 == 0)
-      __stcg(reinterpret_cast<float2*>(mine + heads * 512) + row, make_float2(c.row_max[r], c.row_sum[r]));
+      __stcg(reinterpret_cast<float2*>(mine + heads * 512) + row,
+             make_float2(c.row_max[r], c.row_sum[r]));
   }
   __threadfence();
   ptx::named_sync(5, 256);
@@ -141,7 +145,9 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
   float* weights = reinterpret_cast<float*>(ml + kMaxSplits * kMmaRows);  // [split][row]
   float* factors = weights + kMaxSplits * kMmaRows;                       // [row]
   for (int i = thread; i < p.num_splits * heads; i += 256)
-    ml[i] = __ldcg(reinterpret_cast<const float2*>(row_partials + (i / heads) * stride + heads * 512) + i % heads);
+    ml[i] =
+        __ldcg(reinterpret_cast<const float2*>(row_partials + (i / heads) * stride + heads * 512) +
+               i % heads);
   ptx::named_sync(5, 256);
   if (thread < heads) {
     float m = -INFINITY, l = 0.f;
@@ -152,7 +158,8 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
       l += weight * ml[s * heads + thread].y;
       weights[s * heads + thread] = weight;
     }
-    factors[thread] = thread < w.live_heads ? finish_row(p, w.token, w.head0 + thread, m, l, true) : 0.f;
+    factors[thread] =
+        thread < w.live_heads ? finish_row(p, w.token, w.head0 + thread, m, l, true) : 0.f;
   }
   ptx::named_sync(5, 256);
   switch (heads) {

@@ -25,7 +25,8 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
   c.full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
   c.empty = c.full + kStagesL;
   c.xch_mine = reinterpret_cast<float4*>(smem + Smem::xch) + c.half * 128 * (kScores / 4);
-  c.xch_other = reinterpret_cast<const float4*>(smem + Smem::xch) + (1 - c.half) * 128 * (kScores / 4);
+  c.xch_other =
+      reinterpret_cast<const float4*>(smem + Smem::xch) + (1 - c.half) * 128 * (kScores / 4);
   c.mask = smem + Smem::mask;
 
   // Query half: 64 rows x 256 dims as bf16 (an e4m3 query converts exactly); rows past the
@@ -33,16 +34,19 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
   for (int i = c.tid; i < kMmaRows * 32; i += 128) {
     const int row = i / 32, unit = i % 32;
     const bool live = row < w.live_heads;
-    const int64_t at = int64_t(w.token) * p.q_token_stride + int64_t(w.head0 + row) * p.q_head_stride +
-                       c.half * 256 + unit * 8;
+    const int64_t at = int64_t(w.token) * p.q_token_stride +
+                       int64_t(w.head0 + row) * p.q_head_stride + c.half * 256 + unit * 8;
     uint8_t* dst = q_half + (unit / 8) * kQChunkBytes + swizzle(row, unit % 8);
-    if (p.query_fp8) {
-      const uint2 v = live ? __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.query) + at))
-                           : make_uint2(0, 0);
+    bool fp8_query = false;  // only per-tensor fp8 caches take an e4m3 query
+    if constexpr (L == KvLayout::fp8_e4m3) fp8_query = p.query_fp8;
+    if (fp8_query) {
+      const uint2 v =
+          live ? __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.query) + at))
+               : make_uint2(0, 0);
       *reinterpret_cast<uint4*>(dst) = e4m3x8_to_bf16(v.x, v.y, 1.f);
     } else {
-      ptx::cp_async_16(ptx::smem_addr(dst), static_cast<const __nv_bfloat16*>(p.query) + (live ? at : 0),
-                       live);
+      ptx::cp_async_16(ptx::smem_addr(dst),
+                       static_cast<const __nv_bfloat16*>(p.query) + (live ? at : 0), live);
     }
   }
   ptx::cp_async_commit();
@@ -88,7 +92,8 @@ template <KvLayout L>
 constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs<L>) / 2 / 8 * 8;
 
 template <KvLayout L>
-__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_kernel(const __grid_constant__ DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
   // Offsetting the __shared__ array (not an integer cast) keeps shared-memory instructions.
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);

@@ -15,17 +15,15 @@
 namespace smla::cuda {
 namespace {
 
-void require(bool ok, const char* argument, const std::string& expected, const std::string& got) {
-  if (!ok) throw Error(ErrorKind::unsupported, argument, expected, got);
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 PoolParams pool_params(const KvPool& pool, const char* name) {
-  require(aligned16(pool.base) && pool.token_stride_bytes % 16 == 0 && pool.block_stride_bytes % 16 == 0,
+  require(aligned16(pool.base) && pool.token_stride_bytes % 16 == 0 &&
+              pool.block_stride_bytes % 16 == 0,
           name, "16-byte aligned rows on CUDA",
-          "base " + std::to_string(reinterpret_cast<uintptr_t>(pool.base) % 16) + " mod 16, strides " +
-              std::to_string(pool.token_stride_bytes) + "/" + std::to_string(pool.block_stride_bytes) + " B");
+          "base " + std::to_string(reinterpret_cast<uintptr_t>(pool.base) % 16) +
+              " mod 16, strides " + std::to_string(pool.token_stride_bytes) + "/" +
+              std::to_string(pool.block_stride_bytes) + " B");
   PoolParams p;
   p.base = reinterpret_cast<const char*>(pool.base);
   p.token_stride_bytes = pool.token_stride_bytes;
@@ -33,6 +31,8 @@ PoolParams pool_params(const KvPool& pool, const char* name) {
   p.rows = uint32_t(std::min<int64_t>(pool.rows(), INT32_MAX));  // offsets are int32
   p.span = uint32_t(pool.span);
   p.block_size = uint32_t(pool.block_size);
+  require(pool.block_size * kDsMlaRecordBytes <= UINT32_MAX, name,
+          "pages of at most 2^32 bytes on CUDA", std::to_string(pool.block_size) + " rows a page");
   p.scales_offset_bytes = uint32_t(pool.block_size * kDsMlaRecordBytes);
   return p;
 }
@@ -42,20 +42,23 @@ template <KvLayout L>
 void launch(const DecodeParams& p, int64_t ctas, int device, cudaStream_t stream) {
   static std::array<std::atomic<bool>, 64> large_smem{};
   if (!large_smem[device].load()) {
-    SMLA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<L>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         kSmemBytes<L>));
+    SMLA_CUDA_CHECK(cudaFuncSetAttribute(
+        decode_kernel<L>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<L>));
     large_smem[device].store(true);
   }
   launch_early(decode_kernel<L>, dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<L>, stream, p);
 }
 
-size_t bytes_of(const TensorView& v) { return v.defined() ? size_t(v.numel()) * dtype_size(v.dtype) : 0; }
+size_t bytes_of(const TensorView& v) {
+  return v.defined() ? size_t(v.numel()) * dtype_size(v.dtype) : 0;
+}
 
 }  // namespace
 
 size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
   // Enough for the finest head blocks a plan may pick.
-  return size_t(max_tokens) * ((num_heads + kMinHeadsPerCta - 1) / kMinHeadsPerCta) * sizeof(int32_t);
+  return size_t(max_tokens) * ((num_heads + kMinHeadsPerCta - 1) / kMinHeadsPerCta) *
+         sizeof(int32_t);
 }
 
 size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, int device) {
@@ -70,32 +73,34 @@ bool is_decode_kernel(const void* func) {
 
 void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) {
   const int device = problem.device.id;
-  if (const std::string why = unsupported_reason(device); !why.empty())
-    throw Error(ErrorKind::unsupported, "query", "a tensor on a Hopper GPU", why);
-  require(current_device() == device, "query", "tensors on the current CUDA device (cuda:" +
-          std::to_string(current_device()) + ")", device_name(problem.device));
+  require_usable(problem.device, "query");
   if (problem.num_tokens == 0) return;
 
+  // Rows of 8-element units: 16 bytes for a bf16 query, 8 for an e4m3 one.
   const TensorView& q = args.query;
+  const bool q_fp8 = problem.query_dtype == DType::f8e4m3;
   require(aligned16(q.data) && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0, "query",
-          "16-byte aligned rows on CUDA", describe(q));
+          q_fp8 ? "8-byte aligned rows on CUDA (16-byte aligned start)"
+                : "16-byte aligned rows on CUDA",
+          describe(q));
   require(reinterpret_cast<uintptr_t>(args.out.data) % 16 == 0 && args.out.stride(0) % 8 == 0 &&
               args.out.stride(1) % 8 == 0,
           "out", "16-byte aligned rows on CUDA", describe(args.out));
 
   const size_t workspace_have = bytes_of(args.workspace);
   const size_t counters_have = bytes_of(args.kv_counters);
-  require(!args.workspace.defined() || aligned16(args.workspace.data), "workspace", "16-byte alignment",
-          "a misaligned pointer");
-  require(!args.kv_counters.defined() || reinterpret_cast<uintptr_t>(args.kv_counters.data) % 4 == 0,
-          "kv_counters", "4-byte alignment", "a misaligned pointer");
+  require(!args.workspace.defined() || aligned16(args.workspace.data), "workspace",
+          "16-byte alignment", "a misaligned pointer");
+  require(
+      !args.kv_counters.defined() || reinterpret_cast<uintptr_t>(args.kv_counters.data) % 4 == 0,
+      "kv_counters", "4-byte alignment", "a misaligned pointer");
   // Too small a workspace or counter buffer only limits splitting (SPEC §3: fall back).
   const DecodePlan plan = plan_decode(problem.num_tokens, problem.num_heads, problem.num_columns,
                                       sm_count(device), workspace_have, counters_have);
 
   DecodeParams p{};
   p.query = q.data;
-  p.query_fp8 = problem.query_dtype == DType::f8e4m3;
+  p.query_fp8 = q_fp8;
   p.q_token_stride = q.stride(0);
   p.q_head_stride = q.stride(1);
   p.swa = pool_params(problem.swa, "swa_kv_cache");
@@ -104,7 +109,8 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   p.indices_stride = args.sparse_indices.stride(0);
   p.sparse_topk_lens = args.sparse_topk_lens.ptr<const int32_t>();
   p.seq_lens = args.seq_lens.ptr<const int32_t>();
-  p.cum_seq_lens_q = args.cum_seq_lens_q.defined() ? args.cum_seq_lens_q.ptr<const int32_t>() : nullptr;
+  p.cum_seq_lens_q =
+      args.cum_seq_lens_q.defined() ? args.cum_seq_lens_q.ptr<const int32_t>() : nullptr;
   p.sinks = args.sinks.defined() ? args.sinks.ptr<const float>() : nullptr;
   p.out = args.out.data;
   p.out_token_stride = args.out.stride(0);

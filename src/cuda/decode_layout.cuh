@@ -29,13 +29,13 @@ static_assert(kStages<KvLayout::bf16> <= kMaxStages && kStages<KvLayout::fp8_e4m
                   kStages<KvLayout::fp8_ds_mla> <= kMaxStages,
               "barriers and column flags are laid out for kMaxStages");
 
-// A tile of fp8 rows as copied from the pool: 32 records, then fp8_ds_mla's scale bytes, one
-// 8-byte copy per lane. fp8_ds_mla's 576-B pitch spreads a warp's 16-byte reads over all bank
-// groups; e4m3's 528 B leaves two-way conflicts (576 for both is the next thing to measure).
+// A tile of fp8 rows as copied from the pool: 32 records 576 B apart (64 mod 128, so a warp's
+// 16-byte reads of 8 rows x 4 lanes spread over all bank groups), then fp8_ds_mla's scale
+// bytes, one 8-byte copy per lane.
 template <KvLayout L>
 struct RawTile {
   static constexpr int kBuffers = L == KvLayout::bf16 ? 0 : 2;
-  static constexpr int kPitch = L == KvLayout::fp8_ds_mla ? kDsMlaRecordBytes : kHeadDim + 16;
+  static constexpr int kPitch = kDsMlaRecordBytes;
   static constexpr int kScales = kTileColumns * kPitch;  // offset of the scale copies
   static constexpr int kBytes = kScales + (L == KvLayout::fp8_ds_mla ? kTileColumns * 4 * 8 : 0);
 };
@@ -44,7 +44,8 @@ struct Smem {  // byte offsets from a 1024-aligned base
   static constexpr int q = 0;                                     // 8 chunks: 64 x 512
   static constexpr int xch = q + 8 * kQChunkBytes;                // 2 x 128 threads x kScores f32
   static constexpr int xch_bytes = 2 * 128 * kScores * 4;
-  static constexpr int combine_bytes = (3 * kMaxSplits + 1) * kMmaRows * 4;  // (m, l), weights, factors
+  static constexpr int combine_bytes =
+      (3 * kMaxSplits + 1) * kMmaRows * 4;  // (m, l), weights, factors
   static constexpr int mask = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
   static constexpr int bars = mask + kMaxStages * kTileColumns;   // full[stages], empty[stages]
   static constexpr int flag = bars + 2 * kMaxStages * 8;
@@ -56,7 +57,8 @@ struct Smem {  // byte offsets from a 1024-aligned base
 };
 template <KvLayout L>
 constexpr int kSmemBytes = Smem::end<L> + 1024;  // slack to align the base
-static_assert(kSmemBytes<KvLayout::bf16> <= 227 * 1024 && kSmemBytes<KvLayout::fp8_e4m3> <= 227 * 1024 &&
+static_assert(kSmemBytes<KvLayout::bf16> <= 227 * 1024 &&
+                  kSmemBytes<KvLayout::fp8_e4m3> <= 227 * 1024 &&
                   kSmemBytes<KvLayout::fp8_ds_mla> <= 227 * 1024,
               "shared memory per CTA");
 

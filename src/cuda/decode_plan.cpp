@@ -39,7 +39,8 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns, i
         cost += kSplitFixedUs + splits * (kPartialLatencyUs + partial_bytes / kPartialBytesPerUs);
       if (best_cost < 0 || cost < best_cost - 1e-9) {
         best_cost = cost;
-        best = {heads_per_cta, head_blocks, splits, int(tiles_per_split), ctas, workspace, counters};
+        best = {heads_per_cta, head_blocks, splits,  int(tiles_per_split),
+                ctas,          workspace,   counters};
       }
     }
   }
@@ -53,8 +54,9 @@ size_t workspace_bound(int64_t num_tokens, int num_heads, int64_t num_columns, i
   size_t most = 0;
   for (int64_t t = 1; t <= num_tokens && t * blocks <= sm_count; ++t)
     for (int64_t tile = 1; tile <= tiles; ++tile)
-      most = std::max(most, plan_decode(t, num_heads, tile * kTileColumns, sm_count, SIZE_MAX, SIZE_MAX)
-                                .workspace_bytes);
+      most = std::max(most,
+                      plan_decode(t, num_heads, tile * kTileColumns, sm_count, SIZE_MAX, SIZE_MAX)
+                          .workspace_bytes);
   return most;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_fp8.h>
 
+#include "core/numeric.h"
 #include "cuda/decode_layout.cuh"
 
 namespace smla::cuda {
@@ -10,10 +11,13 @@ namespace smla::cuda {
 // Four lanes fill one row of a tile; columns that are not attended (SPEC §2 rules 1-3) become
 // zero rows that are never read from memory. The lane's row, and the index of its column in
 // `tile` (no dependence on the row's metadata, so the first ones load while that is in flight).
-__device__ __forceinline__ int producer_row() { return (threadIdx.x / 32) % 4 * 8 + threadIdx.x % 32 / 4; }
+__device__ __forceinline__ int producer_row() {
+  return (threadIdx.x / 32) % 4 * 8 + threadIdx.x % 32 / 4;
+}
 __device__ __forceinline__ int32_t load_index(const DecodeParams& p, int token, int tile) {
   const int col = tile * kTileColumns + producer_row();
-  return col < p.num_columns ? __ldg(p.sparse_indices + int64_t(token) * p.indices_stride + col) : -1;
+  return col < p.num_columns ? __ldg(p.sparse_indices + int64_t(token) * p.indices_stride + col)
+                             : -1;
 }
 
 // Where one column's row lives; `valid` false for a column that is not attended.
@@ -69,17 +73,20 @@ struct Fp8Rows {
   static_assert(kFp8Chunks % 4 == 0, "a k's chunks are all e4m3 or all bf16");
 
   // This lane's part of `src`'s record (zeros when not attended) into raw buffer `raw`.
-  static __device__ __forceinline__ void copy(const RowSource& src, uint8_t* raw, int row, int part) {
+  static __device__ __forceinline__ void copy(const RowSource& src, uint8_t* raw, int row,
+                                              int part) {
     const uint32_t dst = ptx::smem_addr(raw + row * Raw::kPitch);
 #pragma unroll
     for (int k = 0; k < kChunksPerLane; ++k)
       ptx::cp_async_16(dst + 16 * (part + 4 * k), src.record + 16 * (part + 4 * k), src.valid);
     if constexpr (L == KvLayout::fp8_ds_mla)
-      ptx::cp_async_8(ptx::smem_addr(raw + Raw::kScales + (row * 4 + part) * 8), src.scales, src.valid);
+      ptx::cp_async_8(ptx::smem_addr(raw + Raw::kScales + (row * 4 + part) * 8), src.scales,
+                      src.valid);
   }
 
   // The row as bf16 16-byte units into the 128B-swizzled chunks of the stage at `dst`.
-  static __device__ __forceinline__ void convert(const uint8_t* raw, uint8_t* dst, int row, int part) {
+  static __device__ __forceinline__ void convert(const uint8_t* raw, uint8_t* dst, int row,
+                                                 int part) {
     const uint8_t* src = raw + row * Raw::kPitch;
     uint2 scales = make_uint2(0, 0);
     if constexpr (L == KvLayout::fp8_ds_mla)
@@ -91,8 +98,7 @@ struct Fp8Rows {
       if (4 * k < kFp8Chunks) {
         float scale = 1.f;
         if constexpr (L == KvLayout::fp8_ds_mla) {
-          const uint32_t e = ((k < 4 ? scales.x : scales.y) >> (8 * (k % 4))) & 0xff;
-          scale = __uint_as_float(e ? e << 23 : 0x400000u);  // UE8M0: 2^(e - 127), e = 0 subnormal
+          scale = ue8m0_to_float(uint8_t((k < 4 ? scales.x : scales.y) >> (8 * (k % 4))));
         }
         const int unit = 2 * c;
         *reinterpret_cast<uint4*>(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8)) =
@@ -106,6 +112,15 @@ struct Fp8Rows {
     }
   }
 };
+
+// Whether the row's column is attended, for the consumers' mask: written by the row's first
+// lane and released by a plain arrive on the stage's full barrier.
+__device__ __forceinline__ void publish_flag(uint8_t* smem, uint64_t* full, int stage, int row,
+                                             int part, bool valid) {
+  if (part != 0) return;
+  smem[Smem::mask + stage * kTileColumns + row] = valid;
+  ptx::mbar_arrive(full);
+}
 
 // bf16: rows land in their stage by cp.async, indices two tiles ahead.
 __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& w, uint8_t* smem,
@@ -130,10 +145,7 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
                        src.record + unit * 16, src.valid);
     }
     ptx::cp_async_arrive(&full[stage]);  // when this thread's copies land
-    if (part == 0) {                     // column flags: released by a plain arrive
-      smem[Smem::mask + stage * kTileColumns + row] = src.valid;
-      ptx::mbar_arrive(&full[stage]);
-    }
+    publish_flag(smem, &full[stage], stage, row, part, src.valid);
   }
 }
 
@@ -163,13 +175,11 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
     ptx::cp_async_wait<1>();  // tile n's copies have landed
     const int stage = n % kStagesL;
     if (n >= kStagesL) ptx::mbar_wait(&empty[stage], ((n / kStagesL) - 1) & 1);
-    Rows::convert(raw + n % 2 * RawTile<L>::kBytes, smem + Smem::kv + stage * kTileBytes, row, part);
+    Rows::convert(raw + n % 2 * RawTile<L>::kBytes, smem + Smem::kv + stage * kTileBytes, row,
+                  part);
     ptx::fence_proxy_async();  // st.shared, then wgmma reads
     ptx::mbar_arrive(&full[stage]);
-    if (part == 0) {
-      smem[Smem::mask + stage * kTileColumns + row] = valid;
-      ptx::mbar_arrive(&full[stage]);
-    }
+    publish_flag(smem, &full[stage], stage, row, part, valid);
   }
 }
 

@@ -44,6 +44,19 @@ std::string unsupported_reason(int device) {
   return {};
 }
 
+void require(bool ok, const char* argument, const std::string& expected, const std::string& got) {
+  if (!ok) throw Error(ErrorKind::unsupported, argument, expected, got);
+}
+
+void require_usable(Device device, const char* argument) {
+  const std::string why = unsupported_reason(device.id);
+  require(why.empty(), argument, "a tensor on a Hopper GPU", device_name(device) + ": " + why);
+  const int current = current_device();
+  require(current == device.id, argument,
+          "a tensor on the current CUDA device (cuda:" + std::to_string(current) + ")",
+          device_name(device));
+}
+
 std::string device_info() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return "cuda: no device visible\n";
@@ -56,7 +69,9 @@ std::string device_info() {
             std::to_string(prop.multiProcessorCount) + " SMs, " +
             std::to_string(prop.totalGlobalMem >> 30) + " GiB, sm_" + std::to_string(prop.major) +
             std::to_string(prop.minor) + ": " +
-            (why.empty() ? "supported (bf16, fp8_e4m3 and fp8_ds_mla caches; 1..128 heads)" : "unsupported: " + why) + "\n";
+            (why.empty() ? "supported (bf16, fp8_e4m3 and fp8_ds_mla caches; 1..128 heads)"
+                         : "unsupported: " + why) +
+            "\n";
   }
   return info;
 }

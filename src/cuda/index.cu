@@ -196,14 +196,7 @@ __global__ void __launch_bounds__(kThreads) build_index_kernel(const IndexParams
 const void* index_kernel() { return reinterpret_cast<const void*>(&build_index_kernel); }
 
 void build_sparse_indices(const IndexProblem& problem, const SparseIndexArgs& a, void* stream) {
-  const int device = problem.device.id;
-  if (const std::string why = unsupported_reason(device); !why.empty())
-    throw Error(ErrorKind::unsupported, "sparse_indices", "a tensor on a Hopper GPU", why);
-  if (current_device() != device)
-    throw Error(
-        ErrorKind::unsupported, "sparse_indices",
-        "tensors on the current CUDA device (cuda:" + std::to_string(current_device()) + ")",
-        device_name(problem.device));
+  require_usable(problem.device, "sparse_indices");
   if (problem.num_tokens == 0) return;
   // Shapes alone say so; the CPU finds it reading cum_seq_lens_q.
   if (problem.num_requests == 0)
@@ -246,8 +239,8 @@ void build_sparse_indices(const IndexProblem& problem, const SparseIndexArgs& a,
     p.out_seq_lens = out.seq_lens.ptr<int32_t>();
     p.out_seq_lens_stride = out.seq_lens.strides[0];
   }
-  launch_early(build_index_kernel, dim3(static_cast<unsigned>(problem.num_tokens)), dim3(kThreads), 0,
-               static_cast<cudaStream_t>(stream), p);
+  launch_early(build_index_kernel, dim3(static_cast<unsigned>(problem.num_tokens)), dim3(kThreads),
+               0, static_cast<cudaStream_t>(stream), p);
 }
 
 }  // namespace smla::cuda

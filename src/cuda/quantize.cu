@@ -12,6 +12,8 @@
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
+#include "cuda/launch.h"
+#include "cuda/ptx.cuh"
 
 namespace smla::cuda {
 namespace {
@@ -19,7 +21,6 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kRowsPerCta = 4;
 constexpr int kThreads = kWarp * kRowsPerCta;
-constexpr int kGroup = 64;  // NoPE values under one UE8M0 scale: two per lane
 constexpr unsigned kAllLanes = 0xffffffffu;
 
 struct QuantizeParams {
@@ -43,8 +44,8 @@ __device__ void write_e4m3(const uint16_t* x, float kv_scale, uint8_t* record, i
 
 // The whole warp runs it (the reduction needs every lane).
 __device__ void write_ds_mla(const uint16_t* x, uint8_t* record, uint8_t* scales, int lane) {
-  for (int g = 0; g < kNopeDim / kGroup; ++g) {
-    const int d0 = g * kGroup + lane, d1 = d0 + kWarp;
+  for (int g = 0; g < kNopeDim / kDsMlaGroup; ++g) {
+    const int d0 = g * kDsMlaGroup + lane, d1 = d0 + kWarp;
     const unsigned local =
         max(unsigned{rules::finite_magnitude(x[d0])}, unsigned{rules::finite_magnitude(x[d1])});
     const auto max_magnitude = static_cast<uint16_t>(__reduce_max_sync(kAllLanes, local));
@@ -54,7 +55,7 @@ __device__ void write_ds_mla(const uint16_t* x, uint8_t* record, uint8_t* scales
     record[d1] = rules::ds_mla_e4m3(x[d1], inverse);
     if (lane == 0) scales[g] = e;
   }
-  if (lane == 0) scales[kNopeDim / kGroup] = 0;  // the pad byte
+  if (lane == 0) scales[kNopeDim / kDsMlaGroup] = 0;  // the pad byte
   // RoPE: the bf16 bits, little-endian, byte by byte (a u8 pool may start at any address).
   for (int d = kNopeDim + lane; d < kHeadDim; d += kWarp) {
     uint8_t* out = record + kNopeDim + 2 * (d - kNopeDim);
@@ -64,6 +65,8 @@ __device__ void write_ds_mla(const uint16_t* x, uint8_t* record, uint8_t* scales
 }
 
 __global__ void __launch_bounds__(kThreads) quantize_kv_kernel(const QuantizeParams p) {
+  ptx::griddep_launch_dependents();
+  ptx::griddep_wait();  // the rows, and the pool's bytes, may be written until now
   const int64_t i = int64_t{blockIdx.x} * kRowsPerCta + threadIdx.x / kWarp;
   if (i >= p.num_rows) return;  // the whole warp: one row per warp
   const int32_t slot = p.slots[i * p.slot_stride];
@@ -87,10 +90,6 @@ __global__ void __launch_bounds__(kThreads) quantize_kv_kernel(const QuantizePar
   }
 }
 
-void require(bool ok, const char* argument, const std::string& expected, const std::string& got) {
-  if (!ok) throw Error(ErrorKind::unsupported, argument, expected, got);
-}
-
 bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
@@ -99,12 +98,7 @@ const void* quantize_kernel() { return reinterpret_cast<const void*>(&quantize_k
 
 void quantize_kv(const QuantizeProblem& problem, const TensorView& rows, const TensorView& slots,
                  void* stream) {
-  const std::string where = device_name(problem.device);
-  const std::string why = unsupported_reason(problem.device.id);
-  require(why.empty(), "pool", "a pool on a Hopper GPU", where + ": " + why);
-  require(current_device() == problem.device.id, "pool",
-          "a pool on the current CUDA device (cuda:" + std::to_string(current_device()) + ")",
-          where);
+  require_usable(problem.device, "pool");
   if (problem.num_rows == 0) return;
   // Element-aligned data (what a typed tensor has): a misaligned access would kill the context.
   require(aligned(rows.data, 2), "rows", "2-byte aligned bf16 data", "a misaligned pointer");
@@ -123,9 +117,8 @@ void quantize_kv(const QuantizeProblem& problem, const TensorView& rows, const T
   p.num_rows = problem.num_rows;
   p.kv_scale = problem.kv_scale;
   p.pool = problem.pool;
-  quantize_kv_kernel<<<static_cast<unsigned>(ctas), kThreads, 0,
-                       static_cast<cudaStream_t>(stream)>>>(p);
-  SMLA_CUDA_CHECK(cudaGetLastError());
+  launch_early(quantize_kv_kernel, dim3(static_cast<unsigned>(ctas)), dim3(kThreads), 0,
+               static_cast<cudaStream_t>(stream), p);
 }
 
 }  // namespace smla::cuda

@@ -286,14 +286,7 @@ TEST(Quantize, PackedPagesAndPaddingSlots) {
       PoolShape shape = random_pool_shape(rng, layout);
       if (round == 0) shape.packed = layout == KvLayout::fp8_ds_mla ? 2 : shape.block_size;
       HostTensor pool = blank_pool(shape);
-      std::vector<int32_t> slots;
-      for (int32_t s = 0; s < shape.num_blocks * shape.block_size; ++s)
-        if (rng.chance(0.7)) slots.push_back(s);
-      for (int k = 0; k < 12; ++k)
-        slots.push_back(k % 3 == 0   ? -1
-                        : k % 3 == 1 ? std::numeric_limits<int32_t>::min()
-                                     : -static_cast<int32_t>(rng.uniform(2, 99)));
-      std::shuffle(slots.begin(), slots.end(), rng.engine());
+      const std::vector<int32_t> slots = random_slots(rng, shape, 0.7);
       Rows rows(static_cast<int64_t>(slots.size()), rng.chance(0.5) ? 64 : 0);
       fill_random(rows, rng, -20, 20, true);
       const float kv_scale = static_cast<float>(std::exp(rng.real(-4, 4)));

@@ -149,6 +149,12 @@ struct StepOnStream {
   explicit StepOnStream(const GpuStep& g)
       : streams(make_streams(DeviceMirror::kDevice, stream.get())),
         executor(g.layers, *streams, g.c.num_tokens(), g.max_columns) {}
+  // One step of `g`, run and waited for: its outputs' bytes.
+  std::vector<std::vector<std::byte>> eager_step(const GpuStep& g) {
+    executor.run_step(g.inputs, g.queries, g.outs);
+    stream.synchronize();
+    return g.out_bytes();
+  }
   TestStream stream;  // declared first: made before the streams that use it
   std::unique_ptr<Streams> streams;
   StepExecutor executor;
@@ -164,11 +170,9 @@ TEST_P(GpuExecutor, StepEqualsDirectCallsBitForBit) {
   SKIP_WITHOUT_GPU();
   GpuStep g(GetParam());
   StepOnStream on(g);
+  const auto stepped = on.eager_step(g);
   TestStream& stream = on.stream;
   StepExecutor& executor = on.executor;
-  executor.run_step(g.inputs, g.queries, g.outs);
-  stream.synchronize();
-  const auto stepped = g.out_bytes();
 
   g.poison_outs(stream.get());
   const int64_t T = g.c.num_tokens();
@@ -201,11 +205,9 @@ TEST_P(GpuExecutor, CapturedStepReplaysBitwise) {
   SKIP_WITHOUT_GPU();
   GpuStep g(GetParam());
   StepOnStream on(g);
+  const auto eager = on.eager_step(g);
   TestStream& stream = on.stream;
   StepExecutor& executor = on.executor;
-  executor.run_step(g.inputs, g.queries, g.outs);
-  stream.synchronize();
-  const auto eager = g.out_bytes();
   const TableStats eager_stats = executor.tables().stats();
 
   cudaGraph_t graph = nullptr;

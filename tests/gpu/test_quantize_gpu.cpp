@@ -211,14 +211,7 @@ TEST(GpuQuantize, RandomPagesAndPaddingSlotsMatchTheCpu) {
       PoolShape shape = random_pool_shape(rng, layout);
       if (round == 0) shape.packed = layout == KvLayout::fp8_ds_mla ? 2 : shape.block_size;
       const HostTensor pool = poisoned_pool(shape);
-      std::vector<int32_t> slots;
-      for (int32_t s = 0; s < shape.num_blocks * shape.block_size; ++s)
-        if (rng.chance(0.6)) slots.push_back(s);
-      for (int k = 0; k < 12; ++k)
-        slots.push_back(k % 3 == 0   ? -1
-                        : k % 3 == 1 ? std::numeric_limits<int32_t>::min()
-                                     : -static_cast<int32_t>(rng.uniform(2, 99)));
-      std::shuffle(slots.begin(), slots.end(), rng.engine());
+      const std::vector<int32_t> slots = random_slots(rng, shape, 0.6);
       const float kv_scale = static_cast<float>(std::exp(rng.real(-8, 8)));
       Rows rows(static_cast<int64_t>(slots.size()), round % 3 == 0 ? 0 : round % 3 == 1 ? 64 : 3);
       fill_rows(rows, rng, kv_scale);
