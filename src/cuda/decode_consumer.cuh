@@ -8,16 +8,31 @@ namespace smla::cuda {
 // P <= 2^8 stays exact enough in bf16 and the 128-register rescale of O is skipped.
 constexpr float kRescaleThreshold = 8.f;
 
+// Where the two consumer warpgroups exchange a tile's rows (offsets into Smem::xch). A thread
+// holds two fragment rows, r = 0 and 1, of its warp's 16: heads lane / 4 and lane / 4 + 8 in
+// warpgroup 1, swapped in warpgroup 2 (its Q rows are loaded so), so each finishes its row r = 0:
+// it receives the partner's partial scores of that row, runs its softmax and hands P (and the
+// rescale factor) to the partner, whose row r = 1 it is. Indices stay compile-time constants.
+struct Xch {
+  static constexpr int partials = 0;            // [writer half][2][128 threads] float4
+  static constexpr int p = 2 * 2 * 128 * 16;    // [writer half][128 threads] 4 x bf16x2
+  static constexpr int alpha = p + 2 * 128 * 16;  // [writer half][128 threads] f32
+  static constexpr int bytes = alpha + 2 * 128 * 4;
+};
+static_assert(Xch::bytes <= Smem::xch_bytes, "the exchange fits its shared-memory region");
+
 template <int kStages>
 struct Consumer {
   int half, tid, warp, lane;
   uint64_t q_desc, k_desc, v_desc;  // descriptors of this warpgroup's Q half, K and V of stage 0
   uint64_t *full, *empty;
-  float4 *xch_mine;
-  const float4* xch_other;
+  uint8_t* xch;
   const uint8_t* mask;
   float o[128];
-  float row_max[2], row_sum[2];
+  float row_max[2], row_sum[2];  // by fragment row; in the loop only row 0 is kept
+
+  // The CTA row (head - head0) of fragment row r.
+  __device__ __forceinline__ int row_of(int r) const { return warp * 16 + lane / 4 + 8 * (r ^ half); }
 
   // Issues the partial scores of the tile in `stage` (this warpgroup's 256 dims).
   __device__ __forceinline__ void issue_scores(float (&s)[kScores], int stage) {
@@ -34,67 +49,68 @@ struct Consumer {
   }
 
   // Tile n: its scores are in `s`; ends with P.V of n and the scores of n+1 (into `next`) queued.
-  __device__ __forceinline__ void step(int n, int tiles, float (&s)[kScores],
-                                       float (&next)[kScores], const DecodeParams& p) {
+  // Score fragment element 4j + 2r + e is row r, column 8j + 2 (lane % 4) + e.
+  __device__ __forceinline__ void step(int n, int tiles, float (&s)[kScores], float (&next)[kScores],
+                                       const DecodeParams& p) {
     const int stage = n % kStages;
     ptx::wgmma_wait<0>();  // scores of n, and P.V of n-1
     ptx::fence_operands(s);
     ptx::fence_operands(o);
     if (n > 0) ptx::mbar_arrive(&empty[(n - 1) % kStages]);
 
-    // Full scores = both halves' partials; a + b == b + a, so both warpgroups agree bitwise.
-    if (n > 0) ptx::named_sync(3, 256);  // the partner has read my previous partial
-#pragma unroll
-    for (int i = 0; i < kScores / 4; ++i)
-      xch_mine[i * 128 + tid] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
-    ptx::named_sync(4, 256);
-#pragma unroll
-    for (int i = 0; i < kScores / 4; ++i) {
-      const float4 v = xch_other[i * 128 + tid];
-      s[4 * i] += v.x, s[4 * i + 1] += v.y, s[4 * i + 2] += v.z, s[4 * i + 3] += v.w;
-    }
+    // Partial scores of the partner's row out, of mine in. Each exchange buffer is rewritten
+    // only after the other exchange's barrier, which the partner reaches after reading it.
+    float4* out = reinterpret_cast<float4*>(xch + Xch::partials) + half * 256 + tid;
+    out[0] = make_float4(s[2], s[3], s[6], s[7]);
+    out[128] = make_float4(s[10], s[11], s[14], s[15]);
+    ptx::named_sync(3, 256);
+    const float4* in = reinterpret_cast<const float4*>(xch + Xch::partials) + (1 - half) * 256 + tid;
+    const float4 in0 = in[0], in1 = in[128];
+    const float theirs[8] = {in0.x, in0.y, in0.z, in0.w, in1.x, in1.y, in1.z, in1.w};
 
-    // Online softmax in log2 units; masked columns are -inf (their rows were zero-filled).
-    const uint8_t* flags = mask + stage * kTileColumns;
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    // Online softmax of my row in log2 units; masked columns are -inf (their rows are zeros).
+    const uint8_t* flags = mask + stage * kTileColumns + 2 * (lane % 4);
+    float x[8], tile_max = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < kScores / 4; ++j) {
-      const int col = j * 8 + (lane % 4) * 2;
-      const bool v0 = flags[col], v1 = flags[col + 1];
+    for (int j = 0; j < 4; ++j) {
+      const uint16_t valid = *reinterpret_cast<const uint16_t*>(flags + 8 * j);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        s[4 * j + 2 * r] = v0 ? s[4 * j + 2 * r] * p.scale_log2 : -INFINITY;
-        s[4 * j + 2 * r + 1] = v1 ? s[4 * j + 2 * r + 1] * p.scale_log2 : -INFINITY;
-        tile_max[r] = fmaxf(tile_max[r], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      for (int e = 0; e < 2; ++e) {
+        const float full_score = s[4 * j + e] + theirs[2 * j + e];
+        x[2 * j + e] = (valid >> (8 * e)) & 1 ? full_score * p.scale_log2 : -INFINITY;
+        tile_max = fmaxf(tile_max, x[2 * j + e]);
       }
     }
-    float base[2], alpha[2] = {1.f, 1.f};
-    bool rescale = false;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(~0u, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(~0u, tile_max[r], 2));
-      if (tile_max[r] > row_max[r] + kRescaleThreshold) {  // also the first attended tile
-        alpha[r] = exp2f(row_max[r] - tile_max[r]);
-        row_max[r] = tile_max[r];
-        row_sum[r] *= alpha[r];
-        rescale = true;
-      }
-      base[r] = row_max[r] == -INFINITY ? 0.f : row_max[r];
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, 2));
+    float alpha[2] = {1.f, 1.f};
+    if (tile_max > row_max[0] + kRescaleThreshold) {  // also the first attended tile
+      alpha[0] = exp2f(row_max[0] - tile_max);
+      row_max[0] = tile_max;
+      row_sum[0] *= alpha[0];
     }
+    const float base = row_max[0] == -INFINITY ? 0.f : row_max[0];
+    uint32_t mine[4];  // P of my row, columns 8j + 2 (lane % 4) + {0, 1}
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float p0 = ptx::exp2_approx(x[2 * j] - base), p1 = ptx::exp2_approx(x[2 * j + 1] - base);
+      row_sum[0] += p0 + p1;
+      __nv_bfloat162 packed = __floats2bfloat162_rn(p0, p1);
+      mine[j] = *reinterpret_cast<uint32_t*>(&packed);
+    }
+    reinterpret_cast<uint4*>(xch + Xch::p)[half * 128 + tid] = make_uint4(mine[0], mine[1], mine[2], mine[3]);
+    reinterpret_cast<float*>(xch + Xch::alpha)[half * 128 + tid] = alpha[0];
+    ptx::named_sync(4, 256);
+    const uint4 got = reinterpret_cast<const uint4*>(xch + Xch::p)[(1 - half) * 128 + tid];
+    alpha[1] = reinterpret_cast<const float*>(xch + Xch::alpha)[(1 - half) * 128 + tid];
+    const uint32_t theirs_p[4] = {got.x, got.y, got.z, got.w};
     uint32_t pa[kTileColumns / 16][4];  // P as the bf16 A operand of the k16 steps
 #pragma unroll
-    for (int j = 0; j < kScores / 4; ++j) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float p0 = ptx::exp2_approx(s[4 * j + 2 * r] - base[r]);
-        const float p1 = ptx::exp2_approx(s[4 * j + 2 * r + 1] - base[r]);
-        row_sum[r] += p0 + p1;
-        __nv_bfloat162 packed = __floats2bfloat162_rn(p0, p1);
-        pa[j / 2][(j % 2) * 2 + r] = *reinterpret_cast<uint32_t*>(&packed);
-      }
+    for (int j = 0; j < 4; ++j) {
+      pa[j / 2][(j % 2) * 2] = mine[j];
+      pa[j / 2][(j % 2) * 2 + 1] = theirs_p[j];
     }
-    if (__any_sync(~0u, rescale)) {
+    if (__any_sync(~0u, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
     }
@@ -113,6 +129,17 @@ struct Consumer {
       ptx::fence_proxy_async();
       issue_scores(next, (n + 1) % kStages);
     }
+  }
+
+  // After the last tile: my row's sum over its quad, then the partner's row's (max, sum).
+  __device__ __forceinline__ void finish_rows() {
+    row_sum[0] += __shfl_xor_sync(~0u, row_sum[0], 1);
+    row_sum[0] += __shfl_xor_sync(~0u, row_sum[0], 2);
+    float2* ml = reinterpret_cast<float2*>(xch + Xch::partials);
+    ml[half * 128 + tid] = make_float2(row_max[0], row_sum[0]);
+    ptx::named_sync(3, 256);
+    const float2 theirs = ml[(1 - half) * 128 + tid];
+    row_max[1] = theirs.x, row_sum[1] = theirs.y;
   }
 };
 

@@ -52,7 +52,7 @@ __device__ __forceinline__ void write_staged(const DecodeParams& p, const Work& 
   if (w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
 }
 
-// A row's fragment `o` element i sits at row (i >> 1) & 1 (+8) and column 8 (i / 4) + 2 (lane % 4)
+// Fragment `o` element i sits at row row_of((i >> 1) & 1) and column 8 (i / 4) + 2 (lane % 4)
 // + (i & 1) of this warpgroup's half.
 template <class Consumer>
 __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& w,
@@ -61,7 +61,7 @@ __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& 
   ptx::named_sync(5, 256);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = c.warp * 16 + c.lane / 4 + 8 * r;
+    const int row = c.row_of(r);
     if (row >= p.heads_per_cta) continue;
     const float factor = row < w.live_heads
                              ? finish_row(p, w.token, w.head0 + row, c.row_max[r], c.row_sum[r],
@@ -120,7 +120,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
   float* mine = row_partials + w.split * stride;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = c.warp * 16 + c.lane / 4 + 8 * r;
+    const int row = c.row_of(r);
     if (row >= heads) continue;
     float2* dst = reinterpret_cast<float2*>(mine + row * 512 + c.half * 256 + (c.lane % 4) * 2);
 #pragma unroll

@@ -2,8 +2,8 @@
 // its columns. Warpgroup 0 gathers KV rows into 128B-swizzled shared memory as bf16, a few
 // tiles ahead (cp.async for bf16 caches; fp8 records are copied raw, then converted);
 // warpgroups 1 and 2 each own 256 of the 512 dims: they compute partial scores over their half
-// with wgmma, exchange them through shared memory, run the same online softmax, and accumulate
-// P.V for their half of the output. Splits of a row are reduced in the same launch by the last
+// with wgmma and exchange them through shared memory; each runs the online softmax of half the
+// rows and hands its P to the other; both accumulate P.V for their half of the output. Splits of a row are reduced in the same launch by the last
 // CTA to arrive (SPEC §3).
 #pragma once
 #include "cuda/decode_epilogue.cuh"
@@ -24,18 +24,16 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
   c.v_desc = ptx::sw128_desc(kv_half, kKvChunkBytes, 1024);
   c.full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
   c.empty = c.full + kStagesL;
-  c.xch_mine = reinterpret_cast<float4*>(smem + Smem::xch) + c.half * 128 * (kScores / 4);
-  c.xch_other =
-      reinterpret_cast<const float4*>(smem + Smem::xch) + (1 - c.half) * 128 * (kScores / 4);
+  c.xch = smem + Smem::xch;
   c.mask = smem + Smem::mask;
 
-  // Query half: 64 rows x 256 dims as bf16 (an e4m3 query converts exactly); rows past the
-  // live heads are zeros (no padded copy).
+  // Query half: 64 rows x 256 dims as bf16 (an e4m3 query converts exactly), warpgroup 2's
+  // rows r and r ^ 8 swapped (Xch); rows past the live heads are zeros (no padded copy).
   for (int i = c.tid; i < kMmaRows * 32; i += 128) {
-    const int row = i / 32, unit = i % 32;
-    const bool live = row < w.live_heads;
+    const int row = i / 32, unit = i % 32, head_row = row ^ (8 * c.half);
+    const bool live = head_row < w.live_heads;
     const int64_t at = int64_t(w.token) * p.q_token_stride +
-                       int64_t(w.head0 + row) * p.q_head_stride + c.half * 256 + unit * 8;
+                       int64_t(w.head0 + head_row) * p.q_head_stride + c.half * 256 + unit * 8;
     uint8_t* dst = q_half + (unit / 8) * kQChunkBytes + swizzle(row, unit % 8);
     bool fp8_query = false;  // only per-tensor fp8 caches take an e4m3 query
     if constexpr (L == KvLayout::fp8_e4m3) fp8_query = p.query_fp8;
@@ -56,8 +54,8 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
 
 #pragma unroll
   for (int i = 0; i < 128; ++i) c.o[i] = 0.f;
-  c.row_max[0] = c.row_max[1] = -INFINITY;
-  c.row_sum[0] = c.row_sum[1] = 0.f;
+  c.row_max[0] = -INFINITY;  // fragment row 0: the one this warpgroup finishes
+  c.row_sum[0] = 0.f;
   ptx::fence_operands(c.o);  // keep the zeroing out of any wgmma's flight
   const int tiles = w.tile_end - w.tile_begin;
   float s0[kScores], s1[kScores];
@@ -74,11 +72,7 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
   ptx::fence_operands(c.o);
   if (tiles > 0) ptx::mbar_arrive(&c.empty[(tiles - 1) % kStagesL]);
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    c.row_sum[r] += __shfl_xor_sync(~0u, c.row_sum[r], 1);
-    c.row_sum[r] += __shfl_xor_sync(~0u, c.row_sum[r], 2);
-  }
+  c.finish_rows();
   const int thread = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
   if (p.num_splits > 1)
     finish_split(p, w, c, smem, thread);

@@ -42,8 +42,8 @@ struct RawTile {
 
 struct Smem {  // byte offsets from a 1024-aligned base
   static constexpr int q = 0;                                     // 8 chunks: 64 x 512
-  static constexpr int xch = q + 8 * kQChunkBytes;                // 2 x 128 threads x kScores f32
-  static constexpr int xch_bytes = 2 * 128 * kScores * 4;
+  static constexpr int xch = q + 8 * kQChunkBytes;                // Xch, then the split combine
+  static constexpr int xch_bytes = 13 * 1024;                       // >= Xch::bytes
   static constexpr int combine_bytes =
       (3 * kMaxSplits + 1) * kMmaRows * 4;  // (m, l), weights, factors
   static constexpr int mask = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
