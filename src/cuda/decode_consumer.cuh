@@ -8,19 +8,6 @@ namespace smla::cuda {
 // P <= 2^8 stays exact enough in bf16 and the 128-register rescale of O is skipped.
 constexpr float kRescaleThreshold = 8.f;
 
-// Where the two consumer warpgroups exchange a tile's rows (offsets into Smem::xch). A thread
-// holds two fragment rows, r = 0 and 1, of its warp's 16: heads lane / 4 and lane / 4 + 8 in
-// warpgroup 1, swapped in warpgroup 2 (its Q rows are loaded so), so each finishes its row r = 0:
-// it receives the partner's partial scores of that row, runs its softmax and hands P (and the
-// rescale factor) to the partner, whose row r = 1 it is. Indices stay compile-time constants.
-struct Xch {
-  static constexpr int partials = 0;            // [writer half][2][128 threads] float4
-  static constexpr int p = 2 * 2 * 128 * 16;    // [writer half][128 threads] 4 x bf16x2
-  static constexpr int alpha = p + 2 * 128 * 16;  // [writer half][128 threads] f32
-  static constexpr int bytes = alpha + 2 * 128 * 4;
-};
-static_assert(Xch::bytes <= Smem::xch_bytes, "the exchange fits its shared-memory region");
-
 template <int kStages>
 struct Consumer {
   int half, tid, warp, lane;
@@ -32,7 +19,9 @@ struct Consumer {
   float row_max[2], row_sum[2];  // by fragment row; in the loop only row 0 is kept
 
   // The CTA row (head - head0) of fragment row r.
-  __device__ __forceinline__ int row_of(int r) const { return warp * 16 + lane / 4 + 8 * (r ^ half); }
+  __device__ __forceinline__ int row_of(int r) const {
+    return warp * 16 + lane / 4 + 8 * (r ^ half);
+  }
 
   // Issues the partial scores of the tile in `stage` (this warpgroup's 256 dims).
   __device__ __forceinline__ void issue_scores(float (&s)[kScores], int stage) {
@@ -50,8 +39,8 @@ struct Consumer {
 
   // Tile n: its scores are in `s`; ends with P.V of n and the scores of n+1 (into `next`) queued.
   // Score fragment element 4j + 2r + e is row r, column 8j + 2 (lane % 4) + e.
-  __device__ __forceinline__ void step(int n, int tiles, float (&s)[kScores], float (&next)[kScores],
-                                       const DecodeParams& p) {
+  __device__ __forceinline__ void step(int n, int tiles, float (&s)[kScores],
+                                       float (&next)[kScores], const DecodeParams& p) {
     const int stage = n % kStages;
     ptx::wgmma_wait<0>();  // scores of n, and P.V of n-1
     ptx::fence_operands(s);
@@ -60,12 +49,11 @@ struct Consumer {
 
     // Partial scores of the partner's row out, of mine in. Each exchange buffer is rewritten
     // only after the other exchange's barrier, which the partner reaches after reading it.
-    float4* out = reinterpret_cast<float4*>(xch + Xch::partials) + half * 256 + tid;
-    out[0] = make_float4(s[2], s[3], s[6], s[7]);
-    out[128] = make_float4(s[10], s[11], s[14], s[15]);
+    float4* partials = reinterpret_cast<float4*>(xch + Xch::partials) + tid;
+    partials[half * 256] = make_float4(s[2], s[3], s[6], s[7]);
+    partials[half * 256 + 128] = make_float4(s[10], s[11], s[14], s[15]);
     ptx::named_sync(3, 256);
-    const float4* in = reinterpret_cast<const float4*>(xch + Xch::partials) + (1 - half) * 256 + tid;
-    const float4 in0 = in[0], in1 = in[128];
+    const float4 in0 = partials[(1 - half) * 256], in1 = partials[(1 - half) * 256 + 128];
     const float theirs[8] = {in0.x, in0.y, in0.z, in0.w, in1.x, in1.y, in1.z, in1.w};
 
     // Online softmax of my row in log2 units; masked columns are -inf (their rows are zeros).
@@ -90,24 +78,28 @@ struct Consumer {
       row_sum[0] *= alpha[0];
     }
     const float base = row_max[0] == -INFINITY ? 0.f : row_max[0];
-    uint32_t mine[4];  // P of my row, columns 8j + 2 (lane % 4) + {0, 1}
+    uint32_t my_p[4];  // P of my row, columns 8j + 2 (lane % 4) + {0, 1}
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float p0 = ptx::exp2_approx(x[2 * j] - base), p1 = ptx::exp2_approx(x[2 * j + 1] - base);
+      const float p0 = ptx::exp2_approx(x[2 * j] - base);
+      const float p1 = ptx::exp2_approx(x[2 * j + 1] - base);
       row_sum[0] += p0 + p1;
       __nv_bfloat162 packed = __floats2bfloat162_rn(p0, p1);
-      mine[j] = *reinterpret_cast<uint32_t*>(&packed);
+      my_p[j] = *reinterpret_cast<uint32_t*>(&packed);
     }
-    reinterpret_cast<uint4*>(xch + Xch::p)[half * 128 + tid] = make_uint4(mine[0], mine[1], mine[2], mine[3]);
-    reinterpret_cast<float*>(xch + Xch::alpha)[half * 128 + tid] = alpha[0];
+    uint4* p_slots = reinterpret_cast<uint4*>(xch + Xch::p);
+    float* alphas = reinterpret_cast<float*>(xch + Xch::alpha);
+    const int mine = half * 128 + tid, partner = (1 - half) * 128 + tid;
+    p_slots[mine] = make_uint4(my_p[0], my_p[1], my_p[2], my_p[3]);
+    alphas[mine] = alpha[0];
     ptx::named_sync(4, 256);
-    const uint4 got = reinterpret_cast<const uint4*>(xch + Xch::p)[(1 - half) * 128 + tid];
-    alpha[1] = reinterpret_cast<const float*>(xch + Xch::alpha)[(1 - half) * 128 + tid];
+    const uint4 got = p_slots[partner];
+    alpha[1] = alphas[partner];
     const uint32_t theirs_p[4] = {got.x, got.y, got.z, got.w};
     uint32_t pa[kTileColumns / 16][4];  // P as the bf16 A operand of the k16 steps
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      pa[j / 2][(j % 2) * 2] = mine[j];
+      pa[j / 2][(j % 2) * 2] = my_p[j];
       pa[j / 2][(j % 2) * 2 + 1] = theirs_p[j];
     }
     if (__any_sync(~0u, alpha[0] != 1.f || alpha[1] != 1.f)) {

@@ -3,8 +3,8 @@
 // tiles ahead (cp.async for bf16 caches; fp8 records are copied raw, then converted);
 // warpgroups 1 and 2 each own 256 of the 512 dims: they compute partial scores over their half
 // with wgmma and exchange them through shared memory; each runs the online softmax of half the
-// rows and hands its P to the other; both accumulate P.V for their half of the output. Splits of a row are reduced in the same launch by the last
-// CTA to arrive (SPEC §3).
+// rows and hands its P to the other; both accumulate P.V for their half of the output. Splits
+// of a row are reduced in the same launch by the last CTA to arrive (SPEC §3).
 #pragma once
 #include "cuda/decode_epilogue.cuh"
 #include "cuda/decode_producer.cuh"

@@ -40,10 +40,22 @@ struct RawTile {
   static constexpr int kBytes = kScales + (L == KvLayout::fp8_ds_mla ? kTileColumns * 4 * 8 : 0);
 };
 
+// Where the two consumer warpgroups exchange a tile's rows (offsets into Smem::xch). A thread
+// holds two fragment rows, r = 0 and 1, of its warp's 16: heads lane / 4 and lane / 4 + 8 in
+// warpgroup 1, swapped in warpgroup 2 (its Q rows are loaded so), so each finishes its row r = 0:
+// it receives the partner's partial scores of that row, runs its softmax and hands P (and the
+// rescale factor) to the partner, whose row r = 1 it is. Indices stay compile-time constants.
+struct Xch {
+  static constexpr int partials = 0;              // [writer half][2][128 threads] float4
+  static constexpr int p = 2 * 2 * 128 * 16;      // [writer half][128 threads] 4 x bf16x2
+  static constexpr int alpha = p + 2 * 128 * 16;  // [writer half][128 threads] f32
+  static constexpr int bytes = alpha + 2 * 128 * 4;
+};
+
 struct Smem {  // byte offsets from a 1024-aligned base
   static constexpr int q = 0;                                     // 8 chunks: 64 x 512
   static constexpr int xch = q + 8 * kQChunkBytes;                // Xch, then the split combine
-  static constexpr int xch_bytes = 13 * 1024;                       // >= Xch::bytes
+  static constexpr int xch_bytes = Xch::bytes;
   static constexpr int combine_bytes =
       (3 * kMaxSplits + 1) * kMmaRows * 4;  // (m, l), weights, factors
   static constexpr int mask = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
