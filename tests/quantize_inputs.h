@@ -26,6 +26,14 @@ struct Rows {
   }
 };
 
+// A random pool for round `round` of a quantizer test; round 0 always packs other data into
+// its pages (fp8_ds_mla: 2 extra 576-B units; other layouts: a page twice the block).
+inline PoolShape quantize_pool_shape(Rng& rng, KvLayout layout, int round) {
+  PoolShape shape = random_pool_shape(rng, layout);
+  if (round == 0) shape.packed = layout == KvLayout::fp8_ds_mla ? 2 : shape.block_size;
+  return shape;
+}
+
 // A pool of `shape` whose every byte (page tails and packed slots too) is `fill`, so that a byte
 // quantize_kv must not write shows.
 inline HostTensor filled_pool(const PoolShape& shape, std::byte fill) {

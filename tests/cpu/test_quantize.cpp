@@ -283,8 +283,7 @@ TEST(Quantize, PackedPagesAndPaddingSlots) {
     for (int round = 0; round < 6; ++round) {
       const uint64_t seed = fresh_seed();
       Rng rng(seed);
-      PoolShape shape = random_pool_shape(rng, layout);
-      if (round == 0) shape.packed = layout == KvLayout::fp8_ds_mla ? 2 : shape.block_size;
+      const PoolShape shape = quantize_pool_shape(rng, layout, round);
       HostTensor pool = blank_pool(shape);
       const std::vector<int32_t> slots = random_slots(rng, shape, 0.7);
       Rows rows(static_cast<int64_t>(slots.size()), rng.chance(0.5) ? 64 : 0);

@@ -208,8 +208,7 @@ TEST(GpuQuantize, RandomPagesAndPaddingSlotsMatchTheCpu) {
     for (int round = 0; round < 8; ++round) {
       const uint64_t seed = fresh_seed();
       Rng rng(seed);
-      PoolShape shape = random_pool_shape(rng, layout);
-      if (round == 0) shape.packed = layout == KvLayout::fp8_ds_mla ? 2 : shape.block_size;
+      const PoolShape shape = quantize_pool_shape(rng, layout, round);
       const HostTensor pool = poisoned_pool(shape);
       const std::vector<int32_t> slots = random_slots(rng, shape, 0.6);
       const float kv_scale = static_cast<float>(std::exp(rng.real(-8, 8)));
