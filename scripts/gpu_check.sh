@@ -38,14 +38,14 @@ run_step() {  # name, log, command...   (steps may share a log: each appends its
 
 for step in $steps; do
   case $step in
-    tests) run_step tests tests.log "$BUILD/tests/smla_gpu_tests" ;;
+    tests) run_step tests tests.log timeout -s KILL 300 "$BUILD/tests/smla_gpu_tests" ;;
     sanitize)  # small bf16 and fp8_ds_mla decodes, index builders, quantizer, a 3-layer forked step
       filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.Fp8DsMlaGraphReplayEqualsEagerBitwise:GpuIndex.*:GpuQuantize.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups-GpuIndex.ManyRequestsMatchTheCpu'
       run_step memcheck tests.log timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter
       run_step racecheck tests.log timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter ;;
-    bench) run_step bench bench.log "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
+    bench) run_step bench bench.log timeout -s KILL 300 "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
     run)
       run_step info run.log "$BUILD/smla" info
       run_step run run.log "$BUILD/smla" run --device cuda --requests 64 --mtp 2 --context 16384 --check 4
