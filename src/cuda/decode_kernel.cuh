@@ -85,8 +85,10 @@ constexpr int kProducerRegs = L == KvLayout::bf16 ? 40 : 56;
 // setmaxnreg only moves registers within the CTA's launch allocation (168 a thread at 384
 // threads): a consumer asking for more than the producer gave back waits forever.
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+constexpr int kWarpgroups = kThreads / 128;  // one producer, the rest consumers
 template <KvLayout L>
-constexpr int kConsumerRegs = (3 * kLaunchRegs - kProducerRegs<L>) / 2 / 8 * 8;
+constexpr int kConsumerRegs =
+    (kWarpgroups * kLaunchRegs - kProducerRegs<L>) / (kWarpgroups - 1) / 8 * 8;
 
 template <KvLayout L>
 __global__ void __launch_bounds__(kThreads, 1)
