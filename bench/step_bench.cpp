@@ -1,8 +1,9 @@
 // Step benchmark: one whole decode step's attention for V4-Flash (43 layers) and V4.1-Flash (40),
 // 64 and 128 requests x 1 and 2 tokens, contexts 16K and 64K, bf16 caches. Each step runs
-// through the executor captured as one CUDA graph (after an eager step), with its tables shared
-// and with every layer building its own: median replay time, the graph's nodes by kind, and its
-// table builds captured alone against the whole step. Prints a table; --csv writes it too.
+// through the executor captured as one CUDA graph (after an eager step) three ways — compressed
+// columns read from the top-k by the decode (the default), SPEC §5's shared tables, and every
+// layer building its own: median replay time, the graph's nodes by kind, and its table builds
+// captured alone against the whole step. Prints a table; --csv writes it too.
 #include <cstdio>
 #include <cstring>
 #include <memory>

@@ -37,4 +37,21 @@ inline DecodeArgs direct_decode_args(const AttentionLayer& layer, const SparseIn
   return d;
 }
 
+// The same call with the compressed columns read from the top-k (TopkColumns): `swa` is the
+// layer's SWA-only table (its SparseIndexArgs without compressed columns, built), `c` the
+// compressed columns its own table would be built from.
+inline DecodeArgs topk_decode_args(const AttentionLayer& layer, const SparseIndexArgs& swa,
+                                   const CompressedColumns& c, const TensorView& query,
+                                   const TensorView& out) {
+  DecodeArgs d = direct_decode_args(layer, swa, query, out);
+  d.compressed_kv_cache = c.compressed_kv_cache;
+  d.sparse_topk_lens = {};
+  d.topk_columns = {.topk_indices = c.topk_indices,
+                    .block_table = c.block_table,
+                    .is_valid_token = swa.step.is_valid_token,
+                    .num_decodes = swa.step.num_decodes,
+                    .compress_ratio = c.compress_ratio};
+  return d;
+}
+
 }  // namespace smla::test

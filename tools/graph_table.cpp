@@ -1,5 +1,6 @@
 #include "graph_table.h"
 
+#include <array>
 #include <cstdio>
 
 namespace smla::cli {
@@ -12,25 +13,34 @@ std::string format(const char* pattern, Args... args) {
   return line;
 }
 
+// The three graphs in print order.
+std::array<const StepGraph*, 3> in_order(const StepGraphs& graphs) {
+  return {&graphs.topk, &graphs.shared, &graphs.none};
+}
+
+// What `g` saves against none, scaled and printed by `pattern`; `on_none` on none's own row.
+std::string saved(const StepGraph* g, const StepGraphs& graphs, const char* pattern, double scale,
+                  const char* on_none) {
+  return g == &graphs.none ? on_none : format(pattern, scale * saves(*g, graphs));
+}
+
 }  // namespace
 
 std::string graph_table_header() {
-  return format("%-7s %9s %9s %6s %6s  %6s %8s %7s %9s %6s %6s %6s %9s %5s  %s", "sharing",
+  return format("%-7s %9s %9s %6s %6s  %6s %8s %7s %9s %6s %6s %6s %9s %5s  %s", "tables",
                 "step us", "builds us", "build%", "saves", "builds", "distinct", "decodes",
                 "otherkern", "memset", "memcpy", "events", "othernode", "forks", "graph");
 }
 
 std::vector<std::string> graph_table_rows(const StepGraphs& graphs) {
-  const std::string saves[] = {format("%5.1f%%", 100 * sharing_saves(graphs)), "-"};
   std::vector<std::string> rows;
-  for (int i = 0; i < 2; ++i) {
-    const StepGraph* g = i == 0 ? &graphs.shared : &graphs.none;
+  for (const StepGraph* g : in_order(graphs)) {
     const GraphNodes& n = g->nodes;
     rows.push_back(format("%-7s %9.1f %9.1f %5.1f%% %6s  %6d %8d %7d %9d %6d %6d %6d %9d %5zu  %s",
-                          sharing_name(g->sharing), g->step_ms * 1e3, g->builds_ms * 1e3,
-                          100 * build_share(*g), saves[i].c_str(), n.table_builds,
-                          g->distinct_tables, n.decodes, n.other_kernels, n.memsets, n.memcpys,
-                          n.events, n.others, g->tables.forks.size(),
+                          graph_name(*g), g->step_ms * 1e3, g->builds_ms * 1e3,
+                          100 * build_share(*g), saved(g, graphs, "%5.1f%%", 100, "-").c_str(),
+                          n.table_builds, g->distinct_tables, n.decodes, n.other_kernels, n.memsets,
+                          n.memcpys, n.events, n.others, g->tables.forks.size(),
                           graph_problems(*g).empty() ? "ok" : "WRONG"));
   }
   return rows;
@@ -38,29 +48,27 @@ std::vector<std::string> graph_table_rows(const StepGraphs& graphs) {
 
 std::vector<std::string> graph_problem_lines(const StepGraphs& graphs) {
   std::vector<std::string> lines;
-  for (const StepGraph* g : {&graphs.shared, &graphs.none})
+  for (const StepGraph* g : in_order(graphs))
     for (const std::string& problem : graph_problems(*g))
-      lines.push_back("graph WRONG (sharing " + std::string(sharing_name(g->sharing)) +
-                      "): " + problem);
+      lines.push_back("graph WRONG (tables " + std::string(graph_name(*g)) + "): " + problem);
   return lines;
 }
 
 std::string graph_csv_header() {
-  return "sharing,step_us,builds_us,build_share,sharing_saves,table_builds,distinct_tables,"
+  return "tables,step_us,builds_us,build_share,saves,table_builds,distinct_tables,"
          "decodes,other_kernels,memsets,memcpys,event_nodes,other_nodes,forks,waits,graph_ok";
 }
 
 std::vector<std::string> graph_csv_rows(const StepGraphs& graphs) {
-  const std::string saves[] = {format("%.4f", sharing_saves(graphs)), ""};
   std::vector<std::string> rows;
-  for (int i = 0; i < 2; ++i) {
-    const StepGraph* g = i == 0 ? &graphs.shared : &graphs.none;
+  for (const StepGraph* g : in_order(graphs)) {
     const GraphNodes& n = g->nodes;
-    rows.push_back(format(
-        "%s,%.2f,%.2f,%.4f,%s,%d,%d,%d,%d,%d,%d,%d,%d,%zu,%zu,%d", sharing_name(g->sharing),
-        g->step_ms * 1e3, g->builds_ms * 1e3, build_share(*g), saves[i].c_str(), n.table_builds,
-        g->distinct_tables, n.decodes, n.other_kernels, n.memsets, n.memcpys, n.events, n.others,
-        g->tables.forks.size(), g->tables.waits.size(), graph_problems(*g).empty() ? 1 : 0));
+    rows.push_back(format("%s,%.2f,%.2f,%.4f,%s,%d,%d,%d,%d,%d,%d,%d,%d,%zu,%zu,%d", graph_name(*g),
+                          g->step_ms * 1e3, g->builds_ms * 1e3, build_share(*g),
+                          saved(g, graphs, "%.4f", 1, "").c_str(), n.table_builds,
+                          g->distinct_tables, n.decodes, n.other_kernels, n.memsets, n.memcpys,
+                          n.events, n.others, g->tables.forks.size(), g->tables.waits.size(),
+                          graph_problems(*g).empty() ? 1 : 0));
   }
   return rows;
 }

@@ -1,6 +1,6 @@
 // The figures of a step's graphs (step_graph.h) as rows of a printed table and of CSV: the same
-// columns in `smla run` and smla_step_bench. Rows come in pairs, shared then none; what sharing
-// saves is on the shared row.
+// columns in `smla run` and smla_step_bench. Rows come in threes, topk, shared, none; each of
+// the first two says what it saves against none.
 #pragma once
 #include <string>
 #include <vector>
@@ -12,8 +12,8 @@ namespace smla::cli {
 std::string graph_table_header();
 std::vector<std::string> graph_table_rows(const StepGraphs& graphs);
 
-// "graph WRONG (sharing <name>): <problem>" for each of graph_problems' phrases; none when both
-// graphs are SPEC §5's.
+// "graph WRONG (tables <name>): <problem>" for each of graph_problems' phrases; none when every
+// graph is what SPEC §5 implies.
 std::vector<std::string> graph_problem_lines(const StepGraphs& graphs);
 
 std::string graph_csv_header();

@@ -59,13 +59,14 @@ GraphNodes count_nodes(cudaGraph_t graph) {
 }
 
 StepGraph measure(const StepData& data, Streams& streams, int64_t max_tokens, int64_t max_columns,
-                  TableSharing sharing, int replays) {
+                  TableSharing sharing, CompressedIndex compressed, int replays) {
   std::vector<LayerSpec> specs;
   for (const AttentionLayer& l : data.layers) specs.push_back(l.spec);
   StepGraph g{.sharing = sharing,
+              .compressed = compressed,
               .layers = static_cast<int>(specs.size()),
-              .distinct_tables = distinct_tables(specs, sharing)};
-  StepExecutor executor(data.layers, streams, max_tokens, max_columns, sharing);
+              .distinct_tables = distinct_tables(specs, sharing, compressed)};
+  StepExecutor executor(data.layers, streams, max_tokens, max_columns, sharing, compressed);
   const auto step = [&] { executor.run_step(data.inputs, data.queries, data.outs); };
   const auto builds = [&] { executor.build_tables(data.inputs); };
   step();  // eager: the builds alone take the same blocks in the same order
@@ -82,13 +83,16 @@ StepGraph measure(const StepData& data, Streams& streams, int64_t max_tokens, in
 
 }  // namespace
 
-const char* sharing_name(TableSharing sharing) {
-  return sharing == TableSharing::shared ? "shared" : "none";
+const char* graph_name(const StepGraph& g) {
+  if (g.sharing == TableSharing::none) return "none";
+  return g.compressed == CompressedIndex::topk ? "topk" : "shared";
 }
 
-int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing) {
+int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing,
+                    CompressedIndex compressed) {
   std::set<TableKey> distinct;
-  for (const LayerSpec& s : layers) distinct.insert({s.swa_group, sparse_index_key(s, sharing)});
+  for (const LayerSpec& s : layers)
+    distinct.insert({s.swa_group, sparse_index_key(table_spec(s, compressed), sharing)});
   return static_cast<int>(distinct.size());
 }
 
@@ -112,16 +116,20 @@ std::vector<std::string> graph_problems(const StepGraph& g) {
 
 double build_share(const StepGraph& g) { return g.step_ms > 0 ? g.builds_ms / g.step_ms : 0; }
 
-double sharing_saves(const StepGraphs& g) {
-  return g.none.step_ms > 0 ? 1 - g.shared.step_ms / g.none.step_ms : 0;
+double saves(const StepGraph& g, const StepGraphs& graphs) {
+  return graphs.none.step_ms > 0 ? 1 - g.step_ms / graphs.none.step_ms : 0;
 }
 
 StepGraphs measure_step_graphs(const StepData& data, Streams& streams, int64_t max_tokens,
                                int64_t max_columns, int replays) {
 #if SMLA_WITH_CUDA
   if (streams.device().kind == DeviceKind::cuda)
-    return {measure(data, streams, max_tokens, max_columns, TableSharing::shared, replays),
-            measure(data, streams, max_tokens, max_columns, TableSharing::none, replays)};
+    return {measure(data, streams, max_tokens, max_columns, TableSharing::shared,
+                    CompressedIndex::topk, replays),
+            measure(data, streams, max_tokens, max_columns, TableSharing::shared,
+                    CompressedIndex::table, replays),
+            measure(data, streams, max_tokens, max_columns, TableSharing::none,
+                    CompressedIndex::table, replays)};
 #else
   (void)data, (void)max_tokens, (void)max_columns, (void)replays;
 #endif

@@ -1,6 +1,7 @@
-// A decode step captured as one CUDA graph, with its tables shared (the executor as is) and
-// without (every layer builds its own): the graph's nodes by kind, its median replay time, and
-// the time of the step's table builds captured alone — what index building costs of the step.
+// A decode step captured as one CUDA graph three ways — the executor as is (compressed columns
+// read from the top-k by the decode, one SWA table per group), SPEC §5's shared tables, and every
+// layer building its own table: the graph's nodes by kind, its median replay time, and the time
+// of the step's table builds captured alone — what index building costs of the step.
 // Shared by `smla run` on CUDA and smla_step_bench.
 #pragma once
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "smla/executor.h"
 #include "smla/tables.h"
 #include "synth.h"
 
@@ -26,6 +28,7 @@ struct GraphNodes {
 
 struct StepGraph {
   TableSharing sharing = TableSharing::shared;
+  CompressedIndex compressed = CompressedIndex::topk;
   int layers = 0;
   int distinct_tables = 0;  // (SWA group, key) pairs: the builds the step must make
   GraphNodes nodes{};
@@ -35,13 +38,14 @@ struct StepGraph {
 };
 
 struct StepGraphs {
-  StepGraph shared, none;
+  StepGraph topk, shared, none;  // (shared, topk), (shared, table), (none, table)
 };
 
-const char* sharing_name(TableSharing sharing);  // "shared", "none"
+const char* graph_name(const StepGraph& graph);  // "topk", "shared", "none"
 
-// The distinct (SWA group, sparse_index_key) pairs of `layers` under `sharing`.
-int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing);
+// The distinct (SWA group, sparse_index_key) pairs of the tables `layers` build.
+int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing,
+                    CompressedIndex compressed);
 
 // Where `graph` is not the graph SPEC §5 implies: one build per distinct table, one decode per
 // layer, no other kernel, no memset or memcpy, no other node but empty and event ones, and no
@@ -52,10 +56,11 @@ std::vector<std::string> graph_problems(const StepGraph& graph);
 // it (in the step, forked builds overlap decodes, so this bounds their cost from above).
 double build_share(const StepGraph& graph);
 
-// What sharing saves of the step's time without it (negative: sharing is slower).
-double sharing_saves(const StepGraphs& graphs);
+// What `graph` saves of the step's time with every layer building its own table (negative:
+// slower).
+double saves(const StepGraph& graph, const StepGraphs& graphs);
 
-// On CUDA, once with each sharing: a fresh StepExecutor runs the step of `data` eagerly (the
+// On CUDA, once each way: a fresh StepExecutor runs the step of `data` eagerly (the
 // kernels load and the streams' block cache gets every block a capture takes), then the step
 // is captured on streams.current() as one graph, its nodes counted and `replays` replays timed,
 // then the same for its table builds alone. streams.current() must be a stream of the run's own

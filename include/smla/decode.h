@@ -8,11 +8,11 @@
 
 namespace smla {
 
-constexpr int kHeadDim = 512;   // D: 448 NoPE + 64 RoPE; K = V = the whole row
+constexpr int kHeadDim = 512;  // D: 448 NoPE + 64 RoPE; K = V = the whole row
 constexpr int kNopeDim = 448;
 constexpr int kRopeDim = 64;
 constexpr int kMaxHeads = 128;
-constexpr int kWindow = 128;    // W in every known config
+constexpr int kWindow = 128;            // W in every known config
 constexpr int kDsMlaRecordBytes = 576;  // fp8_ds_mla: 448 e4m3 + 64 bf16 per token
 constexpr int kDsMlaScaleBytes = 8;     // fp8_ds_mla: 7 UE8M0 scales + 1 pad per token
 constexpr int kDsMlaGroup = 64;         // fp8_ds_mla: NoPE values under one UE8M0 scale
@@ -21,6 +21,17 @@ constexpr int kDsMlaGroup = 64;         // fp8_ds_mla: NoPE values under one UE8
 // (bf16 -> bf16, f8e4m3 -> fp8_e4m3, u8 -> fp8_ds_mla).
 enum class KvLayout { bf16, fp8_e4m3, fp8_ds_mla };
 const char* kv_layout_name(KvLayout layout);
+
+// Compressed columns [W, W + top_k) read straight from an index source's local top-k, exactly as
+// build_sparse_indices would have written them (SPEC §4), row lengths included: a compressed
+// layer then needs only its SWA group's "swa_only" table, and no table build of its own.
+struct TopkColumns {
+  TensorView topk_indices;    // [T, top_k] i32 local entries, -1 padded; absent: use the table
+  TensorView block_table;     // [>= B, pages] i32 of compressed_kv_cache (E = its block_size)
+  TensorView is_valid_token;  // [T] u8, optional: 0 = padding token, no compressed column
+  int64_t num_decodes = 0;    // requests [0, num_decodes) decode, the rest prefill (StepMetadata)
+  int compress_ratio = 0;     // >= 1: a prefill token reads its first min((pos+1)/ratio, top_k)
+};
 
 // A KV pool is a tensor [num_blocks, block_size, (1,) row] whose last dim is contiguous:
 // row = 512 elements (bf16, f8e4m3) or 584 bytes (u8, fp8_ds_mla, whose page interior is
@@ -31,7 +42,8 @@ struct DecodeArgs {
   TensorView swa_kv_cache;         // pool read by columns c < window
   TensorView compressed_kv_cache;  // pool read by columns c >= window; absent: swa_kv_cache
   TensorView sparse_indices;       // [T, K] i32 storage offsets, -1 = padding, K % 4 == 0
-  TensorView sparse_topk_lens;     // [T] i32
+  TensorView sparse_topk_lens;     // [T] i32; absent with topk_columns
+  TopkColumns topk_columns;        // optional: columns >= W from a top-k (sparse_indices >= W wide)
   TensorView seq_lens;             // [B] i32, KV length including the new tokens
   TensorView cum_seq_lens_q;       // [B+1] i32; absent: one token per request (T == B)
   int max_q_len = 1;               // >= every request's q_len

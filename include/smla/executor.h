@@ -25,6 +25,14 @@ struct AttentionLayer {
   float bmm2_scale = 1.f;            // 1 (kv_scale with an fp8 cache)
 };
 
+// Where a compressed layer's columns [W, K) come from. `table`: its own table, keyed as SPEC
+// §5 says. `topk`: the decode reads its index source's top-k (TopkColumns, bit-identical), so
+// the layer looks up its SWA group's "swa_only" table and a step builds one table per group.
+enum class CompressedIndex { table, topk };
+
+// The spec a layer's table is built and keyed from: SWA-only with CompressedIndex::topk.
+LayerSpec table_spec(const LayerSpec& layer, CompressedIndex compressed);
+
 // What changes every step.
 struct StepInputs {
   StepMetadata metadata{};
@@ -40,7 +48,8 @@ class StepExecutor {
   // model order; `streams` orders the work and must outlive this object. `sharing` none makes
   // every layer build its own table (for measuring what sharing saves).
   StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
-               int64_t max_columns, TableSharing sharing = TableSharing::shared);
+               int64_t max_columns, TableSharing sharing = TableSharing::shared,
+               CompressedIndex compressed = CompressedIndex::topk);
 
   void begin_step(const StepInputs& inputs);  // resets the tables; keeps a copy of `inputs`
   // `layer`'s attention of query [T, H, 512] into out [T, H_out, 512] on the current stream.
@@ -67,6 +76,7 @@ class StepExecutor {
   void each_layer(const StepInputs& inputs, const std::function<void(size_t)>& layer_work);
 
   std::vector<AttentionLayer> layers_;
+  CompressedIndex compressed_;
   Streams& streams_;
   SparseIndexTables tables_;
   std::shared_ptr<void> counters_, workspace_;

@@ -1,26 +1,45 @@
 """The decode op (SPEC §2) and the sizes of its buffers (SPEC §3)."""
 
+from dataclasses import dataclass
+from typing import Any, Optional
+
 from . import _smla
 from ._arrays import device_of, on_device, parse_device, scale, stream_handle, tensor
 
 WINDOW = _smla.WINDOW
 
 
+@dataclass
+class TopkColumns:
+    """Compressed columns [W, W + top_k) read straight from an index source's local top-k, as
+    build_sparse_indices would write them (smla::TopkColumns): sparse_indices then needs only
+    its SWA columns and sparse_topk_lens is None."""
+
+    topk_indices: Any                # [T, top_k] i32 local entries, -1 padded
+    block_table: Any                 # [>= B, pages] i32 of compressed_kv_cache
+    compress_ratio: int              # >= 1
+    num_decodes: int = 0             # requests [0, num_decodes) decode, the rest prefill
+    is_valid_token: Any = None       # [T] u8; None: all valid
+
+
 def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, seq_lens, out,
                       bmm1_scale, compressed_kv_cache=None, cum_seq_lens_q=None, max_q_len=1,
                       sinks=None, bmm2_scale=1.0, lse=None, workspace=None, kv_counters=None,
-                      window=WINDOW, stream=None) -> None:
+                      window=WINDOW, topk_columns: Optional[TopkColumns] = None,
+                      stream=None) -> None:
     """Writes the sparse MLA attention of `query` into `out` (and `lse`), as smla::DecodeArgs
     describes (SPEC §2): query [T, H, 512], pools [blocks, block_size, (1,) row],
     sparse_indices [T, K] i32 storage offsets (-1 padding), sparse_topk_lens [T], seq_lens [B],
     cum_seq_lens_q [B+1] (None: one token per request), sinks [H] f32, out [T, H_out, 512] bf16
     (heads >= H get zeros), lse [T, H] f32, workspace u8 and kv_counters (CUDA; see
-    kv_counter_buffer / workspace_buffer).
+    kv_counter_buffer / workspace_buffer); topk_columns (TopkColumns) reads the compressed
+    columns from a top-k instead of the table.
 
     Runs on the arrays' device: NumPy arrays on the CPU; CUDA tensors on `stream` (default: the
     framework's current stream), one launch, capturable in a CUDA graph. Bad input raises
     TypeError (dtype, device) or ValueError (shape, value) naming the argument;
     NotImplementedError for valid input this build or device cannot run."""
+    topk = topk_columns if topk_columns is not None else TopkColumns(None, None, 0)
     q = tensor(query, "query")
     device = device_of(q)
     args = dict(
@@ -40,6 +59,11 @@ def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, 
         workspace=tensor(workspace, "workspace", writable=True),
         kv_counters=tensor(kv_counters, "kv_counters", writable=True),
         window=int(window),
+        topk_indices=tensor(topk.topk_indices, "topk_columns.topk_indices"),
+        topk_block_table=tensor(topk.block_table, "topk_columns.block_table"),
+        is_valid_token=tensor(topk.is_valid_token, "topk_columns.is_valid_token"),
+        num_decodes=int(topk.num_decodes),
+        compress_ratio=int(topk.compress_ratio),
         stream=stream_handle(stream, device, query),
     )
     with on_device(device, query):

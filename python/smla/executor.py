@@ -51,10 +51,12 @@ class StepExecutor:
     graph, make the executor on the stream the capture uses (torch.cuda.graph(g, stream=s))
     and run one eager step of the same shape first (its memory serves the capture).
     Allocates zeroed counters and workspace for steps of up to `max_tokens` tokens and
-    `max_columns` table columns."""
+    `max_columns` table columns. `compressed_index`: "topk" (default) lets the decode read a
+    compressed layer's columns from its top-k, so a step builds one SWA table per group;
+    "table" builds each compressed key's table as SPEC §5 says (same output bits)."""
 
     def __init__(self, layers: Sequence[AttentionLayer], max_tokens: int, max_columns: int,
-                 stream=None):
+                 stream=None, compressed_index: str = "topk"):
         layers = list(layers)
         if not layers:
             raise ValueError("smla: layers: expected at least one layer, got none")
@@ -72,7 +74,8 @@ class StepExecutor:
                 bmm1_scales=[scale(l.bmm1_scale, "bmm1_scale") for l in layers],
                 bmm2_scales=[scale(l.bmm2_scale, "bmm2_scale") for l in layers],
                 kind=self._device[0], id=self._device[1], stream=handle,
-                max_tokens=int(max_tokens), max_columns=int(max_columns))
+                max_tokens=int(max_tokens), max_columns=int(max_columns),
+                compressed_index=str(compressed_index))
 
     def begin_step(self, inputs: StepInputs) -> None:
         """Resets the tables; keeps `inputs` (and its arrays) for the step."""

@@ -17,7 +17,9 @@ void decode(nb::handle query, nb::handle swa_kv_cache, nb::handle compressed_kv_
             nb::handle sparse_indices, nb::handle sparse_topk_lens, nb::handle seq_lens,
             nb::handle cum_seq_lens_q, int max_q_len, nb::handle sinks, float bmm1_scale,
             float bmm2_scale, nb::handle out, nb::handle lse, nb::handle workspace,
-            nb::handle kv_counters, int window, uintptr_t stream) {
+            nb::handle kv_counters, int window, nb::handle topk_indices,
+            nb::handle topk_block_table, nb::handle is_valid_token, int64_t num_decodes,
+            int compress_ratio, uintptr_t stream) {
   DecodeArgs a;
   a.query = take(query);
   a.swa_kv_cache = take(swa_kv_cache);
@@ -35,6 +37,11 @@ void decode(nb::handle query, nb::handle swa_kv_cache, nb::handle compressed_kv_
   a.workspace = take(workspace);
   a.kv_counters = take(kv_counters);
   a.window = window;
+  a.topk_columns = {.topk_indices = take(topk_indices),
+                    .block_table = take(topk_block_table),
+                    .is_valid_token = take(is_valid_token),
+                    .num_decodes = num_decodes,
+                    .compress_ratio = compress_ratio};
   // The CPU backend is multithreaded and may run for a while: let other Python threads go.
   // The views stay valid: the caller's frame holds every Tensor until we return.
   nb::gil_scoped_release release;
@@ -58,7 +65,9 @@ void bind_decode(nb::module_& m) {
         nb::arg("cum_seq_lens_q").none(), nb::arg("max_q_len"), nb::arg("sinks").none(),
         nb::arg("bmm1_scale"), nb::arg("bmm2_scale"), nb::arg("out").none(),
         nb::arg("lse").none(), nb::arg("workspace").none(), nb::arg("kv_counters").none(),
-        nb::arg("window"), nb::arg("stream"));
+        nb::arg("window"), nb::arg("topk_indices").none(), nb::arg("topk_block_table").none(),
+        nb::arg("is_valid_token").none(), nb::arg("num_decodes"), nb::arg("compress_ratio"),
+        nb::arg("stream"));
 
   m.def("kv_counter_bytes", &kv_counter_bytes, nb::arg("max_tokens"), nb::arg("num_heads"));
   m.def(

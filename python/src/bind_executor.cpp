@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "bindings.h"
+#include "smla/error.h"
 #include "smla/executor.h"
 #include "table_stats.h"
 #include "tensor_arg.h"
@@ -47,7 +48,8 @@ class Executor {
            const std::vector<nb::handle>& compressed_kv_caches,
            const std::vector<nb::handle>& sinks, const std::vector<float>& bmm1_scales,
            const std::vector<float>& bmm2_scales, const std::string& kind, int id,
-           uintptr_t stream, int64_t max_tokens, int64_t max_columns)
+           uintptr_t stream, int64_t max_tokens, int64_t max_columns,
+           const std::string& compressed_index)
       : streams_(make_streams(parse_device(kind, id), reinterpret_cast<void*>(stream))) {
     std::vector<AttentionLayer> layers;
     for (size_t i = 0; i < specs.size(); ++i)
@@ -57,8 +59,12 @@ class Executor {
                         .sinks = take(sinks.at(i), &keep_),
                         .bmm1_scale = bmm1_scales.at(i),
                         .bmm2_scale = bmm2_scales.at(i)});
-    executor_ =
-        std::make_unique<StepExecutor>(std::move(layers), *streams_, max_tokens, max_columns);
+    if (compressed_index != "topk" && compressed_index != "table")
+      throw Error(ErrorKind::value, "compressed_index", "\"topk\" or \"table\"",
+                  "\"" + compressed_index + "\"");
+    executor_ = std::make_unique<StepExecutor>(
+        std::move(layers), *streams_, max_tokens, max_columns, TableSharing::shared,
+        compressed_index == "topk" ? CompressedIndex::topk : CompressedIndex::table);
   }
 
   void begin_step(nb::handle inputs) {
@@ -104,10 +110,11 @@ void bind_executor(nb::module_& m) {
       .def(nb::init<const std::vector<LayerSpec>&, const std::vector<nb::handle>&,
                     const std::vector<nb::handle>&, const std::vector<nb::handle>&,
                     const std::vector<float>&, const std::vector<float>&, const std::string&,
-                    int, uintptr_t, int64_t, int64_t>(),
+                    int, uintptr_t, int64_t, int64_t, const std::string&>(),
            nb::arg("specs"), nb::arg("swa_kv_caches"), nb::arg("compressed_kv_caches"),
            nb::arg("sinks"), nb::arg("bmm1_scales"), nb::arg("bmm2_scales"), nb::arg("kind"),
-           nb::arg("id"), nb::arg("stream"), nb::arg("max_tokens"), nb::arg("max_columns"))
+           nb::arg("id"), nb::arg("stream"), nb::arg("max_tokens"), nb::arg("max_columns"),
+           nb::arg("compressed_index"))
       .def("begin_step", &Executor::begin_step, nb::arg("inputs"))
       .def("run_layer", &Executor::run_layer, nb::arg("layer"), nb::arg("query"), nb::arg("out"))
       .def("end_step", &Executor::end_step)

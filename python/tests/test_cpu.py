@@ -446,6 +446,36 @@ def test_build_sparse_indices(ratio):
     np.testing.assert_array_equal(args.out.sparse_topk_lens, lens)
 
 
+def test_decode_reads_the_topk_as_its_table_would():
+    rng = np.random.default_rng()
+    c = step_case(rng, invalid=[1])
+    c["topk"][:, ::3] = -1  # holes anywhere in a row
+    full, swa = index_args(c, 4), index_args(c, 0)
+    full.out = smla.SparseIndexTable(np.zeros((4, W + 12), np.int32), np.zeros(4, np.int32))
+    swa.out = smla.SparseIndexTable(np.zeros((4, W), np.int32), np.zeros(4, np.int32))
+    smla.build_sparse_indices(full)
+    smla.build_sparse_indices(swa)
+    assert (full.out.sparse_topk_lens > W).any()  # compressed columns to compare
+    s = c["step"]
+    query = rng.standard_normal((4, 4, D)).astype(BF16)
+    common = dict(query=query, swa_kv_cache=c["swa_view"], compressed_kv_cache=c["comp_view"],
+                  seq_lens=s.seq_lens, cum_seq_lens_q=s.cum_seq_lens_q, max_q_len=s.max_q_len,
+                  bmm1_scale=D**-0.5)
+    outs = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in range(2)]
+    smla.sparse_mla_decode(**common, sparse_indices=full.out.sparse_indices,
+                           sparse_topk_lens=full.out.sparse_topk_lens, out=outs[0])
+    topk = smla.TopkColumns(c["topk"], c["comp_table"], compress_ratio=4,
+                            num_decodes=s.num_decodes, is_valid_token=s.is_valid_token)
+    smla.sparse_mla_decode(**common, sparse_indices=swa.out.sparse_indices,
+                           sparse_topk_lens=None, out=outs[1], topk_columns=topk)
+    assert np.isfinite(outs[0].astype(np.float32)).all()
+    assert (outs[0].view(np.uint16) == outs[1].view(np.uint16)).all()
+    topk.compress_ratio = 0
+    with pytest.raises(ValueError, match="smla: topk_columns.compress_ratio:"):
+        smla.sparse_mla_decode(**common, sparse_indices=swa.out.sparse_indices,
+                               sparse_topk_lens=None, out=outs[1], topk_columns=topk)
+
+
 def test_build_sparse_indices_errors_name_the_argument():
     c = step_case(np.random.default_rng(31))
     args = index_args(c, 4)
@@ -511,12 +541,20 @@ def test_step_executor_matches_the_reference():
                                   sinks=sinks if i % 2 else None)
               for i, s in enumerate(specs)]
     executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12)
+    tables = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12, compressed_index="table")
     inputs = smla.StepInputs(metadata=c["step"], block_tables=groups,
                              compressed_block_tables={2: c["comp_table"]},
                              topk_indices={2: c["topk"]})
     queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
     outs = [np.full((4, 6, D), np.nan, np.float32).astype(BF16) for _ in specs]
     executor.run_step(inputs, queries, outs)
+    table_outs = [np.full_like(o, np.nan) for o in outs]
+    tables.run_step(inputs, queries, table_outs)
+    for a, b in zip(outs, table_outs):  # the top-k read by the decode: the table's bits
+        assert (a.view(np.uint16) == b.view(np.uint16)).all()
+    assert tables.stats["forks"] == [(1, "swa_only"), (1, "2:2:4")]
+    with pytest.raises(ValueError, match="smla: compressed_index:"):
+        smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12, compressed_index="tables")
     s = c["step"]
     for i, spec in enumerate(specs):
         indices, lens = expected_table(dict(c, block_table=groups[spec.swa_group]),
@@ -527,7 +565,7 @@ def test_step_executor_matches_the_reference():
         got = outs[i].astype(np.float64)
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, expected, rtol=2e-2, atol=2e-2)
-    assert executor.stats["forks"] == [(1, "swa_only"), (1, "2:2:4")]
+    assert executor.stats["forks"] == [(1, "swa_only")]  # one SWA table per group
     # Layer by layer gives the same bits.
     again = [np.full_like(o, np.nan) for o in outs]
     executor.begin_step(inputs)

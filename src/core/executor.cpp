@@ -8,9 +8,11 @@
 namespace smla {
 namespace {
 
-std::vector<LayerSpec> specs_of(const std::vector<AttentionLayer>& layers) {
+// What the tables see of each layer: with CompressedIndex::topk, only SWA columns.
+std::vector<LayerSpec> table_specs(const std::vector<AttentionLayer>& layers,
+                                   CompressedIndex compressed) {
   std::vector<LayerSpec> specs;
-  for (const AttentionLayer& l : layers) specs.push_back(l.spec);
+  for (const AttentionLayer& l : layers) specs.push_back(table_spec(l.spec, compressed));
   return specs;
 }
 
@@ -42,11 +44,30 @@ TensorView entry(const Map& map, int layer, const char* name, const char* role) 
   return it->second;
 }
 
+// A compressed layer's columns in this step: its index source's top-k, its kv source's pages.
+CompressedColumns compressed_columns(const StepInputs& inputs, const AttentionLayer& l) {
+  return {.compress_ratio = l.spec.compress_ratio,
+          .topk_indices =
+              entry(inputs.topk_indices, l.spec.index_source, "topk_indices", "index source"),
+          .block_table = entry(inputs.compressed_block_tables, l.spec.kv_source,
+                               "compressed_block_tables", "kv source"),
+          .compressed_kv_cache = l.compressed_kv_cache};
+}
+
 }  // namespace
 
+LayerSpec table_spec(const LayerSpec& layer, CompressedIndex compressed) {
+  LayerSpec spec = layer;
+  if (compressed == CompressedIndex::topk) spec.compress_ratio = 0;
+  return spec;
+}
+
 StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
-                           int64_t max_columns, TableSharing sharing)
-    : layers_(std::move(layers)), streams_(streams), tables_(specs_of(layers_), streams_, sharing) {
+                           int64_t max_columns, TableSharing sharing, CompressedIndex compressed)
+    : layers_(std::move(layers)),
+      compressed_(compressed),
+      streams_(streams),
+      tables_(table_specs(layers_, compressed), streams_, sharing) {
   int max_heads = 1;
   for (const AttentionLayer& l : layers_) max_heads = std::max(max_heads, l.spec.num_heads);
   counters_view_ = zeroed(streams_, kv_counter_bytes(max_tokens, max_heads), counters_);
@@ -75,14 +96,8 @@ SparseIndexArgs StepExecutor::table_inputs(int layer) const {
                 "a block table for SWA group " + std::to_string(group),
                 std::to_string(inputs_.block_tables.size()) + " block tables");
   args.swa = {inputs_.block_tables[group], l.swa_kv_cache};
-  if (l.spec.compress_ratio > 0) {
-    args.compressed = {.compress_ratio = l.spec.compress_ratio,
-                       .topk_indices = entry(inputs_.topk_indices, l.spec.index_source,
-                                             "topk_indices", "index source"),
-                       .block_table = entry(inputs_.compressed_block_tables, l.spec.kv_source,
-                                            "compressed_block_tables", "kv source"),
-                       .compressed_kv_cache = l.compressed_kv_cache};
-  }
+  if (table_spec(l.spec, compressed_).compress_ratio > 0)
+    args.compressed = compressed_columns(inputs_, l);
   return args;
 }
 
@@ -92,8 +107,9 @@ void StepExecutor::begin_step(const StepInputs& inputs) {
 }
 
 SparseIndexTable StepExecutor::table_of(const AttentionLayer& l) {
+  const LayerSpec spec = table_spec(l.spec, compressed_);  // what its table reads
   const bool index_source =
-      l.spec.compress_ratio > 0 && l.spec.index_topk > 0 && l.spec.index_source == l.spec.layer;
+      spec.compress_ratio > 0 && spec.index_topk > 0 && spec.index_source == spec.layer;
   if (index_source) tables_.join();
   return tables_.lookup(l.spec.layer, [this](int other) { return table_inputs(other); });
 }
@@ -110,7 +126,20 @@ void StepExecutor::run_layer(int layer, const TensorView& query, const TensorVie
   // SWA-only layers leave it absent: columns past W (DSpark) then read the SWA pool.
   if (l.spec.compress_ratio > 0) args.compressed_kv_cache = l.compressed_kv_cache;
   args.sparse_indices = table.sparse_indices;
-  args.sparse_topk_lens = table.sparse_topk_lens;
+  if (l.spec.compress_ratio > 0 && compressed_ == CompressedIndex::topk) {
+    if (step.decode_swa_width > l.spec.window)
+      check::fail(ErrorKind::value, "compress_ratio",
+                  "0 (the DSpark window is for SWA-only layers)",
+                  std::to_string(l.spec.compress_ratio) + " (layer " + std::to_string(layer) + ")");
+    const CompressedColumns c = compressed_columns(inputs_, l);
+    args.topk_columns = {.topk_indices = c.topk_indices,
+                         .block_table = c.block_table,
+                         .is_valid_token = step.is_valid_token,
+                         .num_decodes = step.num_decodes,
+                         .compress_ratio = l.spec.compress_ratio};
+  } else {
+    args.sparse_topk_lens = table.sparse_topk_lens;
+  }
   if (table.seq_lens.defined()) {  // DSpark: one request per token
     args.seq_lens = table.seq_lens;
     args.max_q_len = 1;
@@ -149,8 +178,7 @@ void StepExecutor::run_step(const StepInputs& inputs, std::span<const TensorView
         ErrorKind::value, "queries",
         "one query and one out per layer (" + std::to_string(layers_.size()) + ")",
         std::to_string(queries.size()) + " queries, " + std::to_string(outs.size()) + " outs");
-  each_layer(inputs,
-             [&](size_t i) { run_layer(layers_[i].spec.layer, queries[i], outs[i]); });
+  each_layer(inputs, [&](size_t i) { run_layer(layers_[i].spec.layer, queries[i], outs[i]); });
 }
 
 void StepExecutor::build_tables(const StepInputs& inputs) {

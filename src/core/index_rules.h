@@ -48,6 +48,21 @@ SMLA_HOST_DEVICE inline int32_t storage_offset(int64_t slot, int64_t block_size,
   return offset <= INT32_MAX ? static_cast<int32_t>(offset) : -1;
 }
 
+// storage_offset(slot(page_id, E, pos), E, span) for in_page = pos % E, without dividing:
+// a page's slots start at page_id * E, its rows at page_id * span.
+SMLA_HOST_DEVICE inline int32_t page_offset(int32_t page_id, int64_t in_page, int64_t E,
+                                            int64_t span) {
+  if (page_id < 0) return storage_offset(int64_t{page_id} * E + in_page, E, span);
+  const int64_t offset = int64_t{page_id} * span + in_page;
+  return offset <= INT32_MAX ? static_cast<int32_t>(offset) : -1;
+}
+
+// The storage offset of local top-k entry x on compressed page `page_id` (that of entry x,
+// E entries a page); a negative entry is copied as it is.
+SMLA_HOST_DEVICE inline int32_t topk_offset(int32_t x, int32_t page_id, int64_t E, int64_t span) {
+  return x < 0 ? x : page_offset(page_id, x % E, E, span);
+}
+
 // Positions [start, end) a token's SWA columns hold: its causal window, or the DSpark window
 // that every token of a draft block shares. Token `i` of a request of `q_len` tokens.
 struct Window {

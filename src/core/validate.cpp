@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "core/problem.h"
 #include "smla/error.h"
+#include "smla/index.h"
 
 namespace smla {
 namespace {
@@ -79,12 +80,41 @@ void check_host_values(const DecodeArgs& a, const DecodeProblem& p) {
                " (the new tokens' KV is written before attention)",
            item("seq_lens", b, seq_len));
   }
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
+  for (int64_t t = 0; t < p.num_tokens && !p.topk_columns; ++t) {
     const int32_t len = check::at(a.sparse_topk_lens, t);
     if (len < 0 || len > p.num_columns)
       fail(ErrorKind::value, "sparse_topk_lens", "values in [0, K = " + num(p.num_columns) + "]",
            item("sparse_topk_lens", t, len));
   }
+}
+
+// TopkColumns: its tensors, and K = the width of the table it stands for (index.h).
+void check_topk_columns(const DecodeArgs& a, DecodeProblem& p) {
+  const TopkColumns& c = a.topk_columns;
+  const std::string T = num(p.num_tokens), B = num(p.num_requests);
+  check_tensor(c.topk_indices, "topk_columns.topk_indices", DType::i32, p.device,
+               {p.num_tokens, -1}, "[T=" + T + ", top_k]");
+  check_tensor(c.block_table, "topk_columns.block_table", DType::i32, p.device, {-1, -1},
+               "[>= B=" + B + ", pages]");
+  if (c.block_table.size(0) < p.num_requests)
+    fail(ErrorKind::value, "topk_columns.block_table", "[>= B=" + B + ", pages]",
+         shape_of(c.block_table));
+  if (c.is_valid_token.defined())
+    check_tensor(c.is_valid_token, "topk_columns.is_valid_token", DType::u8, p.device,
+                 {p.num_tokens}, "[T=" + T + "]");
+  if (c.num_decodes < 0 || c.num_decodes > p.num_requests)
+    fail(ErrorKind::value, "topk_columns.num_decodes", "0..B = " + B, num(c.num_decodes));
+  if (c.compress_ratio < 1)
+    fail(ErrorKind::value, "topk_columns.compress_ratio", ">= 1", num(c.compress_ratio));
+  if (a.sparse_topk_lens.defined())
+    fail(ErrorKind::value, "sparse_topk_lens", "absent with topk_columns (it sets the lengths)",
+         shape_of(a.sparse_topk_lens));
+  p.topk_columns = true;
+  p.top_k = c.topk_indices.size(1);
+  p.num_columns = sparse_index_columns(p.window, c.topk_indices.size(1), 0);
+  if (p.num_columns >= INT32_MAX)
+    fail(ErrorKind::unsupported, "topk_columns.topk_indices", "W + top_k < 2^31",
+         shape_of(c.topk_indices));
 }
 
 }  // namespace
@@ -94,13 +124,18 @@ KvPool make_pool(const TensorView& v, const char* name) {
   KvPool pool;
   int64_t row = kHeadDim;
   switch (v.dtype) {
-    case DType::bf16: pool.layout = KvLayout::bf16; break;
-    case DType::f8e4m3: pool.layout = KvLayout::fp8_e4m3; break;
+    case DType::bf16:
+      pool.layout = KvLayout::bf16;
+      break;
+    case DType::f8e4m3:
+      pool.layout = KvLayout::fp8_e4m3;
+      break;
     case DType::u8:
       pool.layout = KvLayout::fp8_ds_mla;
       row = kDsMlaRecordBytes + kDsMlaScaleBytes;
       break;
-    default: fail(ErrorKind::type, name, "bf16, f8e4m3 or u8 (fp8_ds_mla)", dtype_name(v.dtype));
+    default:
+      fail(ErrorKind::type, name, "bf16, f8e4m3 or u8 (fp8_ds_mla)", dtype_name(v.dtype));
   }
   const bool rank_ok = v.ndim == 3 || (v.ndim == 4 && v.size(2) == 1);
   if (!rank_ok || v.size(-1) != row)
@@ -193,8 +228,10 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   if (p.num_columns < a.window)
     fail(ErrorKind::value, "sparse_indices", "[T=" + T + ", K] with K >= window = " + num(a.window),
          shape_of(idx));
-  check_tensor(a.sparse_topk_lens, "sparse_topk_lens", DType::i32, p.device, {p.num_tokens},
-               "[T=" + T + "]");
+  const bool topk = a.topk_columns.topk_indices.defined();
+  if (!topk)
+    check_tensor(a.sparse_topk_lens, "sparse_topk_lens", DType::i32, p.device, {p.num_tokens},
+                 "[T=" + T + "]");
 
   check_tensor(a.seq_lens, "seq_lens", DType::i32, p.device, {-1}, "[B]");
   p.num_requests = a.seq_lens.size(0);
@@ -205,6 +242,7 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
     fail(ErrorKind::value, "seq_lens",
          "[B=T=" + T + "] (cum_seq_lens_q absent: one token per request)", shape_of(a.seq_lens));
   }
+  if (topk) check_topk_columns(a, p);
   if (a.max_q_len < 1) fail(ErrorKind::value, "max_q_len", ">= 1", num(a.max_q_len));
   p.max_q_len = a.max_q_len;
 

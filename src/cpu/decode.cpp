@@ -7,8 +7,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include "core/check.h"
+#include "core/index_rules.h"
 #include "core/numeric.h"
 #include "cpu/backend.h"
 #include "cpu/parallel.h"
@@ -17,7 +20,7 @@ namespace smla::cpu {
 namespace {
 
 constexpr int kGroups = kHeadDim / kDsMlaGroup;  // 7 NoPE groups, then the RoPE group
-constexpr int kHeadsPerItem = 16;           // enough items to spread small batches over threads
+constexpr int kHeadsPerItem = 16;  // enough items to spread small batches over threads
 
 const std::array<float, 256> kE4m3 = [] {
   std::array<float, 256> table{};
@@ -64,16 +67,64 @@ struct Rows {
   }
 };
 
+// Where a token's row stands: its request, position and SWA length min(pos + 1, W).
+struct TokenRow {
+  int64_t request = 0, pos = 0, swa_len = 0;
+};
+
+// A token's columns as its table holds them, or (TopkColumns) as that table's build would
+// write them: the same bits, and the same error for a top-k entry past the block table.
+class Columns {
+ public:
+  Columns(const DecodeProblem& p, const DecodeArgs& a) : p_(p), a_(a) {}
+
+  int64_t len(int64_t t, const TokenRow& row) const {
+    if (!p_.topk_columns) return i32(a_.sparse_topk_lens, t);
+    const TopkColumns& c = a_.topk_columns;
+    const TensorView& valid = c.is_valid_token;
+    if (valid.defined() && !valid.ptr<const uint8_t>()[t * valid.stride(0)]) return p_.window;
+    if (row.request >= c.num_decodes)
+      return p_.window + rules::topk_used(false, row.pos, c.compress_ratio, p_.top_k);
+    int64_t count = 0;
+    for (int64_t j = 0; j < p_.top_k; ++j) count += check::at(c.topk_indices, t, j) >= 0;
+    return p_.window + count;
+  }
+
+  int32_t at(int64_t t, const TokenRow& row, int64_t col) const {
+    if (!p_.topk_columns || col < p_.window) return check::at(a_.sparse_indices, t, col);
+    const TopkColumns& c = a_.topk_columns;
+    const int64_t j = col - p_.window, E = p_.compressed.block_size;
+    if (j >= p_.top_k) return -1;
+    const int32_t x = check::at(c.topk_indices, t, j);
+    if (x < 0) return x;
+    if (x / E >= c.block_table.size(1))
+      check::fail(ErrorKind::value, "topk_columns.topk_indices",
+                  "local indices below topk_columns.block_table pages * E = " +
+                      std::to_string(c.block_table.size(1) * E),
+                  "topk_indices[" + std::to_string(t) + "][" + std::to_string(j) +
+                      "] = " + std::to_string(x));
+    return rules::topk_offset(x, check::at(c.block_table, row.request, x / E), E,
+                              p_.compressed.span);
+  }
+
+ private:
+  static int64_t i32(const TensorView& v, int64_t i) {
+    return v.ptr<const int32_t>()[i * v.stride(0)];
+  }
+  const DecodeProblem& p_;
+  const DecodeArgs& a_;
+};
+
 // Rules 1-3 of SPEC §2; rows of masked columns are never read.
-Rows gather(const DecodeProblem& p, const DecodeArgs& a, int64_t t, int64_t swa_len) {
-  const int32_t* idx = a.sparse_indices.ptr<const int32_t>() + t * a.sparse_indices.stride(0);
-  const int64_t len = a.sparse_topk_lens.ptr<const int32_t>()[t * a.sparse_topk_lens.stride(0)];
+Rows gather(const DecodeProblem& p, const Columns& columns, int64_t t, const TokenRow& row) {
+  const int64_t len = columns.len(t, row);
   Rows rows;
   for (int64_t c = 0; c < std::min(len, p.num_columns); ++c) {
     const bool swa = c < p.window;
-    if (swa && c >= swa_len) continue;
+    if (swa && c >= row.swa_len) continue;
     const KvPool& pool = swa ? p.swa : p.compressed;
-    if (pool.valid(idx[c])) rows.append(pool, idx[c]);
+    const int32_t offset = columns.at(t, row, c);
+    if (pool.valid(offset)) rows.append(pool, offset);
   }
   return rows;
 }
@@ -140,30 +191,33 @@ void store_out(const DecodeArgs& a, int64_t t, int h, const double* values) {
   for (int d = 0; d < kHeadDim; ++d) dst[d] = float_to_bf16(static_cast<float>(values[d]));
 }
 
-// swa_len(t) = min(pos(t) + 1, W) with pos(t) = seq_len[b] - q_len[b] + i.
-std::vector<int64_t> swa_lens(const DecodeProblem& p, const DecodeArgs& a) {
-  std::vector<int64_t> lens(p.num_tokens);
+// pos(t) = seq_len[b] - q_len[b] + i for the i-th token of request b.
+std::vector<TokenRow> token_rows(const DecodeProblem& p, const DecodeArgs& a) {
+  std::vector<TokenRow> rows(p.num_tokens);
   const TensorView& cum = a.cum_seq_lens_q;
   auto i32 = [](const TensorView& v, int64_t i) { return v.ptr<const int32_t>()[i * v.stride(0)]; };
   for (int64_t b = 0; b < p.num_requests; ++b) {
     const int64_t begin = cum.defined() ? i32(cum, b) : b;
     const int64_t end = cum.defined() ? i32(cum, b + 1) : b + 1;
     const int64_t first_pos = i32(a.seq_lens, b) - (end - begin);
-    for (int64_t t = begin; t < end; ++t)
-      lens[t] = std::min<int64_t>(first_pos + (t - begin) + 1, p.window);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t pos = first_pos + (t - begin);
+      rows[t] = {b, pos, std::min<int64_t>(pos + 1, p.window)};
+    }
   }
-  return lens;
+  return rows;
 }
 
 }  // namespace
 
 void decode(const DecodeProblem& p, const DecodeArgs& a) {
-  const std::vector<int64_t> window_lens = swa_lens(p, a);
+  const std::vector<TokenRow> token = token_rows(p, a);
+  const Columns columns(p, a);
   const int groups = (p.num_heads + kHeadsPerItem - 1) / kHeadsPerItem;
   parallel_for(p.num_tokens * groups, [&](int64_t item) {
     const int64_t t = item / groups;
     const int group = static_cast<int>(item % groups);
-    const Rows rows = gather(p, a, t, window_lens[t]);
+    const Rows rows = gather(p, columns, t, token[t]);
     std::array<float, kHeadDim> q;
     HeadResult r;
     const int h_end = std::min(p.num_heads, (group + 1) * kHeadsPerItem);

@@ -91,7 +91,7 @@ class RowWriter {
     for (int64_t j = 0; j < used; ++j) {
       const int64_t x = check::at(c.topk_indices, t, j);
       count += x >= 0;
-      int64_t slot = x;
+      int32_t page_id = 0;
       if (x >= 0) {
         const int64_t page = x / entries_per_page;
         if (page >= c.block_table.size(1))
@@ -99,9 +99,10 @@ class RowWriter {
                       "local indices below compressed.block_table pages * E = " +
                           num(c.block_table.size(1) * entries_per_page),
                       "topk_indices[" + num(t) + "][" + num(j) + "] = " + num(x));
-        slot = rules::slot(check::at(c.block_table, b, page), entries_per_page, x);
+        page_id = check::at(c.block_table, b, page);
       }
-      index(t, p_.window + j) = storage_offset(slot, p_.compressed);
+      index(t, p_.window + j) =
+          rules::topk_offset(x, page_id, entries_per_page, p_.compressed.span);
     }
     fill(t, p_.window + used, p_.num_columns);
     return decode ? count : used;

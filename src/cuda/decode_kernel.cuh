@@ -87,8 +87,8 @@ constexpr int kProducerRegs = L == KvLayout::bf16 ? 40 : 56;
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
 constexpr int kWarpgroups = kThreads / 128;  // one producer, the rest consumers
 template <KvLayout L>
-constexpr int kConsumerRegs =
-    (kWarpgroups * kLaunchRegs - kProducerRegs<L>) / (kWarpgroups - 1) / 8 * 8;
+constexpr int kConsumerRegs = (kWarpgroups * kLaunchRegs - kProducerRegs<L>) / (kWarpgroups - 1) /
+                              8 * 8;
 
 template <KvLayout L>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -102,9 +102,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first_tile = blockIdx.x / p.head_blocks % p.num_splits * p.tiles_per_split;
   const int token = blockIdx.x / (p.head_blocks * p.num_splits);
   int32_t first_offsets[2] = {-1, -1};
-  if (threadIdx.x < 128)
-    for (int k = 0; k < 2; ++k) first_offsets[k] = load_index(p, token, first_tile + k);
-  const Work w = locate_work(p);
+  const bool topk = p.topk.indices != nullptr;
+  if (threadIdx.x < 128 && !topk)
+    for (int k = 0; k < 2; ++k) first_offsets[k] = load_index(p, token, -1, first_tile + k);
+  int* topk_counts = reinterpret_cast<int*>(smem + Smem::counts);
+  if (topk) {  // the row's top-k entries >= 0, counted by the whole CTA
+    int count = 0;
+    for (int j = threadIdx.x; j < p.topk.top_k; j += kThreads)
+      count += __ldg(p.topk.indices + int64_t(token) * p.topk.stride + j) >= 0;
+    count = __reduce_add_sync(~0u, count);
+    if (threadIdx.x % 32 == 0) topk_counts[threadIdx.x / 32] = count;
+  }
+  Work w = locate_work(p);
   if (threadIdx.x == 0) {
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::bars);
     for (int s = 0; s < kStages<L>; ++s) {
@@ -114,6 +123,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::mbar_init_fence();
   }
   __syncthreads();
+  int count = 0;
+  if (topk) {
+#pragma unroll
+    for (int i = 0; i < kThreads / 32; ++i) count += topk_counts[i];
+    if (threadIdx.x < 128)
+      for (int k = 0; k < 2; ++k)
+        first_offsets[k] = load_index(p, token, w.request, first_tile + k);
+  }
+  w.set_length(p, topk ? p.window + topk_length(p, w, count) : w.topk_len);
   if (threadIdx.x < 128) {
     ptx::reg_dealloc<kProducerRegs<L>>();
     if constexpr (L == KvLayout::bf16)

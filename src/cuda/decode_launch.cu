@@ -37,6 +37,23 @@ PoolParams pool_params(const KvPool& pool, const char* name) {
   return p;
 }
 
+TopkParams topk_params(const TopkColumns& c, const DecodeProblem& problem) {
+  require(c.block_table.size(1) <= INT32_MAX && problem.top_k <= INT32_MAX, "topk_columns",
+          "at most 2^31 - 1 top-k entries and pages on CUDA", describe(c.topk_indices));
+  TopkParams t{};
+  t.indices = c.topk_indices.ptr<const int32_t>();
+  t.stride = c.topk_indices.stride(0);
+  t.top_k = int(problem.top_k);
+  t.block_table = c.block_table.ptr<const int32_t>();
+  t.table_stride = c.block_table.stride(0);
+  t.pages = int(c.block_table.size(1));
+  t.is_valid = c.is_valid_token.defined() ? c.is_valid_token.ptr<const uint8_t>() : nullptr;
+  t.valid_stride = c.is_valid_token.defined() ? c.is_valid_token.stride(0) : 0;
+  t.num_decodes = int(c.num_decodes);
+  t.compress_ratio = c.compress_ratio;
+  return t;
+}
+
 // The kernel of each cache layout; only these three are built.
 template <KvLayout L>
 void launch(const DecodeParams& p, int64_t ctas, int device, cudaStream_t stream) {
@@ -107,7 +124,8 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   p.compressed = pool_params(problem.compressed, "compressed_kv_cache");
   p.sparse_indices = args.sparse_indices.ptr<const int32_t>();
   p.indices_stride = args.sparse_indices.stride(0);
-  p.sparse_topk_lens = args.sparse_topk_lens.ptr<const int32_t>();
+  p.sparse_topk_lens = problem.topk_columns ? nullptr : args.sparse_topk_lens.ptr<const int32_t>();
+  if (problem.topk_columns) p.topk = topk_params(args.topk_columns, problem);
   p.seq_lens = args.seq_lens.ptr<const int32_t>();
   p.cum_seq_lens_q =
       args.cum_seq_lens_q.defined() ? args.cum_seq_lens_q.ptr<const int32_t>() : nullptr;
@@ -135,9 +153,12 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
 
   const auto s = static_cast<cudaStream_t>(stream);
   switch (problem.layout) {
-    case KvLayout::bf16: return launch<KvLayout::bf16>(p, plan.ctas, device, s);
-    case KvLayout::fp8_e4m3: return launch<KvLayout::fp8_e4m3>(p, plan.ctas, device, s);
-    case KvLayout::fp8_ds_mla: return launch<KvLayout::fp8_ds_mla>(p, plan.ctas, device, s);
+    case KvLayout::bf16:
+      return launch<KvLayout::bf16>(p, plan.ctas, device, s);
+    case KvLayout::fp8_e4m3:
+      return launch<KvLayout::fp8_e4m3>(p, plan.ctas, device, s);
+    case KvLayout::fp8_ds_mla:
+      return launch<KvLayout::fp8_ds_mla>(p, plan.ctas, device, s);
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/index_rules.h"
 #include "cuda/decode_params.h"
 #include "cuda/decode_plan.h"
 #include "cuda/ptx.cuh"
@@ -12,11 +13,11 @@
 
 namespace smla::cuda {
 
-constexpr int kThreads = 384;                       // producer + 2 consumer warpgroups
-constexpr int kQChunkBytes = kMmaRows * 128;        // 64 heads x 64 dims, bf16, swizzled
-constexpr int kKvChunkBytes = kTileColumns * 128;   // 32 rows x 64 dims
-constexpr int kTileBytes = 8 * kKvChunkBytes;       // one stage: 32 rows x 512 dims, bf16
-constexpr int kScores = kTileColumns / 2;           // score registers per consumer thread
+constexpr int kThreads = 384;                      // producer + 2 consumer warpgroups
+constexpr int kQChunkBytes = kMmaRows * 128;       // 64 heads x 64 dims, bf16, swizzled
+constexpr int kKvChunkBytes = kTileColumns * 128;  // 32 rows x 64 dims
+constexpr int kTileBytes = 8 * kKvChunkBytes;      // one stage: 32 rows x 512 dims, bf16
+constexpr int kScores = kTileColumns / 2;          // score registers per consumer thread
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -52,20 +53,21 @@ struct Xch {
   static constexpr int bytes = alpha + 2 * 128 * 4;
 };
 
-struct Smem {  // byte offsets from a 1024-aligned base
-  static constexpr int q = 0;                                     // 8 chunks: 64 x 512
-  static constexpr int xch = q + 8 * kQChunkBytes;                // Xch, then the split combine
+struct Smem {                                       // byte offsets from a 1024-aligned base
+  static constexpr int q = 0;                       // 8 chunks: 64 x 512
+  static constexpr int xch = q + 8 * kQChunkBytes;  // Xch, then the split combine
   static constexpr int xch_bytes = Xch::bytes;
   static constexpr int combine_bytes =
       (3 * kMaxSplits + 1) * kMmaRows * 4;  // (m, l), weights, factors
   static constexpr int mask = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
-  static constexpr int bars = mask + kMaxStages * kTileColumns;   // full[stages], empty[stages]
+  static constexpr int bars = mask + kMaxStages * kTileColumns;  // full[stages], empty[stages]
   static constexpr int flag = bars + 2 * kMaxStages * 8;
-  static constexpr int kv = (flag + 16 + 1023) / 1024 * 1024;    // stages x 8 chunks
+  static constexpr int counts = flag + 16;  // per warp: top-k entries
+  static constexpr int kv = (counts + kThreads / 32 * 4 + 1023) / 1024 * 1024;  // stages x 8 chunks
   template <KvLayout L>
-  static constexpr int raw = kv + kStages<L> * kTileBytes;        // RawTile buffers
+  static constexpr int raw = kv + kStages<L>* kTileBytes;  // RawTile buffers
   template <KvLayout L>
-  static constexpr int end = raw<L> + RawTile<L>::kBuffers * RawTile<L>::kBytes;
+  static constexpr int end = raw<L> + RawTile<L>::kBuffers* RawTile<L>::kBytes;
 };
 template <KvLayout L>
 constexpr int kSmemBytes = Smem::end<L> + 1024;  // slack to align the base
@@ -80,10 +82,27 @@ __device__ __forceinline__ uint32_t swizzle(int row, int unit) {
 }
 
 struct Work {
-  int token, head_block, split, head0, live_heads;
+  int token, request, pos, head_block, split, head0, live_heads;
   int swa_len, topk_len;
   int tile_begin, tile_end;
+
+  // The row's length (columns past it are not attended) and so this CTA's tiles.
+  __device__ __forceinline__ void set_length(const DecodeParams& p, int len) {
+    topk_len = max(0, min(len, p.num_columns));
+    const int tiles = (topk_len + kTileColumns - 1) / kTileColumns;
+    tile_begin = min(tiles, split * p.tiles_per_split);
+    tile_end = min(tiles, tile_begin + p.tiles_per_split);
+  }
 };
+
+// With TopkColumns, the row's compressed length as its table build writes it (SPEC §4), given
+// `count`, the token's top-k entries >= 0.
+__device__ __forceinline__ int topk_length(const DecodeParams& p, const Work& w, int count) {
+  const TopkParams& k = p.topk;
+  if (k.is_valid && !k.is_valid[int64_t(w.token) * k.valid_stride]) return 0;
+  if (w.request < k.num_decodes) return count;
+  return int(rules::topk_used(false, w.pos, k.compress_ratio, k.top_k));
+}
 
 __device__ __forceinline__ Work locate_work(const DecodeParams& p) {
   Work w;
@@ -103,12 +122,10 @@ __device__ __forceinline__ Work locate_work(const DecodeParams& p) {
     first = __ldg(p.cum_seq_lens_q + request);
     q_len = __ldg(p.cum_seq_lens_q + request + 1) - first;
   }
-  const int pos = __ldg(p.seq_lens + request) - q_len + (w.token - first);
-  w.swa_len = max(0, min(pos + 1, p.window));
-  w.topk_len = max(0, min(__ldg(p.sparse_topk_lens + w.token), p.num_columns));
-  const int tiles = (w.topk_len + kTileColumns - 1) / kTileColumns;
-  w.tile_begin = min(tiles, w.split * p.tiles_per_split);
-  w.tile_end = min(tiles, w.tile_begin + p.tiles_per_split);
+  w.request = request;
+  w.pos = __ldg(p.seq_lens + request) - q_len + (w.token - first);
+  w.swa_len = max(0, min(w.pos + 1, p.window));
+  if (!p.topk.indices) w.topk_len = __ldg(p.sparse_topk_lens + w.token);  // see set_length
   return w;
 }
 

@@ -14,10 +14,21 @@ namespace smla::cuda {
 __device__ __forceinline__ int producer_row() {
   return (threadIdx.x / 32) % 4 * 8 + threadIdx.x % 32 / 4;
 }
-__device__ __forceinline__ int32_t load_index(const DecodeParams& p, int token, int tile) {
+__device__ __forceinline__ int32_t load_index(const DecodeParams& p, int token, int request,
+                                              int tile) {
   const int col = tile * kTileColumns + producer_row();
-  return col < p.num_columns ? __ldg(p.sparse_indices + int64_t(token) * p.indices_stride + col)
-                             : -1;
+  if (col >= p.num_columns) return -1;
+  const TopkParams& k = p.topk;
+  if (!k.indices || col < p.window)
+    return __ldg(p.sparse_indices + int64_t(token) * p.indices_stride + col);
+  // TopkColumns (needs the request): what the table build writes for this column.
+  const int j = col - p.window;
+  if (j >= k.top_k) return -1;
+  const int32_t x = __ldg(k.indices + int64_t(token) * k.stride + j);
+  const uint32_t entries = p.compressed.block_size, page = uint32_t(x) / entries;
+  if (x < 0 || page >= uint32_t(k.pages)) return x < 0 ? x : -1;
+  return rules::page_offset(__ldg(k.block_table + int64_t(request) * k.table_stride + page),
+                            uint32_t(x) % entries, entries, p.compressed.span);
 }
 
 // Where one column's row lives; `valid` false for a column that is not attended.
@@ -133,7 +144,7 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
   for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
     const int32_t offset = offset_next;
     offset_next = offset_after;
-    offset_after = tile + 2 < w.tile_end ? load_index(p, w.token, tile + 2) : -1;
+    offset_after = tile + 2 < w.tile_end ? load_index(p, w.token, w.request, tile + 2) : -1;
     const int stage = n % kStagesL;
     const RowSource src = row_source(p, w, tile * kTileColumns + row, offset);
     uint8_t* dst = smem + Smem::kv + stage * kTileBytes;
@@ -169,7 +180,7 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
     if (tile + 1 < w.tile_end) {
       src = row_source(p, w, (tile + 1) * kTileColumns + row, offset_next);
       Rows::copy(src, raw + (n + 1) % 2 * RawTile<L>::kBytes, row, part);
-      offset_next = tile + 2 < w.tile_end ? load_index(p, w.token, tile + 2) : -1;
+      offset_next = tile + 2 < w.tile_end ? load_index(p, w.token, w.request, tile + 2) : -1;
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // tile n's copies have landed

@@ -1,5 +1,6 @@
-// StepExecutor: a whole step on shared tables equals, bit for bit, each layer building its
-// own table and calling sparse_mla_decode directly.
+// StepExecutor: a whole step — compressed columns read from the top-k by the decode, or on
+// SPEC §5's shared tables, or every layer building its own — equals, bit for bit, each layer
+// building its own table and calling sparse_mla_decode directly.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -62,25 +63,40 @@ TEST_P(ExecutorMatchesDirectCalls, BitForBit) {
   const auto streams = make_streams(Device{});
   StepExecutor executor(c.layers, *streams, T, max_columns);
   executor.run_step(c.inputs, queries, outs);
-  // Without sharing: the same outputs, every layer building its own table.
-  std::vector<TensorView> alone_outs;
-  for (const TensorView& o : outs) alone_outs.push_back(c.bf16(T, o.size(1)));
-  StepExecutor alone(c.layers, *streams, T, max_columns, TableSharing::none);
+  // The same outputs from SPEC §5's shared tables, and with every layer building its own.
+  std::vector<TensorView> tables_outs, alone_outs;
+  for (const TensorView& o : outs) {
+    tables_outs.push_back(c.bf16(T, o.size(1)));
+    alone_outs.push_back(c.bf16(T, o.size(1)));
+  }
+  StepExecutor tables(c.layers, *streams, T, max_columns, TableSharing::shared,
+                      CompressedIndex::table);
+  tables.run_step(c.inputs, queries, tables_outs);
+  StepExecutor alone(c.layers, *streams, T, max_columns, TableSharing::none,
+                     CompressedIndex::table);
   alone.run_step(c.inputs, queries, alone_outs);
 
+  const size_t bytes = T * kOutHeads * kHeadDim * 2;
   for (size_t i = 0; i < c.layers.size(); ++i) {
     run_directly(c, c.layers[i], queries[i], direct_outs[i]);
-    EXPECT_EQ(std::memcmp(outs[i].data, direct_outs[i].data, T * kOutHeads * kHeadDim * 2), 0)
-        << "layer " << c.layers[i].spec.layer;
-    EXPECT_EQ(std::memcmp(alone_outs[i].data, direct_outs[i].data, T * kOutHeads * kHeadDim * 2), 0)
-        << "layer " << c.layers[i].spec.layer << " without sharing";
+    const int layer = c.layers[i].spec.layer;
+    EXPECT_EQ(std::memcmp(outs[i].data, direct_outs[i].data, bytes), 0) << "layer " << layer;
+    EXPECT_EQ(std::memcmp(tables_outs[i].data, direct_outs[i].data, bytes), 0)
+        << "layer " << layer << " on shared tables";
+    EXPECT_EQ(std::memcmp(alone_outs[i].data, direct_outs[i].data, bytes), 0)
+        << "layer " << layer << " without sharing";
   }
-  // The layers shared their tables: one build per (group, key).
+  // The layers shared their tables: one build per (group, key); compressed layers read their
+  // top-k in the decode, so only the groups' SWA tables.
   std::set<TableKey> distinct;
-  for (const LayerSpec& s : specs) distinct.insert({s.swa_group, sparse_index_key(s)});
+  for (const LayerSpec& s : specs)
+    distinct.insert({s.swa_group, sparse_index_key(table_spec(s, CompressedIndex::topk))});
   int builds = 0;
   for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
   EXPECT_EQ(builds, static_cast<int>(distinct.size()));
+  distinct.clear();
+  for (const LayerSpec& s : specs) distinct.insert({s.swa_group, sparse_index_key(s)});
+  EXPECT_EQ(tables.tables().stats().builds.size(), distinct.size());
   EXPECT_EQ(alone.tables().stats().builds.size(), specs.size());
   EXPECT_TRUE(alone.tables().stats().forks.empty());
 

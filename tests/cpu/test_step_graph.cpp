@@ -26,25 +26,34 @@ TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
       const auto specs = model_layers(model_preset(model), groups);
       const auto streams = make_streams(Device{});
       SynthStep step(o, specs, *streams);
-      for (TableSharing sharing : {TableSharing::shared, TableSharing::none}) {
-        StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
-                              sharing);
-        executor.build_tables(step.device.inputs);
-        int builds = 0;
-        for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
-        EXPECT_EQ(builds, distinct_tables(specs, sharing))
-            << model << ", " << groups << " groups, sharing " << sharing_name(sharing);
-      }
+      for (TableSharing sharing : {TableSharing::shared, TableSharing::none})
+        for (CompressedIndex compressed : {CompressedIndex::topk, CompressedIndex::table}) {
+          StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
+                                sharing, compressed);
+          executor.build_tables(step.device.inputs);
+          int builds = 0;
+          for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
+          EXPECT_EQ(builds, distinct_tables(specs, sharing, compressed))
+              << model << ", " << groups << " groups, "
+              << graph_name({.sharing = sharing, .compressed = compressed});
+        }
     }
-  // SPEC §6's patterns: V4.1's runs share, V4's ratio-4 and ratio-128 layers each have a key.
+  // SPEC §6's patterns: V4.1's runs share, V4's ratio-4 and ratio-128 layers each have a key;
+  // with the top-k read by the decode, a step builds one SWA table per group.
   const auto v41 = model_layers(model_preset("v41-flash"), 1);
-  EXPECT_EQ(distinct_tables(v41, TableSharing::shared), 9);
-  EXPECT_EQ(distinct_tables(v41, TableSharing::none), 40);
-  EXPECT_EQ(distinct_tables(model_layers(model_preset("v4-flash"), 1), TableSharing::shared), 42);
+  const auto v4 = model_layers(model_preset("v4-flash"), 3);
+  EXPECT_EQ(distinct_tables(v41, TableSharing::shared, CompressedIndex::table), 9);
+  EXPECT_EQ(distinct_tables(v41, TableSharing::none, CompressedIndex::table), 40);
+  EXPECT_EQ(distinct_tables(v41, TableSharing::shared, CompressedIndex::topk), 1);
+  EXPECT_EQ(distinct_tables(model_layers(model_preset("v4-flash"), 1), TableSharing::shared,
+                            CompressedIndex::table),
+            42);
+  EXPECT_EQ(distinct_tables(v4, TableSharing::shared, CompressedIndex::topk), 3);
 }
 
-StepGraph right_graph(TableSharing sharing) {
+StepGraph right_graph(TableSharing sharing, CompressedIndex compressed = CompressedIndex::table) {
   return {.sharing = sharing,
+          .compressed = compressed,
           .layers = 40,
           .distinct_tables = 26,
           .nodes = {.table_builds = 26, .decodes = 40, .events = 1},
@@ -75,13 +84,23 @@ TEST(StepGraph, ProblemsNameEachDifference) {
   EXPECT_TRUE(graph_problems(g).empty());
 }
 
-TEST(StepGraph, SharesAndSavings) {
-  StepGraphs graphs{right_graph(TableSharing::shared), right_graph(TableSharing::none)};
+StepGraphs right_graphs() {
+  StepGraphs graphs{right_graph(TableSharing::shared, CompressedIndex::topk),
+                    right_graph(TableSharing::shared), right_graph(TableSharing::none)};
+  graphs.topk.step_ms = 1.5;
+  graphs.topk.distinct_tables = graphs.topk.nodes.table_builds = 3;
   graphs.none.step_ms = 2.5;
+  graphs.none.distinct_tables = graphs.none.nodes.table_builds = 40;
+  return graphs;
+}
+
+TEST(StepGraph, SharesAndSavings) {
+  StepGraphs graphs = right_graphs();
   EXPECT_DOUBLE_EQ(build_share(graphs.shared), 0.05);
-  EXPECT_DOUBLE_EQ(sharing_saves(graphs), 0.2);
+  EXPECT_DOUBLE_EQ(saves(graphs.shared, graphs), 0.2);
+  EXPECT_DOUBLE_EQ(saves(graphs.topk, graphs), 0.4);
   graphs.none.step_ms = 0;  // not measured
-  EXPECT_EQ(sharing_saves(graphs), 0);
+  EXPECT_EQ(saves(graphs.shared, graphs), 0);
 }
 
 std::vector<std::string> fields(const std::string& csv) {
@@ -96,34 +115,34 @@ std::vector<std::string> fields(const std::string& csv) {
 }
 
 TEST(GraphTable, RowsLineUpWithTheirHeader) {
-  StepGraphs graphs{right_graph(TableSharing::shared), right_graph(TableSharing::none)};
-  graphs.none.step_ms = 2.5;
-  graphs.none.distinct_tables = graphs.none.nodes.table_builds = 40;
+  StepGraphs graphs = right_graphs();
   graphs.none.nodes.decodes = 41;  // wrong: marked so
   const std::vector<std::string> rows = graph_table_rows(graphs);
-  ASSERT_EQ(rows.size(), 2u);
+  ASSERT_EQ(rows.size(), 3u);
   const std::string header = graph_table_header();
   EXPECT_EQ(rows[0].find("  ok"), rows[0].size() - 4);
-  EXPECT_EQ(rows[1].find("WRONG"), header.find("graph"));
-  EXPECT_EQ(rows[0].substr(0, 6), "shared");
-  EXPECT_NE(rows[0].find(" 20.0%"), std::string::npos) << rows[0];   // saves
-  EXPECT_NE(rows[0].find("   5.0%"), std::string::npos) << rows[0];  // build share
-  EXPECT_EQ(rows[1].substr(0, 4), "none");
+  EXPECT_EQ(rows[2].find("WRONG"), header.find("graph"));
+  EXPECT_EQ(rows[0].substr(0, 4), "topk");
+  EXPECT_NE(rows[0].find(" 40.0%"), std::string::npos) << rows[0];  // saves
+  EXPECT_EQ(rows[1].substr(0, 6), "shared");
+  EXPECT_NE(rows[1].find(" 20.0%"), std::string::npos) << rows[1];   // saves
+  EXPECT_NE(rows[1].find("   5.0%"), std::string::npos) << rows[1];  // build share
+  EXPECT_EQ(rows[2].substr(0, 4), "none");
 
   EXPECT_EQ(graph_problem_lines(graphs),
             std::vector<std::string>{
-                "graph WRONG (sharing none): 41 decodes, expected 40 (one per layer)"});
+                "graph WRONG (tables none): 41 decodes, expected 40 (one per layer)"});
   graphs.none.nodes.decodes = 40;
   EXPECT_TRUE(graph_problem_lines(graphs).empty());
 
   const std::vector<std::string> csv = graph_csv_rows(graphs);
-  ASSERT_EQ(csv.size(), 2u);
+  ASSERT_EQ(csv.size(), 3u);
   const std::vector<std::string> names = fields(graph_csv_header());
   for (const std::string& row : csv) EXPECT_EQ(fields(row).size(), names.size()) << row;
-  EXPECT_EQ(fields(csv[0])[1], "2000.00");  // step_us
-  EXPECT_EQ(fields(csv[0])[4], "0.2000");   // sharing_saves
-  EXPECT_EQ(fields(csv[1])[4], "");
-  EXPECT_EQ(fields(csv[1]).back(), "1");  // graph_ok
+  EXPECT_EQ(fields(csv[1])[1], "2000.00");  // step_us
+  EXPECT_EQ(fields(csv[1])[4], "0.2000");   // saves
+  EXPECT_EQ(fields(csv[2])[4], "");
+  EXPECT_EQ(fields(csv[2]).back(), "1");  // graph_ok
 }
 
 // The CPU's streams, claiming a device: a SynthStep then takes the path it takes on a GPU.

@@ -111,10 +111,12 @@ struct GpuStep {
     layers = gpu(c.layers);
   }
 
-  // The number of distinct (SWA group, key) tables: what a step builds.
-  int distinct_tables() const {
+  // The number of distinct (SWA group, key) tables: what a step builds (with the top-k read by
+  // the decode, only SWA tables).
+  int distinct_tables(CompressedIndex compressed = CompressedIndex::topk) const {
     std::set<TableKey> distinct;
-    for (const LayerSpec& s : specs) distinct.insert({s.swa_group, sparse_index_key(s)});
+    for (const LayerSpec& s : specs)
+      distinct.insert({s.swa_group, sparse_index_key(table_spec(s, compressed))});
     return static_cast<int>(distinct.size());
   }
 
@@ -146,9 +148,10 @@ struct GpuStep {
 
 // The executor of a step on its own non-blocking stream.
 struct StepOnStream {
-  explicit StepOnStream(const GpuStep& g)
+  explicit StepOnStream(const GpuStep& g, CompressedIndex compressed = CompressedIndex::topk)
       : streams(make_streams(DeviceMirror::kDevice, stream.get())),
-        executor(g.layers, *streams, g.c.num_tokens(), g.max_columns) {}
+        executor(g.layers, *streams, g.c.num_tokens(), g.max_columns, TableSharing::shared,
+                 compressed) {}
   // One step of `g`, run and waited for: its outputs' bytes.
   std::vector<std::vector<std::byte>> eager_step(const GpuStep& g) {
     executor.run_step(g.inputs, g.queries, g.outs);
@@ -162,14 +165,10 @@ struct StepOnStream {
 
 class GpuExecutor : public testing::TestWithParam<Pattern> {};
 
-// (b) Each layer by itself (its own table built on the GPU, sparse_mla_decode called directly
-// with counters and workspace sized for that one launch) gives the executor's outputs bit for
-// bit: the shared tables are the layers' own, and the shared buffers let every launch plan
-// the splits it would plan alone.
-TEST_P(GpuExecutor, StepEqualsDirectCallsBitForBit) {
-  SKIP_WITHOUT_GPU();
-  GpuStep g(GetParam());
-  StepOnStream on(g);
+void step_equals_direct_calls(const Pattern& pattern, CompressedIndex compressed) {
+  const char* mode = compressed == CompressedIndex::topk ? "top-k in the decode" : "tables";
+  GpuStep g(pattern);
+  StepOnStream on(g, compressed);
   const auto stepped = on.eager_step(g);
   TestStream& stream = on.stream;
   StepExecutor& executor = on.executor;
@@ -191,11 +190,21 @@ TEST_P(GpuExecutor, StepEqualsDirectCallsBitForBit) {
   stream.synchronize();
   const auto direct = g.out_bytes();
   for (size_t i = 0; i < g.layers.size(); ++i)
-    EXPECT_TRUE(stepped[i] == direct[i]) << "layer " << g.layers[i].spec.layer;
+    EXPECT_TRUE(stepped[i] == direct[i]) << "layer " << g.layers[i].spec.layer << ", " << mode;
 
   int builds = 0;
   for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
-  EXPECT_EQ(builds, g.distinct_tables());
+  EXPECT_EQ(builds, g.distinct_tables(compressed)) << mode;
+}
+
+// (b) Each layer by itself (its own table built on the GPU, sparse_mla_decode called directly
+// with counters and workspace sized for that one launch) gives the executor's outputs bit for
+// bit, whether it reads the top-k in the decode or SPEC §5's shared tables: the tables are the
+// layers' own, and the shared buffers let every launch plan the splits it would plan alone.
+TEST_P(GpuExecutor, StepEqualsDirectCallsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (CompressedIndex compressed : {CompressedIndex::topk, CompressedIndex::table})
+    step_equals_direct_calls(GetParam(), compressed);
 }
 
 // (c) The step captured on a non-default stream after one eager step, replayed 10 times, equals

@@ -1,5 +1,6 @@
 // The step measurements of `smla run` and smla_step_bench (tools/step_graph.h) on small steps:
-// the graphs with and without sharing are what SPEC §5 implies, and their times are sane.
+// the graphs (top-k in the decode, shared tables, none shared) are what SPEC §5 implies, and
+// their times are sane.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -29,13 +30,15 @@ TEST(GpuStepGraph, SharedAndUnsharedGraphsAreSpecsAndTimed) {
     const cli::SynthStep step(o, model_layers(model_preset(model), o.groups), *streams);
     const cli::StepGraphs graphs =
         cli::measure_step_graphs(step.device, *streams, step.num_tokens, step.max_columns, 5);
-    for (const cli::StepGraph* g : {&graphs.shared, &graphs.none}) {
-      const std::string where = std::string(model) + ", sharing " + cli::sharing_name(g->sharing);
+    for (const cli::StepGraph* g : {&graphs.topk, &graphs.shared, &graphs.none}) {
+      const std::string where = std::string(model) + ", tables " + cli::graph_name(*g);
       EXPECT_EQ(cli::graph_problems(*g), std::vector<std::string>{}) << where;
       EXPECT_GT(g->builds_ms, 0) << where;
       EXPECT_LT(g->builds_ms, g->step_ms) << where;
     }
     EXPECT_FALSE(graphs.shared.tables.forks.empty()) << model;  // 3 groups: the swa_only run forks
+    EXPECT_FALSE(graphs.topk.tables.forks.empty()) << model;
+    EXPECT_EQ(graphs.topk.nodes.table_builds, o.groups) << model;  // one SWA table per group
     EXPECT_EQ(graphs.none.nodes.table_builds, graphs.none.layers) << model;
   }
 }

@@ -1,0 +1,143 @@
+// TopkColumns on the CPU: a decode reading its compressed columns from the top-k equals, bit for
+// bit, the decode on the table build_sparse_indices makes from the same top-k — over decode and
+// prefill rows, padding tokens, packed pages and top-k rows with -1 anywhere — and its
+// arguments are checked by name.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "direct_call.h"
+#include "error_check.h"
+#include "step_case.h"
+
+namespace smla::test {
+namespace {
+
+constexpr int kHeads = 3;
+
+// Both decodes of every compressed layer of `c`: outputs and lse equal bit for bit. Returns the
+// compressed columns the built tables attend (so that a test can see it checked something).
+int64_t expect_equal_decodes(StepCase& c) {
+  const int64_t T = c.num_tokens();
+  int64_t attended = 0;
+  for (const AttentionLayer& l : c.layers) {
+    if (l.spec.compress_ratio == 0) continue;
+    auto make = [&](DType dtype, std::initializer_list<int64_t> shape) {
+      return c.zeros(dtype, shape);
+    };
+    SparseIndexArgs full = c.args(l.spec.layer), swa = full;
+    swa.compressed = {};
+    full.out = table_outputs(full, make);
+    swa.out = table_outputs(swa, make);
+    build_sparse_indices(full);
+    build_sparse_indices(swa);
+    for (int64_t t = 0; t < T; ++t)
+      attended += full.out.sparse_topk_lens.ptr<const int32_t>()[t] - kWindow;
+
+    const TensorView q = c.bf16(T, kHeads);
+    TensorView outs[2], lses[2];
+    for (int k = 0; k < 2; ++k) {
+      outs[k] = c.bf16(T, kHeads);  // random: every element must be written
+      lses[k] = c.zeros(DType::f32, {T, kHeads});
+      std::memset(lses[k].data, 0xff, T * kHeads * sizeof(float));
+    }
+    DecodeArgs table = direct_decode_args(l, full, q, outs[0]);
+    DecodeArgs topk = topk_decode_args(l, swa, full.compressed, q, outs[1]);
+    table.lse = lses[0];
+    topk.lse = lses[1];
+    sparse_mla_decode(table);
+    sparse_mla_decode(topk);
+    EXPECT_EQ(std::memcmp(outs[0].data, outs[1].data, T * kHeads * kHeadDim * 2), 0)
+        << "layer " << l.spec.layer;
+    EXPECT_EQ(std::memcmp(lses[0].data, lses[1].data, T * kHeads * sizeof(float)), 0)
+        << "layer " << l.spec.layer;
+  }
+  return attended;
+}
+
+std::vector<LayerSpec> layers_of(int ratio) {
+  std::vector<LayerSpec> specs = three_layers(ratio);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  return specs;
+}
+
+// Replaces a random fifth of a top-k's entries with -1 or -7, wherever they are in the row.
+void punch_holes(const TensorView& topk, std::mt19937& rng) {
+  int32_t* x = topk.ptr<int32_t>();
+  std::bernoulli_distribution hole(0.2), minus_one(0.5);
+  for (int64_t i = 0; i < topk.numel(); ++i)
+    if (hole(rng)) x[i] = minus_one(rng) ? -1 : -7;
+}
+
+TEST(TopkColumns, EqualTheBuiltTableBitForBit) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  int64_t attended = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    StepCase c(layers_of(1 + trial % 4), random_shape(rng, trial), rng());
+    if (trial % 2)
+      for (auto& [layer, topk] : c.inputs.topk_indices) punch_holes(topk, rng);
+    attended += expect_equal_decodes(c);
+  }
+  EXPECT_GT(attended, 0);  // the compressed columns were there to compare
+}
+
+TEST(TopkColumns, AnEntryPastTheBlockTableIsTheBuildersError) {
+  StepCase c(layers_of(2), {.q_lens = {1, 1}, .seq_lens = {300, 200}, .num_decodes = 2}, 5);
+  const AttentionLayer& l = c.layers[2];
+  SparseIndexArgs swa = c.args(l.spec.layer);
+  const CompressedColumns compressed = swa.compressed;
+  swa.compressed = {};
+  swa.out = table_outputs(swa, [&](DType dtype, std::initializer_list<int64_t> shape) {
+    return c.zeros(dtype, shape);
+  });
+  build_sparse_indices(swa);
+  compressed.topk_indices.ptr<int32_t>()[0] =
+      static_cast<int32_t>(compressed.block_table.size(1) * 8);  // E = 8: one page too far
+  const DecodeArgs args =
+      topk_decode_args(l, swa, compressed, c.bf16(2, kHeads), c.bf16(2, kHeads));
+  expect_smla_error([&] { sparse_mla_decode(args); }, ErrorKind::value, "topk_columns.topk_indices",
+                    "block_table pages * E", "topk_indices[0][0] = ");
+}
+
+TEST(TopkColumns, ArgumentsAreCheckedByName) {
+  StepCase c(layers_of(2), {.q_lens = {1, 2}, .seq_lens = {300, 200}, .num_decodes = 2}, 6);
+  const AttentionLayer& l = c.layers[2];
+  SparseIndexArgs swa = c.args(l.spec.layer);
+  const CompressedColumns compressed = swa.compressed;
+  swa.compressed = {};
+  swa.out = table_outputs(swa, [&](DType dtype, std::initializer_list<int64_t> shape) {
+    return c.zeros(dtype, shape);
+  });
+  build_sparse_indices(swa);
+  const DecodeArgs good =
+      topk_decode_args(l, swa, compressed, c.bf16(3, kHeads), c.bf16(3, kHeads));
+  sparse_mla_decode(good);
+
+  auto expect = [&](auto change, const char* argument, const char* expected, const char* got) {
+    DecodeArgs a = good;
+    change(a);
+    expect_smla_error([&] { sparse_mla_decode(a); }, ErrorKind::value, argument, expected, got);
+  };
+  expect([&](DecodeArgs& a) { a.sparse_topk_lens = swa.out.sparse_topk_lens; }, "sparse_topk_lens",
+         "absent with topk_columns", "[3]");
+  expect([](DecodeArgs& a) { a.topk_columns.compress_ratio = 0; }, "topk_columns.compress_ratio",
+         ">= 1", "0");
+  expect([](DecodeArgs& a) { a.topk_columns.num_decodes = 3; }, "topk_columns.num_decodes",
+         "0..B = 2", "3");
+  expect([](DecodeArgs& a) { a.topk_columns.block_table.shape[0] = 1; }, "topk_columns.block_table",
+         "[>= B=2, pages]", "[1, ");
+  expect([](DecodeArgs& a) { a.topk_columns.topk_indices.shape[0] = 2; },
+         "topk_columns.topk_indices", "[T=3, top_k]", "[2, ");
+  const TensorView two_flags = c.zeros(DType::u8, {2});
+  expect([&](DecodeArgs& a) { a.topk_columns.is_valid_token = two_flags; },
+         "topk_columns.is_valid_token", "[T=3]", "[2]");
+  expect([](DecodeArgs& a) { a.sparse_indices.shape[1] = 64; }, "sparse_indices",
+         "K >= window = 128", "[3, 64]");
+}
+
+}  // namespace
+}  // namespace smla::test

@@ -1,0 +1,119 @@
+// TopkColumns on CUDA: a decode translating its compressed columns from the top-k in the kernel
+// equals, bit for bit, the decode on the table the CUDA builder makes from the same top-k (decode
+// and prefill rows, padding tokens, packed pages, -1 anywhere in a row, entries past the block
+// table), on poisoned outputs, and agrees with the CPU backend.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/numeric.h"
+#include "device_step.h"
+#include "direct_call.h"
+#include "step_case.h"
+
+namespace smla::test {
+namespace {
+
+// The split-KV buffers a launch of T tokens, `heads` heads and K columns may use, zeroed.
+void add_split_buffers(DecodeArgs& d, DeviceMirror& gpu, int64_t T, int heads, int64_t K) {
+  const size_t counters = kv_counter_bytes(T, heads);
+  const size_t workspace = workspace_bytes(T, heads, K, DeviceMirror::kDevice);
+  if (counters) d.kv_counters = gpu.output(DType::u8, {int64_t(counters)}, 0);
+  if (workspace) d.workspace = gpu.output(DType::u8, {int64_t(workspace)}, 0);
+}
+
+// Every bf16 of `got` within 2e-2 of `want` (relative to max(|want|, 2^-6)); never NaN.
+void expect_close_bf16(const std::vector<std::byte>& got, const TensorView& want,
+                       const std::string& where) {
+  const auto* g = reinterpret_cast<const uint16_t*>(got.data());
+  const auto* w = want.ptr<const uint16_t>();
+  int bad = 0;
+  for (int64_t i = 0; i < want.numel() && bad < 5; ++i) {
+    const float a = bf16_to_float(g[i]), b = bf16_to_float(w[i]);
+    if (!(std::fabs(a - b) <= 2e-2f * std::fmax(std::fabs(b), 1.f / 64))) {
+      ADD_FAILURE() << where << ": element " << i << " is " << a << ", CPU " << b;
+      ++bad;
+    }
+  }
+}
+
+TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int heads_of[] = {1, 16, 64, 100, 128};
+  int64_t attended = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    const int H = heads_of[trial % 5];
+    std::vector<LayerSpec> specs = three_layers(1 + trial % 4);
+    for (LayerSpec& s : specs) s.num_heads = H;
+    StepCase c(specs, random_shape(rng, trial), rng());
+    // Odd trials: -1 and -7 anywhere in the rows; every fourth: entries past the block table,
+    // which both CUDA paths read as -1 (the CPU throws, so it is not compared there).
+    const bool past_table = trial % 4 == 3;
+    for (auto& [layer, topk] : c.inputs.topk_indices) {
+      int32_t* x = topk.ptr<int32_t>();
+      std::bernoulli_distribution hole(trial % 2 ? 0.2 : 0.0), far(past_table ? 0.05 : 0.0);
+      for (int64_t i = 0; i < topk.numel(); ++i) {
+        if (hole(rng)) x[i] = i % 2 ? -1 : -7;
+        if (far(rng)) x[i] = 1 << 20;
+      }
+    }
+    const int64_t T = c.num_tokens();
+    DeviceMirror gpu;
+    const std::vector<AttentionLayer> layers = gpu(c.layers);
+    for (size_t i = 0; i < c.layers.size(); ++i) {
+      const AttentionLayer& l = layers[i];
+      if (l.spec.compress_ratio == 0) continue;
+      const std::string where = "trial " + std::to_string(trial) + ", H " + std::to_string(H) +
+                                ", layer " + std::to_string(l.spec.layer);
+      const SparseIndexArgs host = c.args(l.spec.layer);
+      SparseIndexArgs full = gpu(host), swa = full;
+      swa.compressed = {};
+      auto make = [&](DType dtype, std::initializer_list<int64_t> shape) {
+        return gpu.output(dtype, shape);
+      };
+      full.out = table_outputs(full, make);
+      swa.out = table_outputs(swa, make);
+      build_sparse_indices(full);
+      build_sparse_indices(swa);
+
+      const TensorView q_host = c.bf16(T, H), q = gpu(q_host);
+      DecodeArgs table =
+          direct_decode_args(l, full, q, gpu.output(DType::bf16, {T, H, kHeadDim}, 0xff));
+      DecodeArgs topk = topk_decode_args(l, swa, full.compressed, q,
+                                         gpu.output(DType::bf16, {T, H, kHeadDim}, 0xff));
+      const int64_t K = full.out.sparse_indices.size(1);
+      for (DecodeArgs* d : {&table, &topk}) {
+        d->lse = gpu.output(DType::f32, {T, H}, 0xff);
+        add_split_buffers(*d, gpu, T, H, K);
+        sparse_mla_decode(*d);
+      }
+      CUDA_THROW(cudaDeviceSynchronize());
+      const std::vector<std::byte> out = bytes_of(topk.out);
+      EXPECT_EQ(out, bytes_of(table.out)) << where;
+      EXPECT_EQ(bytes_of(topk.lse), bytes_of(table.lse)) << where;
+      const std::vector<std::byte> lens = bytes_of(full.out.sparse_topk_lens);
+      for (int64_t t = 0; t < T; ++t)
+        attended += reinterpret_cast<const int32_t*>(lens.data())[t] - l.spec.window;
+      if (past_table) continue;
+
+      SparseIndexArgs cpu = host;  // the CPU's table and decode of the same step
+      cpu.out = table_outputs(cpu, [&](DType dtype, std::initializer_list<int64_t> shape) {
+        return c.zeros(dtype, shape);
+      });
+      build_sparse_indices(cpu);
+      const TensorView cpu_out = c.zeros(DType::bf16, {T, H, kHeadDim});
+      sparse_mla_decode(direct_decode_args(c.layers[i], cpu, q_host, cpu_out));
+      expect_close_bf16(out, cpu_out, where);
+    }
+  }
+  EXPECT_GT(attended, 0);  // compressed columns were there to compare
+}
+
+}  // namespace
+}  // namespace smla::test
