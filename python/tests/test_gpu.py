@@ -279,7 +279,8 @@ def test_kv_counter_buffer_is_cached_and_grown_only():
 
 def test_step_executor_on_cuda_matches_cpu_and_replays():
     """The executor on CUDA (tables built on the GPU) equals the CPU executor's result within
-    bf16 tolerance, and a captured step replays bitwise."""
+    bf16 tolerance and, on SPEC §5's compressed tables, its own bits; a captured step replays
+    bitwise."""
     np = pytest.importorskip("numpy")
     ml_dtypes = pytest.importorskip("ml_dtypes")
     gen = torch.Generator(device=DEV).manual_seed(6)
@@ -299,7 +300,7 @@ def test_step_executor_on_cuda_matches_cpu_and_replays():
     queries = [torch.randn(num_tokens, heads, D, generator=gen, device=DEV).bfloat16()
                for _ in specs]
 
-    def run(device_of):
+    def run(device_of, compressed_index="topk"):
         to = (lambda t: t) if device_of == "cuda" else (lambda t: _numpy(t, np, ml_dtypes))
         layers = [smla.AttentionLayer(spec=s, swa_kv_cache=to(pools[i]), bmm1_scale=D**-0.5,
                                       compressed_kv_cache=to(comp) if s.compress_ratio else None,
@@ -314,7 +315,8 @@ def test_step_executor_on_cuda_matches_cpu_and_replays():
         qs = [to(q) for q in queries]
         outs = [to(torch.full((num_tokens, heads, D), math.nan, dtype=torch.bfloat16,
                               device=DEV)) for _ in specs]
-        return smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12), inputs, qs, outs
+        return (smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12,
+                                  compressed_index=compressed_index), inputs, qs, outs)
 
     cpu_exec, cpu_inputs, cpu_q, cpu_out = run("cpu")
     cpu_exec.run_step(cpu_inputs, cpu_q, cpu_out)
@@ -332,6 +334,12 @@ def test_step_executor_on_cuda_matches_cpu_and_replays():
         torch.testing.assert_close(got.double().cpu(),
                                    torch.from_numpy(want.astype(np.float64)), rtol=2e-2, atol=2e-2)
     eager = [o.clone() for o in outs]
+    with torch.cuda.stream(stream):  # SPEC §5's compressed tables: the same bits
+        table_exec, _, _, table_outs = run("cuda", "table")
+        table_exec.run_step(inputs, qs, table_outs)
+    torch.cuda.synchronize()
+    for got, want in zip(table_outs, eager):
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         executor.run_step(inputs, qs, outs)
