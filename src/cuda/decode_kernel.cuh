@@ -101,10 +101,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The producer's first two indices load alongside the row's metadata.
   const int first_tile = blockIdx.x / p.head_blocks % p.num_splits * p.tiles_per_split;
   const int token = blockIdx.x / (p.head_blocks * p.num_splits);
-  int32_t first_offsets[2] = {-1, -1};
+  ColumnIndex first[2];
+  if (threadIdx.x < 128)
+    for (int k = 0; k < 2; ++k) first[k] = load_index(p, token, first_tile + k);
   const bool topk = p.topk.indices != nullptr;
-  if (threadIdx.x < 128 && !topk)
-    for (int k = 0; k < 2; ++k) first_offsets[k] = load_index(p, token, -1, first_tile + k);
   int* topk_counts = reinterpret_cast<int*>(smem + Smem::counts);
   if (topk) {  // the row's top-k entries >= 0, counted by the whole CTA
     int count = 0;
@@ -127,17 +127,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (topk) {
 #pragma unroll
     for (int i = 0; i < kThreads / 32; ++i) count += topk_counts[i];
-    if (threadIdx.x < 128)
-      for (int k = 0; k < 2; ++k)
-        first_offsets[k] = load_index(p, token, w.request, first_tile + k);
+    if (threadIdx.x < 128) load_page(p, w.request, first_tile, first[0]);
   }
   w.set_length(p, topk ? p.window + topk_length(p, w, count) : w.topk_len);
   if (threadIdx.x < 128) {
     ptx::reg_dealloc<kProducerRegs<L>>();
     if constexpr (L == KvLayout::bf16)
-      produce_bf16(p, w, smem, first_offsets[0], first_offsets[1]);
+      produce_bf16(p, w, smem, first[0], first[1]);
     else
-      produce_fp8<L>(p, w, smem, first_offsets[0], first_offsets[1]);
+      produce_fp8<L>(p, w, smem, first[0], first[1]);
   } else {
     ptx::reg_alloc<kConsumerRegs<L>>();
     consume<L>(p, w, smem);

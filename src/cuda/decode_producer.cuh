@@ -14,21 +14,43 @@ namespace smla::cuda {
 __device__ __forceinline__ int producer_row() {
   return (threadIdx.x / 32) % 4 * 8 + threadIdx.x % 32 / 4;
 }
-__device__ __forceinline__ int32_t load_index(const DecodeParams& p, int token, int request,
-                                              int tile) {
+// A column's index on its way to a storage offset: the table's offset, or (TopkColumns, columns
+// >= W) a top-k entry and then its compressed page id. Each step's load is issued a tile before
+// the next step needs its value, so the producer does not wait on the chain.
+struct ColumnIndex {
+  int32_t value = -1, page_id = -1;
+};
+
+__device__ __forceinline__ bool topk_column(const DecodeParams& p, int col) {
+  return p.topk.indices && col >= p.window;
+}
+
+// Step 1 (the token alone): the table's offset or the top-k entry of this lane's column.
+__device__ __forceinline__ ColumnIndex load_index(const DecodeParams& p, int token, int tile) {
   const int col = tile * kTileColumns + producer_row();
-  if (col >= p.num_columns) return -1;
-  const TopkParams& k = p.topk;
-  if (!k.indices || col < p.window)
-    return __ldg(p.sparse_indices + int64_t(token) * p.indices_stride + col);
-  // TopkColumns (needs the request): what the table build writes for this column.
+  if (col >= p.num_columns) return {};
+  if (!topk_column(p, col))
+    return {__ldg(p.sparse_indices + int64_t(token) * p.indices_stride + col)};
   const int j = col - p.window;
-  if (j >= k.top_k) return -1;
-  const int32_t x = __ldg(k.indices + int64_t(token) * k.stride + j);
-  const uint32_t entries = p.compressed.block_size, page = uint32_t(x) / entries;
-  if (x < 0 || page >= uint32_t(k.pages)) return x < 0 ? x : -1;
-  return rules::page_offset(__ldg(k.block_table + int64_t(request) * k.table_stride + page),
-                            uint32_t(x) % entries, entries, p.compressed.span);
+  return {j < p.topk.top_k ? __ldg(p.topk.indices + int64_t(token) * p.topk.stride + j) : -1};
+}
+
+// Step 2 (needs the request): a top-k entry's page id, where the block table has the page.
+__device__ __forceinline__ void load_page(const DecodeParams& p, int request, int tile,
+                                          ColumnIndex& c) {
+  const int col = tile * kTileColumns + producer_row();
+  const uint32_t page = uint32_t(c.value) / p.compressed.block_size;
+  if (topk_column(p, col) && c.value >= 0 && page < uint32_t(p.topk.pages))
+    c.page_id = __ldg(p.topk.block_table + int64_t(request) * p.topk.table_stride + page);
+}
+
+// Step 3: the storage offset the table build would have written (SPEC §4).
+__device__ __forceinline__ int32_t offset_of(const DecodeParams& p, int tile, ColumnIndex c) {
+  const int col = tile * kTileColumns + producer_row();
+  if (!topk_column(p, col) || c.value < 0) return c.value;
+  const uint32_t entries = p.compressed.block_size;
+  if (uint32_t(c.value) / entries >= uint32_t(p.topk.pages)) return -1;
+  return rules::page_offset(c.page_id, uint32_t(c.value) % entries, entries, p.compressed.span);
 }
 
 // Where one column's row lives; `valid` false for a column that is not attended.
@@ -133,18 +155,20 @@ __device__ __forceinline__ void publish_flag(uint8_t* smem, uint64_t* full, int 
   ptx::mbar_arrive(full);
 }
 
-// bf16: rows land in their stage by cp.async, indices two tiles ahead.
+// bf16: rows land in their stage by cp.async; indices loaded two tiles ahead, pages one.
+// `next` and `after` are the first two tiles' indices, `next`'s page requested.
 __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& w, uint8_t* smem,
-                                             int32_t offset_next, int32_t offset_after) {
+                                             ColumnIndex next, ColumnIndex after) {
   constexpr int kStagesL = kStages<KvLayout::bf16>;
   const int row = producer_row(), part = threadIdx.x % 4;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
   uint64_t* empty = full + kStagesL;
   int n = 0;
   for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
-    const int32_t offset = offset_next;
-    offset_next = offset_after;
-    offset_after = tile + 2 < w.tile_end ? load_index(p, w.token, w.request, tile + 2) : -1;
+    const int32_t offset = offset_of(p, tile, next);
+    next = after;
+    load_page(p, w.request, tile + 1, next);
+    after = tile + 2 < w.tile_end ? load_index(p, w.token, tile + 2) : ColumnIndex{};
     const int stage = n % kStagesL;
     const RowSource src = row_source(p, w, tile * kTileColumns + row, offset);
     uint8_t* dst = smem + Smem::kv + stage * kTileBytes;
@@ -160,10 +184,11 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
   }
 }
 
-// fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage.
+// fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage;
+// indices loaded three tiles ahead, pages two. `first` and `next` as produce_bf16 takes them.
 template <KvLayout L>
 __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w, uint8_t* smem,
-                                            int32_t offset_first, int32_t offset_next) {
+                                            ColumnIndex first, ColumnIndex next) {
   constexpr int kStagesL = kStages<L>;
   using Rows = Fp8Rows<L>;
   const int row = producer_row(), part = threadIdx.x % 4;
@@ -171,16 +196,21 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
   uint64_t* empty = full + kStagesL;
   uint8_t* raw = smem + Smem::raw<L>;
   if (w.tile_begin >= w.tile_end) return;
-  RowSource src = row_source(p, w, w.tile_begin * kTileColumns + row, offset_first);
+  const int begin = w.tile_begin;
+  ColumnIndex after = begin + 2 < w.tile_end ? load_index(p, w.token, begin + 2) : ColumnIndex{};
+  RowSource src = row_source(p, w, begin * kTileColumns + row, offset_of(p, begin, first));
+  load_page(p, w.request, begin + 1, next);
   Rows::copy(src, raw, row, part);
   ptx::cp_async_commit();
   int n = 0;
-  for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
+  for (int tile = begin; tile < w.tile_end; ++tile, ++n) {
     const bool valid = src.valid;
     if (tile + 1 < w.tile_end) {
-      src = row_source(p, w, (tile + 1) * kTileColumns + row, offset_next);
+      src = row_source(p, w, (tile + 1) * kTileColumns + row, offset_of(p, tile + 1, next));
       Rows::copy(src, raw + (n + 1) % 2 * RawTile<L>::kBytes, row, part);
-      offset_next = tile + 2 < w.tile_end ? load_index(p, w.token, w.request, tile + 2) : -1;
+      next = after;
+      load_page(p, w.request, tile + 2, next);
+      after = tile + 3 < w.tile_end ? load_index(p, w.token, tile + 3) : ColumnIndex{};
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // tile n's copies have landed
