@@ -60,6 +60,11 @@ constexpr RunFlag kRunFlags[] = {
     {"--groups", [](RunOptions& o, Text f, Text v) { o.groups = number(f, v, 1, 64); }},
     {"--seed",
      [](RunOptions& o, Text f, Text v) { o.seed = number<uint64_t>(f, v, 0, UINT64_MAX); }},
+    {"--compressed-index",
+     [](RunOptions& o, Text f, Text v) {
+       o.compressed_index = choice<CompressedIndex>(
+           f, v, {{"topk", CompressedIndex::topk}, {"table", CompressedIndex::table}});
+     }},
     {"--kv",
      [](RunOptions& o, Text f, Text v) {
        o.kv = choice<KvLayout>(f, v,
@@ -152,7 +157,10 @@ std::string usage() {
          std::to_string(d.groups) +
          ")\n"
          "  --seed N          seed of the synthetic step (default " +
-         std::to_string(d.seed) + ")\n";
+         std::to_string(d.seed) +
+         ")\n"
+         "  --compressed-index topk|table   compressed columns read from the top-k by the\n"
+         "                    decode (default), or from a table built per key (SPEC §5)\n";
 }
 
 }  // namespace smla::cli

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "smla/decode.h"
+#include "smla/executor.h"
 
 namespace smla::cli {
 
@@ -20,6 +21,7 @@ struct RunOptions {
   int check = 8;   // sampled (token, head) rows per layer checked against the oracle
   int groups = 1;  // interleaved SWA groups
   uint64_t seed = 0;
+  CompressedIndex compressed_index = CompressedIndex::topk;  // the executor's (executor.h)
 };
 
 enum class Command { help, info, run };

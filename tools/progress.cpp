@@ -21,7 +21,9 @@ Progress::~Progress() {
 void Progress::advance(int64_t steps) {
   done_ += steps;
   const auto now = Clock::now();
-  if (!terminal_ || now - start_ < kQuiet || (drawn_ && now - drawn_at_ < kRedraw && done_ < total_)) return;
+  if (!terminal_ || now - start_ < kQuiet ||
+      (drawn_ && now - drawn_at_ < kRedraw && done_ < total_))
+    return;
   const int filled = total_ > 0 ? static_cast<int>(kWidth * done_ / total_) : kWidth;
   const double seconds = std::chrono::duration<double>(now - start_).count();
   std::fprintf(stderr, "\r%s [%s%s] %lld/%lld %.1fs", label_.c_str(),

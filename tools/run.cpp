@@ -49,7 +49,8 @@ int run_step(const RunOptions& o) {
   const RunStream stream(device);
   const std::unique_ptr<Streams> streams = make_streams(device, stream.get());
   SynthStep step(o, specs, *streams);
-  StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns);
+  StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
+                        TableSharing::shared, o.compressed_index);
 
   RunReport report{.options = o,
                    .num_tokens = step.num_tokens,
@@ -93,8 +94,8 @@ int run_step(const RunOptions& o) {
     report.check = check;
   }
   if (device.kind == DeviceKind::cuda) {  // after the check, which reads the timed step's outs
-    report.graphs = measure_step_graphs(step.device, *streams, step.num_tokens,
-                                        step.max_columns, kGraphReplays);
+    report.graphs = measure_step_graphs(step.device, *streams, step.num_tokens, step.max_columns,
+                                        kGraphReplays);
     report.graph_replays = kGraphReplays;
   }
   print_report(report);

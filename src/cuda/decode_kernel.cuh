@@ -106,10 +106,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int k = 0; k < 2; ++k) first[k] = load_index(p, token, first_tile + k);
   const bool topk = p.topk.indices != nullptr;
   int* topk_counts = reinterpret_cast<int*>(smem + Smem::counts);
-  if (topk) {  // the row's top-k entries >= 0, counted by the whole CTA
+  if (topk) {  // the row's top-k entries >= 0, counted by the whole CTA, 4 loads in flight
+    const int32_t* row = p.topk.indices + int64_t(token) * p.topk.stride;
     int count = 0;
-    for (int j = threadIdx.x; j < p.topk.top_k; j += kThreads)
-      count += __ldg(p.topk.indices + int64_t(token) * p.topk.stride + j) >= 0;
+    for (int j = threadIdx.x; j < p.topk.top_k; j += 4 * kThreads) {
+      int32_t x[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        x[u] = j + u * kThreads < p.topk.top_k ? __ldg(row + j + u * kThreads) : -1;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) count += x[u] >= 0;
+    }
     count = __reduce_add_sync(~0u, count);
     if (threadIdx.x % 32 == 0) topk_counts[threadIdx.x / 32] = count;
   }
