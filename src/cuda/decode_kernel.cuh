@@ -98,12 +98,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   ptx::griddep_launch_dependents();
   ptx::griddep_wait();  // the previous kernel (a table build, a layer) may write what we read
-  // The producer's first two indices load alongside the row's metadata.
+  // The producer's first three indices load alongside the row's metadata.
   const int first_tile = blockIdx.x / p.head_blocks % p.num_splits * p.tiles_per_split;
   const int token = blockIdx.x / (p.head_blocks * p.num_splits);
-  ColumnIndex first[2];
+  IndexPipe indices;
   if (threadIdx.x < 128)
-    for (int k = 0; k < 2; ++k) first[k] = load_index(p, token, first_tile + k);
+    for (int k = 0; k < 3; ++k) indices.q[k] = load_index(p, token, first_tile + k);
   const bool topk = p.topk.indices != nullptr;
   int* topk_counts = reinterpret_cast<int*>(smem + Smem::counts);
   if (topk) {  // the row's top-k entries >= 0, counted by the whole CTA, 4 loads in flight
@@ -134,15 +134,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (topk) {
 #pragma unroll
     for (int i = 0; i < kThreads / 32; ++i) count += topk_counts[i];
-    if (threadIdx.x < 128) load_page(p, w.request, first_tile, first[0]);
+    if (threadIdx.x < 128)
+      for (int k = 0; k < 2; ++k) load_page(p, w.request, first_tile + k, indices.q[k]);
   }
   w.set_length(p, topk ? p.window + topk_length(p, w, count) : w.topk_len);
   if (threadIdx.x < 128) {
     ptx::reg_dealloc<kProducerRegs<L>>();
     if constexpr (L == KvLayout::bf16)
-      produce_bf16(p, w, smem, first[0], first[1]);
+      produce_bf16(p, w, smem, indices);
     else
-      produce_fp8<L>(p, w, smem, first[0], first[1]);
+      produce_fp8<L>(p, w, smem, indices);
   } else {
     ptx::reg_alloc<kConsumerRegs<L>>();
     consume<L>(p, w, smem);

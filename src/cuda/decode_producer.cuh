@@ -15,8 +15,7 @@ __device__ __forceinline__ int producer_row() {
   return (threadIdx.x / 32) % 4 * 8 + threadIdx.x % 32 / 4;
 }
 // A column's index on its way to a storage offset: the table's offset, or (TopkColumns, columns
-// >= W) a top-k entry and then its compressed page id. Each step's load is issued a tile before
-// the next step needs its value, so the producer does not wait on the chain.
+// >= W) a top-k entry and then its compressed page id.
 struct ColumnIndex {
   int32_t value = -1, page_id = -1;
 };
@@ -52,6 +51,24 @@ __device__ __forceinline__ int32_t offset_of(const DecodeParams& p, int tile, Co
   if (uint32_t(c.value) / entries >= uint32_t(p.topk.pages)) return -1;
   return rules::page_offset(c.page_id, uint32_t(c.value) % entries, entries, p.compressed.span);
 }
+
+// This lane's columns of the next three tiles, t to t+2, in flight: t+1's and t+2's pages were
+// requested when t-1's and t's offsets were taken, so a page has two tiles to arrive (the
+// block table competes with the gather for L2) and a top-k entry one (its row is in L1: the
+// CTA counted it).
+struct IndexPipe {
+  ColumnIndex q[3];
+
+  // Tile t's storage offset; then the pipe holds t+1..t+3.
+  __device__ __forceinline__ int32_t pop(const DecodeParams& p, const Work& w, int t) {
+    const int32_t offset = offset_of(p, t, q[0]);
+    load_page(p, w.request, t + 2, q[2]);
+    q[0] = q[1];
+    q[1] = q[2];
+    q[2] = t + 3 < w.tile_end ? load_index(p, w.token, t + 3) : ColumnIndex{};
+    return offset;
+  }
+};
 
 // Where one column's row lives; `valid` false for a column that is not attended.
 struct RowSource {
@@ -155,20 +172,16 @@ __device__ __forceinline__ void publish_flag(uint8_t* smem, uint64_t* full, int 
   ptx::mbar_arrive(full);
 }
 
-// bf16: rows land in their stage by cp.async; indices loaded two tiles ahead, pages one.
-// `next` and `after` are the first two tiles' indices, `next`'s page requested.
+// bf16: rows land in their stage by cp.async. `indices` starts at the CTA's first tile.
 __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& w, uint8_t* smem,
-                                             ColumnIndex next, ColumnIndex after) {
+                                             IndexPipe indices) {
   constexpr int kStagesL = kStages<KvLayout::bf16>;
   const int row = producer_row(), part = threadIdx.x % 4;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
   uint64_t* empty = full + kStagesL;
   int n = 0;
   for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
-    const int32_t offset = offset_of(p, tile, next);
-    next = after;
-    load_page(p, w.request, tile + 1, next);
-    after = tile + 2 < w.tile_end ? load_index(p, w.token, tile + 2) : ColumnIndex{};
+    const int32_t offset = indices.pop(p, w, tile);
     const int stage = n % kStagesL;
     const RowSource src = row_source(p, w, tile * kTileColumns + row, offset);
     uint8_t* dst = smem + Smem::kv + stage * kTileBytes;
@@ -184,11 +197,10 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
   }
 }
 
-// fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage;
-// indices loaded three tiles ahead, pages two. `first` and `next` as produce_bf16 takes them.
+// fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage.
 template <KvLayout L>
 __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w, uint8_t* smem,
-                                            ColumnIndex first, ColumnIndex next) {
+                                            IndexPipe indices) {
   constexpr int kStagesL = kStages<L>;
   using Rows = Fp8Rows<L>;
   const int row = producer_row(), part = threadIdx.x % 4;
@@ -196,21 +208,16 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
   uint64_t* empty = full + kStagesL;
   uint8_t* raw = smem + Smem::raw<L>;
   if (w.tile_begin >= w.tile_end) return;
-  const int begin = w.tile_begin;
-  ColumnIndex after = begin + 2 < w.tile_end ? load_index(p, w.token, begin + 2) : ColumnIndex{};
-  RowSource src = row_source(p, w, begin * kTileColumns + row, offset_of(p, begin, first));
-  load_page(p, w.request, begin + 1, next);
+  RowSource src =
+      row_source(p, w, w.tile_begin * kTileColumns + row, indices.pop(p, w, w.tile_begin));
   Rows::copy(src, raw, row, part);
   ptx::cp_async_commit();
   int n = 0;
-  for (int tile = begin; tile < w.tile_end; ++tile, ++n) {
+  for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
     const bool valid = src.valid;
     if (tile + 1 < w.tile_end) {
-      src = row_source(p, w, (tile + 1) * kTileColumns + row, offset_of(p, tile + 1, next));
+      src = row_source(p, w, (tile + 1) * kTileColumns + row, indices.pop(p, w, tile + 1));
       Rows::copy(src, raw + (n + 1) % 2 * RawTile<L>::kBytes, row, part);
-      next = after;
-      load_page(p, w.request, tile + 2, next);
-      after = tile + 3 < w.tile_end ? load_index(p, w.token, tile + 3) : ColumnIndex{};
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // tile n's copies have landed
