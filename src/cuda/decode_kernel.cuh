@@ -98,12 +98,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   ptx::griddep_launch_dependents();
   ptx::griddep_wait();  // the previous kernel (a table build, a layer) may write what we read
-  // The producer's first three indices load alongside the row's metadata.
+  // The producer's first indices load alongside the row's metadata.
   const int first_tile = blockIdx.x / p.head_blocks % p.num_splits * p.tiles_per_split;
   const int token = blockIdx.x / (p.head_blocks * p.num_splits);
   IndexPipe indices;
   if (threadIdx.x < 128)
-    for (int k = 0; k < 3; ++k) indices.q[k] = load_index(p, token, first_tile + k);
+    for (int k = 0; k < IndexPipe::kAhead; ++k) indices.q[k] = load_index(p, token, first_tile + k);
   const bool topk = p.topk.indices != nullptr;
   int* topk_counts = reinterpret_cast<int*>(smem + Smem::counts);
   if (topk) {  // the row's top-k entries >= 0, counted by the whole CTA, 4 loads in flight
@@ -135,7 +135,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kThreads / 32; ++i) count += topk_counts[i];
     if (threadIdx.x < 128)
-      for (int k = 0; k < 2; ++k) load_page(p, w.request, first_tile + k, indices.q[k]);
+      for (int k = 0; k + 1 < IndexPipe::kAhead; ++k)
+        load_page(p, w.request, first_tile + k, indices.q[k]);
   }
   w.set_length(p, topk ? p.window + topk_length(p, w, count) : w.topk_len);
   if (threadIdx.x < 128) {

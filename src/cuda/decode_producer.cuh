@@ -52,20 +52,21 @@ __device__ __forceinline__ int32_t offset_of(const DecodeParams& p, int tile, Co
   return rules::page_offset(c.page_id, uint32_t(c.value) % entries, entries, p.compressed.span);
 }
 
-// This lane's columns of the next three tiles, t to t+2, in flight: t+1's and t+2's pages were
-// requested when t-1's and t's offsets were taken, so a page has two tiles to arrive (the
-// block table competes with the gather for L2) and a top-k entry one (its row is in L1: the
-// CTA counted it).
+// This lane's columns of the next kAhead tiles, t to t+3, in flight. Taking t's offset requests
+// the page of t+3 and loads the top-k entry of t+4 (its row is in L1: the CTA counted it), so
+// the first tiles' pages are all requested at once and later ones three tiles ahead: the block
+// table is a DRAM miss behind the gather's traffic.
 struct IndexPipe {
-  ColumnIndex q[3];
+  static constexpr int kAhead = 4;
+  ColumnIndex q[kAhead];
 
-  // Tile t's storage offset; then the pipe holds t+1..t+3.
+  // Tile t's storage offset; then the pipe holds t+1..t+4.
   __device__ __forceinline__ int32_t pop(const DecodeParams& p, const Work& w, int t) {
     const int32_t offset = offset_of(p, t, q[0]);
-    load_page(p, w.request, t + 2, q[2]);
-    q[0] = q[1];
-    q[1] = q[2];
-    q[2] = t + 3 < w.tile_end ? load_index(p, w.token, t + 3) : ColumnIndex{};
+    load_page(p, w.request, t + kAhead - 1, q[kAhead - 1]);
+#pragma unroll
+    for (int k = 0; k + 1 < kAhead; ++k) q[k] = q[k + 1];
+    q[kAhead - 1] = t + kAhead < w.tile_end ? load_index(p, w.token, t + kAhead) : ColumnIndex{};
     return offset;
   }
 };
