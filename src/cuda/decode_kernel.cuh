@@ -105,22 +105,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x < 128)
     for (int k = 0; k < IndexPipe::kAhead; ++k) indices.q[k] = load_index(p, token, first_tile + k);
   const bool topk = p.topk.indices != nullptr;
+  Work w = locate_work(p);
   int* topk_counts = reinterpret_cast<int*>(smem + Smem::counts);
-  if (topk) {  // the row's top-k entries >= 0, counted by the whole CTA, 4 loads in flight
-    const int32_t* row = p.topk.indices + int64_t(token) * p.topk.stride;
-    int count = 0;
-    for (int j = threadIdx.x; j < p.topk.top_k; j += 4 * kThreads) {
-      int32_t x[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        x[u] = j + u * kThreads < p.topk.top_k ? __ldg(row + j + u * kThreads) : -1;
-#pragma unroll
-      for (int u = 0; u < 4; ++u) count += x[u] >= 0;
-    }
-    count = __reduce_add_sync(~0u, count);
+  if (topk && threadIdx.x < 128) {  // the staged offsets, and the row's entries >= 0 counted
+    const int count = __reduce_add_sync(
+        ~0u, stage_topk(p, token, w.request, reinterpret_cast<int32_t*>(smem + Smem::topk)));
     if (threadIdx.x % 32 == 0) topk_counts[threadIdx.x / 32] = count;
   }
-  Work w = locate_work(p);
   if (threadIdx.x == 0) {
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::bars);
     for (int s = 0; s < kStages<L>; ++s) {
@@ -131,13 +122,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   int count = 0;
-  if (topk) {
+  if (topk)
 #pragma unroll
-    for (int i = 0; i < kThreads / 32; ++i) count += topk_counts[i];
-    if (threadIdx.x < 128)
-      for (int k = 0; k + 1 < IndexPipe::kAhead; ++k)
-        load_page(p, w.request, first_tile + k, indices.q[k]);
-  }
+    for (int i = 0; i < 4; ++i) count += topk_counts[i];
   w.set_length(p, topk ? p.window + topk_length(p, w, count) : w.topk_len);
   if (threadIdx.x < 128) {
     ptx::reg_dealloc<kProducerRegs<L>>();

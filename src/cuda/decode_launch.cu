@@ -38,8 +38,11 @@ PoolParams pool_params(const KvPool& pool, const char* name) {
 }
 
 TopkParams topk_params(const TopkColumns& c, const DecodeProblem& problem) {
-  require(c.block_table.size(1) <= INT32_MAX && problem.top_k <= INT32_MAX, "topk_columns",
-          "at most 2^31 - 1 top-k entries and pages on CUDA", describe(c.topk_indices));
+  require(problem.top_k <= kMaxTopk, "topk_columns.topk_indices",
+          "[T, top_k] with top_k <= " + std::to_string(kMaxTopk) + " on CUDA",
+          describe(c.topk_indices));
+  require(c.block_table.size(1) <= INT32_MAX, "topk_columns.block_table",
+          "at most 2^31 - 1 pages on CUDA", describe(c.block_table));
   TopkParams t{};
   t.indices = c.topk_indices.ptr<const int32_t>();
   t.stride = c.topk_indices.stride(0);

@@ -13,11 +13,11 @@
 
 namespace smla::cuda {
 
-constexpr int kThreads = 384;                      // producer + 2 consumer warpgroups
-constexpr int kQChunkBytes = kMmaRows * 128;       // 64 heads x 64 dims, bf16, swizzled
-constexpr int kKvChunkBytes = kTileColumns * 128;  // 32 rows x 64 dims
-constexpr int kTileBytes = 8 * kKvChunkBytes;      // one stage: 32 rows x 512 dims, bf16
-constexpr int kScores = kTileColumns / 2;          // score registers per consumer thread
+constexpr int kThreads = 384;                       // producer + 2 consumer warpgroups
+constexpr int kQChunkBytes = kMmaRows * 128;        // 64 heads x 64 dims, bf16, swizzled
+constexpr int kKvChunkBytes = kTileColumns * 128;   // 32 rows x 64 dims
+constexpr int kTileBytes = 8 * kKvChunkBytes;       // one stage: 32 rows x 512 dims, bf16
+constexpr int kScores = kTileColumns / 2;           // score registers per consumer thread
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -53,22 +53,27 @@ struct Xch {
   static constexpr int bytes = alpha + 2 * 128 * 4;
 };
 
-struct Smem {                                       // byte offsets from a 1024-aligned base
-  static constexpr int q = 0;                       // 8 chunks: 64 x 512
-  static constexpr int xch = q + 8 * kQChunkBytes;  // Xch, then the split combine
+struct Smem {  // byte offsets from a 1024-aligned base
+  static constexpr int q = 0;                                     // 8 chunks: 64 x 512
+  static constexpr int xch = q + 8 * kQChunkBytes;                // Xch, then the split combine
   static constexpr int xch_bytes = Xch::bytes;
   static constexpr int combine_bytes =
       (3 * kMaxSplits + 1) * kMmaRows * 4;  // (m, l), weights, factors
+  // TopkColumns' staged offsets, past the exchange: the combine overwrites them only after the
+  // last tile, whose offsets the producer read before it filled the tile.
+  static constexpr int topk = xch + xch_bytes;
   static constexpr int mask = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
-  static constexpr int bars = mask + kMaxStages * kTileColumns;  // full[stages], empty[stages]
+  static constexpr int bars = mask + kMaxStages * kTileColumns;   // full[stages], empty[stages]
   static constexpr int flag = bars + 2 * kMaxStages * 8;
-  static constexpr int counts = flag + 16;  // per warp: top-k entries
-  static constexpr int kv = (counts + kThreads / 32 * 4 + 1023) / 1024 * 1024;  // stages x 8 chunks
+  static constexpr int counts = flag + 16;                        // per producer warp: top-k
+  static constexpr int kv = (counts + 4 * 4 + 1023) / 1024 * 1024;  // stages x 8 chunks
   template <KvLayout L>
-  static constexpr int raw = kv + kStages<L>* kTileBytes;  // RawTile buffers
+  static constexpr int raw = kv + kStages<L> * kTileBytes;        // RawTile buffers
   template <KvLayout L>
-  static constexpr int end = raw<L> + RawTile<L>::kBuffers* RawTile<L>::kBytes;
+  static constexpr int end = raw<L> + RawTile<L>::kBuffers * RawTile<L>::kBytes;
 };
+static_assert(Smem::xch_bytes + kMaxTopk * 4 <= Smem::combine_bytes,
+              "the staged top-k offsets fit where the combine goes");
 template <KvLayout L>
 constexpr int kSmemBytes = Smem::end<L> + 1024;  // slack to align the base
 static_assert(kSmemBytes<KvLayout::bf16> <= 227 * 1024 &&

@@ -14,59 +14,72 @@ namespace smla::cuda {
 __device__ __forceinline__ int producer_row() {
   return (threadIdx.x / 32) % 4 * 8 + threadIdx.x % 32 / 4;
 }
-// A column's index on its way to a storage offset: the table's offset, or (TopkColumns, columns
-// >= W) a top-k entry and then its compressed page id.
-struct ColumnIndex {
-  int32_t value = -1, page_id = -1;
-};
-
 __device__ __forceinline__ bool topk_column(const DecodeParams& p, int col) {
   return p.topk.indices && col >= p.window;
 }
 
-// Step 1 (the token alone): the table's offset or the top-k entry of this lane's column.
-__device__ __forceinline__ ColumnIndex load_index(const DecodeParams& p, int token, int tile) {
-  const int col = tile * kTileColumns + producer_row();
-  if (col >= p.num_columns) return {};
-  if (!topk_column(p, col))
-    return {__ldg(p.sparse_indices + int64_t(token) * p.indices_stride + col)};
-  const int j = col - p.window;
-  return {j < p.topk.top_k ? __ldg(p.topk.indices + int64_t(token) * p.topk.stride + j) : -1};
-}
-
-// Step 2 (needs the request): a top-k entry's page id, where the block table has the page.
-__device__ __forceinline__ void load_page(const DecodeParams& p, int request, int tile,
-                                          ColumnIndex& c) {
-  const int col = tile * kTileColumns + producer_row();
-  const uint32_t page = uint32_t(c.value) / p.compressed.block_size;
-  if (topk_column(p, col) && c.value >= 0 && page < uint32_t(p.topk.pages))
-    c.page_id = __ldg(p.topk.block_table + int64_t(request) * p.topk.table_stride + page);
-}
-
-// Step 3: the storage offset the table build would have written (SPEC §4).
-__device__ __forceinline__ int32_t offset_of(const DecodeParams& p, int tile, ColumnIndex c) {
-  const int col = tile * kTileColumns + producer_row();
-  if (!topk_column(p, col) || c.value < 0) return c.value;
+// TopkColumns: at its start the producer warpgroup translates the token's top-k into storage
+// offsets in shared memory (what the table build would write, SPEC §4) before any row is
+// gathered, so that no load queues behind its copies: four entries a thread at a time (512 a
+// pass), each pass one top-k load and one block-table load deep. Returns how many of this
+// thread's entries are >= 0.
+__device__ __forceinline__ int stage_topk(const DecodeParams& p, int token, int request,
+                                          int32_t* staged) {
+  constexpr int kBatch = 4;
+  const TopkParams& k = p.topk;
   const uint32_t entries = p.compressed.block_size;
-  if (uint32_t(c.value) / entries >= uint32_t(p.topk.pages)) return -1;
-  return rules::page_offset(c.page_id, uint32_t(c.value) % entries, entries, p.compressed.span);
+  const int32_t* row = k.indices + int64_t(token) * k.stride;
+  const int32_t* table = k.block_table + int64_t(request) * k.table_stride;
+  int count = 0;
+  for (int base = threadIdx.x; base < k.top_k; base += kBatch * 128) {
+    int32_t x[kBatch], page_id[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = base + b * 128;
+      x[b] = j < k.top_k ? __ldg(row + j) : -1;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const bool paged = x[b] >= 0 && uint32_t(x[b]) / entries < uint32_t(k.pages);
+      page_id[b] = paged ? __ldg(table + uint32_t(x[b]) / entries) : -1;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = base + b * 128;
+      if (j >= k.top_k) continue;
+      count += x[b] >= 0;
+      const bool paged = x[b] >= 0 && uint32_t(x[b]) / entries < uint32_t(k.pages);
+      staged[j] = x[b] < 0  ? x[b]
+                  : !paged ? -1
+                           : rules::page_offset(page_id[b], uint32_t(x[b]) % entries, entries,
+                                                p.compressed.span);
+    }
+  }
+  return count;
 }
 
-// This lane's columns of the next kAhead tiles, t to t+3, in flight. Taking t's offset requests
-// the page of t+3 and loads the top-k entry of t+4 (its row is in L1: the CTA counted it), so
-// the first tiles' pages are all requested at once and later ones three tiles ahead: the block
-// table is a DRAM miss behind the gather's traffic.
-struct IndexPipe {
-  static constexpr int kAhead = 4;
-  ColumnIndex q[kAhead];
+// The table's offset of this lane's column of `tile` (-1 for a staged top-k column).
+__device__ __forceinline__ int32_t load_index(const DecodeParams& p, int token, int tile) {
+  const int col = tile * kTileColumns + producer_row();
+  if (col >= p.num_columns || topk_column(p, col)) return -1;
+  return __ldg(p.sparse_indices + int64_t(token) * p.indices_stride + col);
+}
 
-  // Tile t's storage offset; then the pipe holds t+1..t+4.
-  __device__ __forceinline__ int32_t pop(const DecodeParams& p, const Work& w, int t) {
-    const int32_t offset = offset_of(p, t, q[0]);
-    load_page(p, w.request, t + kAhead - 1, q[kAhead - 1]);
+// This lane's column offsets of tiles t to t+kAhead-1: the table's loaded kAhead tiles before
+// use, the top-k's read from the stage.
+struct IndexPipe {
+  static constexpr int kAhead = 3;
+  int32_t q[kAhead];
+
+  // Tile t's storage offset; then the pipe holds t+1..t+kAhead.
+  __device__ __forceinline__ int32_t pop(const DecodeParams& p, const Work& w,
+                                         const uint8_t* smem, int t) {
+    const int col = t * kTileColumns + producer_row(), j = col - p.window;
+    const int32_t* staged = reinterpret_cast<const int32_t*>(smem + Smem::topk);
+    const int32_t offset = !topk_column(p, col) ? q[0] : j < p.topk.top_k ? staged[j] : -1;
 #pragma unroll
     for (int k = 0; k + 1 < kAhead; ++k) q[k] = q[k + 1];
-    q[kAhead - 1] = t + kAhead < w.tile_end ? load_index(p, w.token, t + kAhead) : ColumnIndex{};
+    q[kAhead - 1] = t + kAhead < w.tile_end ? load_index(p, w.token, t + kAhead) : -1;
     return offset;
   }
 };
@@ -182,7 +195,7 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
   uint64_t* empty = full + kStagesL;
   int n = 0;
   for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
-    const int32_t offset = indices.pop(p, w, tile);
+    const int32_t offset = indices.pop(p, w, smem, tile);
     const int stage = n % kStagesL;
     const RowSource src = row_source(p, w, tile * kTileColumns + row, offset);
     uint8_t* dst = smem + Smem::kv + stage * kTileBytes;
@@ -210,14 +223,14 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
   uint8_t* raw = smem + Smem::raw<L>;
   if (w.tile_begin >= w.tile_end) return;
   RowSource src =
-      row_source(p, w, w.tile_begin * kTileColumns + row, indices.pop(p, w, w.tile_begin));
+      row_source(p, w, w.tile_begin * kTileColumns + row, indices.pop(p, w, smem, w.tile_begin));
   Rows::copy(src, raw, row, part);
   ptx::cp_async_commit();
   int n = 0;
   for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
     const bool valid = src.valid;
     if (tile + 1 < w.tile_end) {
-      src = row_source(p, w, (tile + 1) * kTileColumns + row, indices.pop(p, w, tile + 1));
+      src = row_source(p, w, (tile + 1) * kTileColumns + row, indices.pop(p, w, smem, tile + 1));
       Rows::copy(src, raw + (n + 1) % 2 * RawTile<L>::kBytes, row, part);
     }
     ptx::cp_async_commit();
