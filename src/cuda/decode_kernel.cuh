@@ -48,6 +48,9 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
     }
   }
   ptx::cp_async_commit();
+  if (p.topk.indices)  // while the query loads
+    stage_topk(p, w.token, w.request, threadIdx.x - 128,
+               reinterpret_cast<int32_t*>(smem + Smem::topk));
   ptx::cp_async_wait<0>();
   ptx::fence_proxy_async();
   ptx::named_sync(1 + c.half, 128);
@@ -107,9 +110,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool topk = p.topk.indices != nullptr;
   Work w = locate_work(p);
   int* topk_counts = reinterpret_cast<int*>(smem + Smem::counts);
-  if (topk && threadIdx.x < 128) {  // the staged offsets, and the row's entries >= 0 counted
-    const int count = __reduce_add_sync(
-        ~0u, stage_topk(p, token, w.request, reinterpret_cast<int32_t*>(smem + Smem::topk)));
+  if (topk && threadIdx.x < 128) {  // the row's entries >= 0, for its length
+    const int count = __reduce_add_sync(~0u, count_topk(p, token, threadIdx.x));
     if (threadIdx.x % 32 == 0) topk_counts[threadIdx.x / 32] = count;
   }
   if (threadIdx.x == 0) {
@@ -132,6 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       produce_bf16(p, w, smem, indices);
     else
       produce_fp8<L>(p, w, smem, indices);
+    indices.finish(p);
   } else {
     ptx::reg_alloc<kConsumerRegs<L>>();
     consume<L>(p, w, smem);

@@ -18,44 +18,58 @@ __device__ __forceinline__ bool topk_column(const DecodeParams& p, int col) {
   return p.topk.indices && col >= p.window;
 }
 
-// TopkColumns: at its start the producer warpgroup translates the token's top-k into storage
-// offsets in shared memory (what the table build would write, SPEC §4) before any row is
-// gathered, so that no load queues behind its copies: four entries a thread at a time (512 a
-// pass), each pass one top-k load and one block-table load deep. Returns how many of this
-// thread's entries are >= 0.
-__device__ __forceinline__ int stage_topk(const DecodeParams& p, int token, int request,
-                                          int32_t* staged) {
-  constexpr int kBatch = 4;
+// TopkColumns. The producer warpgroup counts the token's top-k entries before the CTA's
+// barrier (the row's length needs them all); the consumer warpgroups translate them into
+// storage offsets in shared memory while their query loads, and the producer meets them at
+// kStageBarrier before its first tile with top-k columns. Thread i of n takes entries i + n k,
+// four at a time (each batch one top-k load and one block-table load deep).
+constexpr int kTopkBatch = 4;
+constexpr uint32_t kStageBarrier = 6;
+
+// How many of producer thread i's entries are >= 0.
+__device__ __forceinline__ int count_topk(const DecodeParams& p, int token, int i) {
+  const int32_t* row = p.topk.indices + int64_t(token) * p.topk.stride;
+  int count = 0;
+  for (int base = i; base < p.topk.top_k; base += kTopkBatch * 128) {
+    int32_t x[kTopkBatch];
+#pragma unroll
+    for (int b = 0; b < kTopkBatch; ++b)
+      x[b] = base + b * 128 < p.topk.top_k ? __ldg(row + base + b * 128) : -1;
+#pragma unroll
+    for (int b = 0; b < kTopkBatch; ++b) count += x[b] >= 0;
+  }
+  return count;
+}
+
+// Consumer thread i's entries as the table build would write them (SPEC §4) into `staged`.
+__device__ __forceinline__ void stage_topk(const DecodeParams& p, int token, int request, int i,
+                                           int32_t* staged) {
   const TopkParams& k = p.topk;
   const uint32_t entries = p.compressed.block_size;
   const int32_t* row = k.indices + int64_t(token) * k.stride;
   const int32_t* table = k.block_table + int64_t(request) * k.table_stride;
-  int count = 0;
-  for (int base = threadIdx.x; base < k.top_k; base += kBatch * 128) {
-    int32_t x[kBatch], page_id[kBatch];
+  for (int base = i; base < k.top_k; base += kTopkBatch * 256) {
+    int32_t x[kTopkBatch], page_id[kTopkBatch];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int j = base + b * 128;
-      x[b] = j < k.top_k ? __ldg(row + j) : -1;
-    }
+    for (int b = 0; b < kTopkBatch; ++b)
+      x[b] = base + b * 256 < k.top_k ? __ldg(row + base + b * 256) : -1;
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
+    for (int b = 0; b < kTopkBatch; ++b) {
       const bool paged = x[b] >= 0 && uint32_t(x[b]) / entries < uint32_t(k.pages);
       page_id[b] = paged ? __ldg(table + uint32_t(x[b]) / entries) : -1;
     }
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int j = base + b * 128;
-      if (j >= k.top_k) continue;
-      count += x[b] >= 0;
+    for (int b = 0; b < kTopkBatch; ++b) {
+      if (base + b * 256 >= k.top_k) continue;
       const bool paged = x[b] >= 0 && uint32_t(x[b]) / entries < uint32_t(k.pages);
-      staged[j] = x[b] < 0  ? x[b]
-                  : !paged ? -1
-                           : rules::page_offset(page_id[b], uint32_t(x[b]) % entries, entries,
-                                                p.compressed.span);
+      staged[base + b * 256] =
+          x[b] < 0  ? x[b]
+          : !paged ? -1
+                   : rules::page_offset(page_id[b], uint32_t(x[b]) % entries, entries,
+                                        p.compressed.span);
     }
   }
-  return count;
+  ptx::named_arrive(kStageBarrier, kThreads);
 }
 
 // The table's offset of this lane's column of `tile` (-1 for a staged top-k column).
@@ -70,10 +84,12 @@ __device__ __forceinline__ int32_t load_index(const DecodeParams& p, int token, 
 struct IndexPipe {
   static constexpr int kAhead = 3;
   int32_t q[kAhead];
+  bool staged = false;  // the producer met the consumers at kStageBarrier
 
   // Tile t's storage offset; then the pipe holds t+1..t+kAhead.
   __device__ __forceinline__ int32_t pop(const DecodeParams& p, const Work& w,
                                          const uint8_t* smem, int t) {
+    if (p.topk.indices && !staged && (t + 1) * kTileColumns > p.window) wait_for_stage();
     const int col = t * kTileColumns + producer_row(), j = col - p.window;
     const int32_t* staged = reinterpret_cast<const int32_t*>(smem + Smem::topk);
     const int32_t offset = !topk_column(p, col) ? q[0] : j < p.topk.top_k ? staged[j] : -1;
@@ -81,6 +97,16 @@ struct IndexPipe {
     for (int k = 0; k + 1 < kAhead; ++k) q[k] = q[k + 1];
     q[kAhead - 1] = t + kAhead < w.tile_end ? load_index(p, w.token, t + kAhead) : -1;
     return offset;
+  }
+
+  // Every producer thread at the same tile (the test above is the tile's), once.
+  __device__ __forceinline__ void wait_for_stage() {
+    ptx::named_sync(kStageBarrier, kThreads);
+    staged = true;
+  }
+  // A CTA whose tiles read no top-k column still meets the consumers, before it ends.
+  __device__ __forceinline__ void finish(const DecodeParams& p) {
+    if (p.topk.indices && !staged) wait_for_stage();
   }
 };
 
@@ -188,7 +214,7 @@ __device__ __forceinline__ void publish_flag(uint8_t* smem, uint64_t* full, int 
 
 // bf16: rows land in their stage by cp.async. `indices` starts at the CTA's first tile.
 __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& w, uint8_t* smem,
-                                             IndexPipe indices) {
+                                             IndexPipe& indices) {
   constexpr int kStagesL = kStages<KvLayout::bf16>;
   const int row = producer_row(), part = threadIdx.x % 4;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
@@ -214,7 +240,7 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
 // fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage.
 template <KvLayout L>
 __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w, uint8_t* smem,
-                                            IndexPipe indices) {
+                                            IndexPipe& indices) {
   constexpr int kStagesL = kStages<L>;
   using Rows = Fp8Rows<L>;
   const int row = producer_row(), part = threadIdx.x % 4;
