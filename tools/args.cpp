@@ -62,8 +62,10 @@ constexpr RunFlag kRunFlags[] = {
      [](RunOptions& o, Text f, Text v) { o.seed = number<uint64_t>(f, v, 0, UINT64_MAX); }},
     {"--compressed-index",
      [](RunOptions& o, Text f, Text v) {
-       o.compressed_index = choice<CompressedIndex>(
-           f, v, {{"topk", CompressedIndex::topk}, {"table", CompressedIndex::table}});
+       o.compressed_index = choice<CompressedIndex>(f, v,
+                                                    {{"auto", CompressedIndex::automatic},
+                                                     {"topk", CompressedIndex::topk},
+                                                     {"table", CompressedIndex::table}});
      }},
     {"--kv",
      [](RunOptions& o, Text f, Text v) {
@@ -159,8 +161,9 @@ std::string usage() {
          "  --seed N          seed of the synthetic step (default " +
          std::to_string(d.seed) +
          ")\n"
-         "  --compressed-index topk|table   compressed columns read from the top-k by the\n"
-         "                    decode (default), or from a table built per key (SPEC §5)\n";
+         "  --compressed-index auto|topk|table   compressed columns read from the top-k by the\n"
+         "                    decode, or from a table built per key (SPEC §5); auto (default):\n"
+         "                    the top-k where no other layer would share the table\n";
 }
 
 }  // namespace smla::cli

@@ -21,7 +21,7 @@ struct RunOptions {
   int check = 8;   // sampled (token, head) rows per layer checked against the oracle
   int groups = 1;  // interleaved SWA groups
   uint64_t seed = 0;
-  CompressedIndex compressed_index = CompressedIndex::topk;  // the executor's (executor.h)
+  CompressedIndex compressed_index = CompressedIndex::automatic;  // executor.h
 };
 
 enum class Command { help, info, run };

@@ -13,9 +13,9 @@ std::string format(const char* pattern, Args... args) {
   return line;
 }
 
-// The three graphs in print order.
-std::array<const StepGraph*, 3> in_order(const StepGraphs& graphs) {
-  return {&graphs.topk, &graphs.shared, &graphs.none};
+// The graphs in print order.
+std::array<const StepGraph*, 4> in_order(const StepGraphs& graphs) {
+  return {&graphs.automatic, &graphs.topk, &graphs.shared, &graphs.none};
 }
 
 // What `g` saves against none, scaled and printed by `pattern`; `on_none` on none's own row.

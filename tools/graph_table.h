@@ -1,6 +1,6 @@
 // The figures of a step's graphs (step_graph.h) as rows of a printed table and of CSV: the same
-// columns in `smla run` and smla_step_bench. Rows come in threes, topk, shared, none; each of
-// the first two says what it saves against none.
+// columns in `smla run` and smla_step_bench. Rows come in fours, auto, topk, shared, none;
+// each of the first three says what it saves against none.
 #pragma once
 #include <string>
 #include <vector>

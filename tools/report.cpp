@@ -30,10 +30,10 @@ void print_report(const RunReport& r) {
   const char* kv = o.kv == KvLayout::fp8_e4m3 ? "fp8" : kv_layout_name(o.kv);
   std::printf(
       "%s: %zu layers, %d requests x %d token%s, context %d, %s KV (%.1f MiB), "
-      "%d SWA group%s, compressed columns from %s, on %s\n",
+      "%d SWA group%s, compressed index %s, on %s\n",
       o.model.c_str(), r.layers.size(), o.requests, o.mtp, o.mtp > 1 ? "s" : "", o.context, kv,
       r.kv_bytes / 1048576.0, o.groups, o.groups > 1 ? "s" : "",
-      o.compressed_index == CompressedIndex::topk ? "the top-k" : "tables", r.device.c_str());
+      compressed_index_name(o.compressed_index), r.device.c_str());
   std::printf("%-10s %6s %10s %10s %9s %9s\n", "layers", "count", "time ms", "ms/layer", "GB/s",
               "TFLOP/s");
   std::vector<Totals> kinds;  // in order of first appearance

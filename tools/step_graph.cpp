@@ -85,14 +85,14 @@ StepGraph measure(const StepData& data, Streams& streams, int64_t max_tokens, in
 
 const char* graph_name(const StepGraph& g) {
   if (g.sharing == TableSharing::none) return "none";
-  return g.compressed == CompressedIndex::topk ? "topk" : "shared";
+  return g.compressed == CompressedIndex::table ? "shared" : compressed_index_name(g.compressed);
 }
 
 int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing,
                     CompressedIndex compressed) {
   std::set<TableKey> distinct;
-  for (const LayerSpec& s : layers)
-    distinct.insert({s.swa_group, sparse_index_key(table_spec(s, compressed), sharing)});
+  for (const LayerSpec& s : table_specs(layers, compressed, sharing))
+    distinct.insert({s.swa_group, sparse_index_key(s, sharing)});
   return static_cast<int>(distinct.size());
 }
 
@@ -125,6 +125,8 @@ StepGraphs measure_step_graphs(const StepData& data, Streams& streams, int64_t m
 #if SMLA_WITH_CUDA
   if (streams.device().kind == DeviceKind::cuda)
     return {measure(data, streams, max_tokens, max_columns, TableSharing::shared,
+                    CompressedIndex::automatic, replays),
+            measure(data, streams, max_tokens, max_columns, TableSharing::shared,
                     CompressedIndex::topk, replays),
             measure(data, streams, max_tokens, max_columns, TableSharing::shared,
                     CompressedIndex::table, replays),

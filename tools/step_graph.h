@@ -1,6 +1,6 @@
-// A decode step captured as one CUDA graph three ways — the executor as is (compressed columns
-// read from the top-k by the decode, one SWA table per group), SPEC §5's shared tables, and every
-// layer building its own table: the graph's nodes by kind, its median replay time, and the time
+// A decode step captured as one CUDA graph four ways — the executor as is (CompressedIndex
+// automatic), every compressed layer reading its top-k in the decode, SPEC §5's shared tables,
+// and every layer building its own table: the graph's nodes by kind, its median replay time, and the time
 // of the step's table builds captured alone — what index building costs of the step.
 // Shared by `smla run` on CUDA and smla_step_bench.
 #pragma once
@@ -28,7 +28,7 @@ struct GraphNodes {
 
 struct StepGraph {
   TableSharing sharing = TableSharing::shared;
-  CompressedIndex compressed = CompressedIndex::topk;
+  CompressedIndex compressed = CompressedIndex::automatic;
   int layers = 0;
   int distinct_tables = 0;  // (SWA group, key) pairs: the builds the step must make
   GraphNodes nodes{};
@@ -37,11 +37,12 @@ struct StepGraph {
   double builds_ms = 0;  // median replay of the step's table builds alone
 };
 
+// (shared, automatic): the executor as is; (shared, topk); (shared, table); (none, table).
 struct StepGraphs {
-  StepGraph topk, shared, none;  // (shared, topk), (shared, table), (none, table)
+  StepGraph automatic, topk, shared, none;
 };
 
-const char* graph_name(const StepGraph& graph);  // "topk", "shared", "none"
+const char* graph_name(const StepGraph& graph);  // "auto", "topk", "shared", "none"
 
 // The distinct (SWA group, sparse_index_key) pairs of the tables `layers` build.
 int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing,

@@ -26,12 +26,17 @@ struct AttentionLayer {
 };
 
 // Where a compressed layer's columns [W, K) come from. `table`: its own table, keyed as SPEC
-// §5 says. `topk`: the decode reads its index source's top-k (TopkColumns, bit-identical), so
-// the layer looks up its SWA group's "swa_only" table and a step builds one table per group.
-enum class CompressedIndex { table, topk };
+// §5 says. `topk`: the decode reads its index source's top-k (TopkColumns, bitwise the table's)
+// and the layer looks up its SWA group's "swa_only" table. `automatic`: topk for a layer whose
+// table no other layer of its run and SWA group would share (a build saved, nothing lost),
+// table for the others (docs/sparse_index.md says why).
+enum class CompressedIndex { table, topk, automatic };
+const char* compressed_index_name(CompressedIndex compressed);  // "table", "topk", "auto"
 
-// The spec a layer's table is built and keyed from: SWA-only with CompressedIndex::topk.
-LayerSpec table_spec(const LayerSpec& layer, CompressedIndex compressed);
+// The specs the tables see, layer by layer (`layers` in model order): a layer that reads its
+// top-k in the decode is SWA-only to them.
+std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, CompressedIndex compressed,
+                                   TableSharing sharing = TableSharing::shared);
 
 // What changes every step.
 struct StepInputs {
@@ -49,7 +54,7 @@ class StepExecutor {
   // every layer build its own table (for measuring what sharing saves).
   StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
                int64_t max_columns, TableSharing sharing = TableSharing::shared,
-               CompressedIndex compressed = CompressedIndex::topk);
+               CompressedIndex compressed = CompressedIndex::automatic);
 
   void begin_step(const StepInputs& inputs);  // resets the tables; keeps a copy of `inputs`
   // `layer`'s attention of query [T, H, 512] into out [T, H_out, 512] on the current stream.
@@ -68,7 +73,10 @@ class StepExecutor {
   const SparseIndexTables& tables() const { return tables_; }
 
  private:
-  const AttentionLayer& layer_at(int layer) const;
+  size_t position(int layer) const;
+  const AttentionLayer& layer_at(int layer) const { return layers_[position(layer)]; }
+  // Whether `layer` reads its compressed columns from the top-k in the decode.
+  bool reads_topk(int layer) const;
   SparseIndexArgs table_inputs(int layer) const;
   // The layer's table; an index source joins first (its indexer would overwrite forks' top-k).
   SparseIndexTable table_of(const AttentionLayer& layer);
@@ -76,7 +84,7 @@ class StepExecutor {
   void each_layer(const StepInputs& inputs, const std::function<void(size_t)>& layer_work);
 
   std::vector<AttentionLayer> layers_;
-  CompressedIndex compressed_;
+  std::vector<LayerSpec> table_specs_;  // by position, as table_specs(...) gives them
   Streams& streams_;
   SparseIndexTables tables_;
   std::shared_ptr<void> counters_, workspace_;

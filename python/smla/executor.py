@@ -51,12 +51,13 @@ class StepExecutor:
     graph, make the executor on the stream the capture uses (torch.cuda.graph(g, stream=s))
     and run one eager step of the same shape first (its memory serves the capture).
     Allocates zeroed counters and workspace for steps of up to `max_tokens` tokens and
-    `max_columns` table columns. `compressed_index`: "topk" (default) lets the decode read a
-    compressed layer's columns from its top-k, so a step builds one SWA table per group;
-    "table" builds each compressed key's table as SPEC §5 says (same output bits)."""
+    `max_columns` table columns. `compressed_index`: "topk" lets the decode read a compressed
+    layer's columns from its top-k (the layer shares its group's SWA table); "table" builds each
+    compressed key's table as SPEC §5 says; "auto" (default) reads the top-k where no other
+    layer would share the table. The output bits are the same."""
 
     def __init__(self, layers: Sequence[AttentionLayer], max_tokens: int, max_columns: int,
-                 stream=None, compressed_index: str = "topk"):
+                 stream=None, compressed_index: str = "auto"):
         layers = list(layers)
         if not layers:
             raise ValueError("smla: layers: expected at least one layer, got none")

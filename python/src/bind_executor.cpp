@@ -59,12 +59,15 @@ class Executor {
                         .sinks = take(sinks.at(i), &keep_),
                         .bmm1_scale = bmm1_scales.at(i),
                         .bmm2_scale = bmm2_scales.at(i)});
-    if (compressed_index != "topk" && compressed_index != "table")
-      throw Error(ErrorKind::value, "compressed_index", "\"topk\" or \"table\"",
+    CompressedIndex compressed = CompressedIndex::automatic;
+    for (CompressedIndex c :
+         {CompressedIndex::automatic, CompressedIndex::topk, CompressedIndex::table})
+      if (compressed_index == compressed_index_name(c)) compressed = c;
+    if (compressed_index != compressed_index_name(compressed))
+      throw Error(ErrorKind::value, "compressed_index", "\"auto\", \"topk\" or \"table\"",
                   "\"" + compressed_index + "\"");
-    executor_ = std::make_unique<StepExecutor>(
-        std::move(layers), *streams_, max_tokens, max_columns, TableSharing::shared,
-        compressed_index == "topk" ? CompressedIndex::topk : CompressedIndex::table);
+    executor_ = std::make_unique<StepExecutor>(std::move(layers), *streams_, max_tokens,
+                                               max_columns, TableSharing::shared, compressed);
   }
 
   void begin_step(nb::handle inputs) {

@@ -565,7 +565,7 @@ def test_step_executor_matches_the_reference():
         got = outs[i].astype(np.float64)
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, expected, rtol=2e-2, atol=2e-2)
-    assert executor.stats["forks"] == [(1, "swa_only")]  # one SWA table per group
+    assert executor.stats["forks"] == [(1, "swa_only")]  # the top-k, no other layer shares it
     # Layer by layer gives the same bits.
     again = [np.full_like(o, np.nan) for o in outs]
     executor.begin_step(inputs)

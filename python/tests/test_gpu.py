@@ -300,7 +300,7 @@ def test_step_executor_on_cuda_matches_cpu_and_replays():
     queries = [torch.randn(num_tokens, heads, D, generator=gen, device=DEV).bfloat16()
                for _ in specs]
 
-    def run(device_of, compressed_index="topk"):
+    def run(device_of, compressed_index="auto"):
         to = (lambda t: t) if device_of == "cuda" else (lambda t: _numpy(t, np, ml_dtypes))
         layers = [smla.AttentionLayer(spec=s, swa_kv_cache=to(pools[i]), bmm1_scale=D**-0.5,
                                       compressed_kv_cache=to(comp) if s.compress_ratio else None,

@@ -1,18 +1,18 @@
 #include "smla/executor.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
+#include <string>
 
 #include "core/check.h"
 
 namespace smla {
 namespace {
 
-// What the tables see of each layer: with CompressedIndex::topk, only SWA columns.
-std::vector<LayerSpec> table_specs(const std::vector<AttentionLayer>& layers,
-                                   CompressedIndex compressed) {
+std::vector<LayerSpec> specs_of(const std::vector<AttentionLayer>& layers) {
   std::vector<LayerSpec> specs;
-  for (const AttentionLayer& l : layers) specs.push_back(table_spec(l.spec, compressed));
+  for (const AttentionLayer& l : layers) specs.push_back(l.spec);
   return specs;
 }
 
@@ -56,18 +56,39 @@ CompressedColumns compressed_columns(const StepInputs& inputs, const AttentionLa
 
 }  // namespace
 
-LayerSpec table_spec(const LayerSpec& layer, CompressedIndex compressed) {
-  LayerSpec spec = layer;
-  if (compressed == CompressedIndex::topk) spec.compress_ratio = 0;
-  return spec;
+const char* compressed_index_name(CompressedIndex compressed) {
+  switch (compressed) {
+    case CompressedIndex::table: return "table";
+    case CompressedIndex::topk: return "topk";
+    case CompressedIndex::automatic: break;
+  }
+  return "auto";
+}
+
+std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, CompressedIndex compressed,
+                                   TableSharing sharing) {
+  std::vector<LayerSpec> specs(layers.begin(), layers.end());
+  if (compressed == CompressedIndex::table) return specs;
+  // A run is a stretch of consecutive equal keys; its table in a group serves the run's layers
+  // of that group (SparseIndexTables::store drops it at the group's next key).
+  for (size_t first = 0, end = 0; first < layers.size(); first = end) {
+    const std::string key = sparse_index_key(layers[first], sharing);
+    std::map<int, int> in_group;
+    for (end = first; end < layers.size() && sparse_index_key(layers[end], sharing) == key; ++end)
+      ++in_group[layers[end].swa_group];
+    for (size_t i = first; i < end; ++i)
+      if (compressed == CompressedIndex::topk || in_group[layers[i].swa_group] == 1)
+        specs[i].compress_ratio = 0;
+  }
+  return specs;
 }
 
 StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
                            int64_t max_columns, TableSharing sharing, CompressedIndex compressed)
     : layers_(std::move(layers)),
-      compressed_(compressed),
+      table_specs_(table_specs(specs_of(layers_), compressed, sharing)),
       streams_(streams),
-      tables_(table_specs(layers_, compressed), streams_, sharing) {
+      tables_(table_specs_, streams_, sharing) {
   int max_heads = 1;
   for (const AttentionLayer& l : layers_) max_heads = std::max(max_heads, l.spec.num_heads);
   counters_view_ = zeroed(streams_, kv_counter_bytes(max_tokens, max_heads), counters_);
@@ -76,13 +97,18 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
              workspace_);
 }
 
-const AttentionLayer& StepExecutor::layer_at(int layer) const {
+size_t StepExecutor::position(int layer) const {
   const auto it =
       std::lower_bound(layers_.begin(), layers_.end(), layer,
                        [](const AttentionLayer& l, int id) { return l.spec.layer < id; });
   if (it == layers_.end() || it->spec.layer != layer)
     check::fail(ErrorKind::value, "layer", "a layer of this executor", std::to_string(layer));
-  return *it;
+  return static_cast<size_t>(it - layers_.begin());
+}
+
+bool StepExecutor::reads_topk(int layer) const {
+  const size_t i = position(layer);
+  return layers_[i].spec.compress_ratio > 0 && table_specs_[i].compress_ratio == 0;
 }
 
 SparseIndexArgs StepExecutor::table_inputs(int layer) const {
@@ -96,7 +122,7 @@ SparseIndexArgs StepExecutor::table_inputs(int layer) const {
                 "a block table for SWA group " + std::to_string(group),
                 std::to_string(inputs_.block_tables.size()) + " block tables");
   args.swa = {inputs_.block_tables[group], l.swa_kv_cache};
-  if (table_spec(l.spec, compressed_).compress_ratio > 0)
+  if (table_specs_[position(layer)].compress_ratio > 0)
     args.compressed = compressed_columns(inputs_, l);
   return args;
 }
@@ -107,7 +133,7 @@ void StepExecutor::begin_step(const StepInputs& inputs) {
 }
 
 SparseIndexTable StepExecutor::table_of(const AttentionLayer& l) {
-  const LayerSpec spec = table_spec(l.spec, compressed_);  // what its table reads
+  const LayerSpec& spec = table_specs_[position(l.spec.layer)];  // what its table reads
   const bool index_source =
       spec.compress_ratio > 0 && spec.index_topk > 0 && spec.index_source == spec.layer;
   if (index_source) tables_.join();
@@ -126,7 +152,7 @@ void StepExecutor::run_layer(int layer, const TensorView& query, const TensorVie
   // SWA-only layers leave it absent: columns past W (DSpark) then read the SWA pool.
   if (l.spec.compress_ratio > 0) args.compressed_kv_cache = l.compressed_kv_cache;
   args.sparse_indices = table.sparse_indices;
-  if (l.spec.compress_ratio > 0 && compressed_ == CompressedIndex::topk) {
+  if (reads_topk(layer)) {
     if (step.decode_swa_width > l.spec.window)
       check::fail(ErrorKind::value, "compress_ratio",
                   "0 (the DSpark window is for SWA-only layers)",

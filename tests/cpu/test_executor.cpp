@@ -86,11 +86,11 @@ TEST_P(ExecutorMatchesDirectCalls, BitForBit) {
     EXPECT_EQ(std::memcmp(alone_outs[i].data, direct_outs[i].data, bytes), 0)
         << "layer " << layer << " without sharing";
   }
-  // The layers shared their tables: one build per (group, key); compressed layers read their
-  // top-k in the decode, so only the groups' SWA tables.
+  // The layers shared their tables: one build per (group, key) of what the tables see (a layer
+  // that reads its top-k in the decode is SWA-only to them).
   std::set<TableKey> distinct;
-  for (const LayerSpec& s : specs)
-    distinct.insert({s.swa_group, sparse_index_key(table_spec(s, CompressedIndex::topk))});
+  for (const LayerSpec& s : table_specs(specs, CompressedIndex::automatic))
+    distinct.insert({s.swa_group, sparse_index_key(s)});
   int builds = 0;
   for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
   EXPECT_EQ(builds, static_cast<int>(distinct.size()));

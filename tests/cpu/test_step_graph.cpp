@@ -27,7 +27,8 @@ TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
       const auto streams = make_streams(Device{});
       SynthStep step(o, specs, *streams);
       for (TableSharing sharing : {TableSharing::shared, TableSharing::none})
-        for (CompressedIndex compressed : {CompressedIndex::topk, CompressedIndex::table}) {
+        for (CompressedIndex compressed :
+             {CompressedIndex::automatic, CompressedIndex::topk, CompressedIndex::table}) {
           StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
                                 sharing, compressed);
           executor.build_tables(step.device.inputs);
@@ -39,7 +40,8 @@ TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
         }
     }
   // SPEC §6's patterns: V4.1's runs share, V4's ratio-4 and ratio-128 layers each have a key;
-  // with the top-k read by the decode, a step builds one SWA table per group.
+  // with the top-k read by the decode, a step builds one SWA table per group; automatic reads
+  // the top-k where a table would serve one layer (every V4 one, no V4.1 one with one group).
   const auto v41 = model_layers(model_preset("v41-flash"), 1);
   const auto v4 = model_layers(model_preset("v4-flash"), 3);
   EXPECT_EQ(distinct_tables(v41, TableSharing::shared, CompressedIndex::table), 9);
@@ -49,6 +51,9 @@ TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
                             CompressedIndex::table),
             42);
   EXPECT_EQ(distinct_tables(v4, TableSharing::shared, CompressedIndex::topk), 3);
+  EXPECT_EQ(distinct_tables(v4, TableSharing::shared, CompressedIndex::automatic), 3);
+  EXPECT_EQ(distinct_tables(v41, TableSharing::shared, CompressedIndex::automatic), 9);
+  EXPECT_EQ(distinct_tables(v41, TableSharing::none, CompressedIndex::automatic), 40);
 }
 
 StepGraph right_graph(TableSharing sharing, CompressedIndex compressed = CompressedIndex::table) {
@@ -85,8 +90,11 @@ TEST(StepGraph, ProblemsNameEachDifference) {
 }
 
 StepGraphs right_graphs() {
-  StepGraphs graphs{right_graph(TableSharing::shared, CompressedIndex::topk),
+  StepGraphs graphs{right_graph(TableSharing::shared, CompressedIndex::automatic),
+                    right_graph(TableSharing::shared, CompressedIndex::topk),
                     right_graph(TableSharing::shared), right_graph(TableSharing::none)};
+  graphs.automatic.step_ms = 1.8;
+  graphs.automatic.distinct_tables = graphs.automatic.nodes.table_builds = 9;
   graphs.topk.step_ms = 1.5;
   graphs.topk.distinct_tables = graphs.topk.nodes.table_builds = 3;
   graphs.none.step_ms = 2.5;
@@ -99,6 +107,7 @@ TEST(StepGraph, SharesAndSavings) {
   EXPECT_DOUBLE_EQ(build_share(graphs.shared), 0.05);
   EXPECT_DOUBLE_EQ(saves(graphs.shared, graphs), 0.2);
   EXPECT_DOUBLE_EQ(saves(graphs.topk, graphs), 0.4);
+  EXPECT_DOUBLE_EQ(saves(graphs.automatic, graphs), 0.28);
   graphs.none.step_ms = 0;  // not measured
   EXPECT_EQ(saves(graphs.shared, graphs), 0);
 }
@@ -118,16 +127,18 @@ TEST(GraphTable, RowsLineUpWithTheirHeader) {
   StepGraphs graphs = right_graphs();
   graphs.none.nodes.decodes = 41;  // wrong: marked so
   const std::vector<std::string> rows = graph_table_rows(graphs);
-  ASSERT_EQ(rows.size(), 3u);
+  ASSERT_EQ(rows.size(), 4u);
   const std::string header = graph_table_header();
   EXPECT_EQ(rows[0].find("  ok"), rows[0].size() - 4);
-  EXPECT_EQ(rows[2].find("WRONG"), header.find("graph"));
-  EXPECT_EQ(rows[0].substr(0, 4), "topk");
-  EXPECT_NE(rows[0].find(" 40.0%"), std::string::npos) << rows[0];  // saves
-  EXPECT_EQ(rows[1].substr(0, 6), "shared");
-  EXPECT_NE(rows[1].find(" 20.0%"), std::string::npos) << rows[1];   // saves
-  EXPECT_NE(rows[1].find("   5.0%"), std::string::npos) << rows[1];  // build share
-  EXPECT_EQ(rows[2].substr(0, 4), "none");
+  EXPECT_EQ(rows[3].find("WRONG"), header.find("graph"));
+  EXPECT_EQ(rows[0].substr(0, 4), "auto");
+  EXPECT_NE(rows[0].find(" 28.0%"), std::string::npos) << rows[0];  // saves
+  EXPECT_EQ(rows[1].substr(0, 4), "topk");
+  EXPECT_NE(rows[1].find(" 40.0%"), std::string::npos) << rows[1];  // saves
+  EXPECT_EQ(rows[2].substr(0, 6), "shared");
+  EXPECT_NE(rows[2].find(" 20.0%"), std::string::npos) << rows[2];   // saves
+  EXPECT_NE(rows[2].find("   5.0%"), std::string::npos) << rows[2];  // build share
+  EXPECT_EQ(rows[3].substr(0, 4), "none");
 
   EXPECT_EQ(graph_problem_lines(graphs),
             std::vector<std::string>{
@@ -136,13 +147,13 @@ TEST(GraphTable, RowsLineUpWithTheirHeader) {
   EXPECT_TRUE(graph_problem_lines(graphs).empty());
 
   const std::vector<std::string> csv = graph_csv_rows(graphs);
-  ASSERT_EQ(csv.size(), 3u);
+  ASSERT_EQ(csv.size(), 4u);
   const std::vector<std::string> names = fields(graph_csv_header());
   for (const std::string& row : csv) EXPECT_EQ(fields(row).size(), names.size()) << row;
-  EXPECT_EQ(fields(csv[1])[1], "2000.00");  // step_us
-  EXPECT_EQ(fields(csv[1])[4], "0.2000");   // saves
-  EXPECT_EQ(fields(csv[2])[4], "");
-  EXPECT_EQ(fields(csv[2]).back(), "1");  // graph_ok
+  EXPECT_EQ(fields(csv[2])[1], "2000.00");  // step_us
+  EXPECT_EQ(fields(csv[2])[4], "0.2000");   // saves
+  EXPECT_EQ(fields(csv[3])[4], "");
+  EXPECT_EQ(fields(csv[3]).back(), "1");  // graph_ok
 }
 
 // The CPU's streams, claiming a device: a SynthStep then takes the path it takes on a GPU.

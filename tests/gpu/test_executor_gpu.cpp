@@ -113,10 +113,10 @@ struct GpuStep {
 
   // The number of distinct (SWA group, key) tables: what a step builds (with the top-k read by
   // the decode, only SWA tables).
-  int distinct_tables(CompressedIndex compressed = CompressedIndex::topk) const {
+  int distinct_tables(CompressedIndex compressed = CompressedIndex::automatic) const {
     std::set<TableKey> distinct;
-    for (const LayerSpec& s : specs)
-      distinct.insert({s.swa_group, sparse_index_key(table_spec(s, compressed))});
+    for (const LayerSpec& s : table_specs(specs, compressed))
+      distinct.insert({s.swa_group, sparse_index_key(s)});
     return static_cast<int>(distinct.size());
   }
 
@@ -148,7 +148,7 @@ struct GpuStep {
 
 // The executor of a step on its own non-blocking stream.
 struct StepOnStream {
-  explicit StepOnStream(const GpuStep& g, CompressedIndex compressed = CompressedIndex::topk)
+  explicit StepOnStream(const GpuStep& g, CompressedIndex compressed = CompressedIndex::automatic)
       : streams(make_streams(DeviceMirror::kDevice, stream.get())),
         executor(g.layers, *streams, g.c.num_tokens(), g.max_columns, TableSharing::shared,
                  compressed) {}
@@ -166,7 +166,7 @@ struct StepOnStream {
 class GpuExecutor : public testing::TestWithParam<Pattern> {};
 
 void step_equals_direct_calls(const Pattern& pattern, CompressedIndex compressed) {
-  const char* mode = compressed == CompressedIndex::topk ? "top-k in the decode" : "tables";
+  const char* mode = compressed_index_name(compressed);
   GpuStep g(pattern);
   StepOnStream on(g, compressed);
   const auto stepped = on.eager_step(g);
@@ -203,7 +203,8 @@ void step_equals_direct_calls(const Pattern& pattern, CompressedIndex compressed
 // layers' own, and the shared buffers let every launch plan the splits it would plan alone.
 TEST_P(GpuExecutor, StepEqualsDirectCallsBitForBit) {
   SKIP_WITHOUT_GPU();
-  for (CompressedIndex compressed : {CompressedIndex::topk, CompressedIndex::table})
+  for (CompressedIndex compressed :
+       {CompressedIndex::automatic, CompressedIndex::topk, CompressedIndex::table})
     step_equals_direct_calls(GetParam(), compressed);
 }
 

@@ -12,6 +12,7 @@
 #include "core/numeric.h"
 #include "device_step.h"
 #include "direct_call.h"
+#include "smla/error.h"
 #include "step_case.h"
 
 namespace smla::test {
@@ -117,6 +118,33 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
     }
   }
   EXPECT_GT(attended, 0);  // compressed columns were there to compare
+}
+
+// More entries than the kernel stages in shared memory: unsupported on CUDA, saying so.
+TEST(GpuTopkColumns, TooWideATopkIsUnsupported) {
+  SKIP_WITHOUT_GPU();
+  std::vector<LayerSpec> specs = three_layers(2);
+  specs[2].index_topk = 2052;
+  StepCase c(specs, {.q_lens = {1}, .seq_lens = {9000}, .num_decodes = 1}, 3);
+  DeviceMirror gpu;
+  const AttentionLayer l = gpu(c.layers)[2];
+  SparseIndexArgs swa = gpu(c.args(2));
+  const CompressedColumns compressed = swa.compressed;
+  swa.compressed = {};
+  swa.out = table_outputs(swa, [&](DType dtype, std::initializer_list<int64_t> shape) {
+    return gpu.output(dtype, shape);
+  });
+  ASSERT_GT(compressed.topk_indices.size(1), 2048);
+  const TensorView q = gpu(c.bf16(1, 1));
+  const DecodeArgs args =
+      topk_decode_args(l, swa, compressed, q, gpu.output(DType::bf16, {1, 1, kHeadDim}));
+  try {
+    sparse_mla_decode(args);
+    ADD_FAILURE() << "a top-k of " << compressed.topk_indices.size(1) << " entries ran on CUDA";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported) << e.what();
+    EXPECT_EQ(e.argument(), "topk_columns.topk_indices") << e.what();
+  }
 }
 
 }  // namespace
