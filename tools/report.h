@@ -30,7 +30,7 @@ struct RunReport {
   std::vector<LayerRun> layers{};
   TableStats tables{};
   std::optional<CheckResult> check{};
-  double tolerance = 0;                // on the check's relative error
+  double tolerance = 0;  // on the check's relative error
   std::optional<StepGraphs> graphs{};  // on CUDA: the step as one graph, shared and not
   int graph_replays = 0;
 };

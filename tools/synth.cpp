@@ -16,8 +16,8 @@ namespace {
 
 using Rng = std::mt19937_64;
 constexpr int64_t kMaxKvBytes = int64_t{16} << 30;  // of the machine's 24 GiB
-constexpr int64_t kTilePages = 256;                 // a pool without host copy repeats these
-constexpr float kFp8KvScale = 0.5f;                 // per-tensor fp8: e4m3(x / kv_scale)
+constexpr int64_t kTilePages = 256;                  // a pool without host copy repeats these
+constexpr float kFp8KvScale = 0.5f;                  // per-tensor fp8: e4m3(x / kv_scale)
 
 // Random storage codes of moderate magnitude, several from each 64-bit draw.
 void fill_bf16(std::byte* out, int64_t count, Rng& rng) {  // |x| in [2^-7, 1)

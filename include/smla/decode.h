@@ -8,11 +8,11 @@
 
 namespace smla {
 
-constexpr int kHeadDim = 512;  // D: 448 NoPE + 64 RoPE; K = V = the whole row
+constexpr int kHeadDim = 512;   // D: 448 NoPE + 64 RoPE; K = V = the whole row
 constexpr int kNopeDim = 448;
 constexpr int kRopeDim = 64;
 constexpr int kMaxHeads = 128;
-constexpr int kWindow = 128;            // W in every known config
+constexpr int kWindow = 128;    // W in every known config
 constexpr int kDsMlaRecordBytes = 576;  // fp8_ds_mla: 448 e4m3 + 64 bf16 per token
 constexpr int kDsMlaScaleBytes = 8;     // fp8_ds_mla: 7 UE8M0 scales + 1 pad per token
 constexpr int kDsMlaGroup = 64;         // fp8_ds_mla: NoPE values under one UE8M0 scale

@@ -43,14 +43,14 @@ struct KvPool {
 };
 
 struct DecodeProblem {
-  int64_t num_tokens = 0;     // T
-  int64_t num_requests = 0;   // B
-  int64_t num_columns = 0;    // K (with topk_columns: the width of the table it stands for)
-  bool topk_columns = false;  // columns >= W come from args.topk_columns, not the table
-  int64_t top_k = 0;          // topk_columns' width
-  int num_heads = 0;          // H
-  int out_heads = 0;          // H_out
-  int window = kWindow;       // W
+  int64_t num_tokens = 0;    // T
+  int64_t num_requests = 0;  // B
+  int64_t num_columns = 0;   // K (with topk_columns: the width of the table it stands for)
+  bool topk_columns = false; // columns >= W come from args.topk_columns, not the table
+  int64_t top_k = 0;         // topk_columns' width
+  int num_heads = 0;         // H
+  int out_heads = 0;         // H_out
+  int window = kWindow;      // W
   int max_q_len = 1;
   KvLayout layout = KvLayout::bf16;
   DType query_dtype = DType::bf16;

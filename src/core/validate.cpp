@@ -124,18 +124,13 @@ KvPool make_pool(const TensorView& v, const char* name) {
   KvPool pool;
   int64_t row = kHeadDim;
   switch (v.dtype) {
-    case DType::bf16:
-      pool.layout = KvLayout::bf16;
-      break;
-    case DType::f8e4m3:
-      pool.layout = KvLayout::fp8_e4m3;
-      break;
+    case DType::bf16: pool.layout = KvLayout::bf16; break;
+    case DType::f8e4m3: pool.layout = KvLayout::fp8_e4m3; break;
     case DType::u8:
       pool.layout = KvLayout::fp8_ds_mla;
       row = kDsMlaRecordBytes + kDsMlaScaleBytes;
       break;
-    default:
-      fail(ErrorKind::type, name, "bf16, f8e4m3 or u8 (fp8_ds_mla)", dtype_name(v.dtype));
+    default: fail(ErrorKind::type, name, "bf16, f8e4m3 or u8 (fp8_ds_mla)", dtype_name(v.dtype));
   }
   const bool rank_ok = v.ndim == 3 || (v.ndim == 4 && v.size(2) == 1);
   if (!rank_ok || v.size(-1) != row)

@@ -20,7 +20,7 @@ namespace smla::cpu {
 namespace {
 
 constexpr int kGroups = kHeadDim / kDsMlaGroup;  // 7 NoPE groups, then the RoPE group
-constexpr int kHeadsPerItem = 16;  // enough items to spread small batches over threads
+constexpr int kHeadsPerItem = 16;           // enough items to spread small batches over threads
 
 const std::array<float, 256> kE4m3 = [] {
   std::array<float, 256> table{};

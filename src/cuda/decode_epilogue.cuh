@@ -141,7 +141,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
   if (thread == 0) *counter = 0;  // back to zero for the next launch (SPEC §3)
 
   // Per row: the max over splits, each split's weight, the sum, and the output factor.
-  float2* ml = reinterpret_cast<float2*>(smem + Smem::xch);               // [split][row]
+  float2* ml = reinterpret_cast<float2*>(smem + Smem::xch);              // [split][row]
   float* weights = reinterpret_cast<float*>(ml + kMaxSplits * kMmaRows);  // [split][row]
   float* factors = weights + kMaxSplits * kMmaRows;                       // [row]
   for (int i = thread; i < p.num_splits * heads; i += 256)
@@ -163,15 +163,9 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
   }
   ptx::named_sync(5, 256);
   switch (heads) {
-    case 16:
-      combine_rows<16>(p, row_partials, weights, factors, smem, thread);
-      break;
-    case 32:
-      combine_rows<32>(p, row_partials, weights, factors, smem, thread);
-      break;
-    default:
-      combine_rows<64>(p, row_partials, weights, factors, smem, thread);
-      break;
+    case 16: combine_rows<16>(p, row_partials, weights, factors, smem, thread); break;
+    case 32: combine_rows<32>(p, row_partials, weights, factors, smem, thread); break;
+    default: combine_rows<64>(p, row_partials, weights, factors, smem, thread); break;
   }
   write_staged(p, w, smem, thread);
 }

@@ -156,12 +156,9 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
 
   const auto s = static_cast<cudaStream_t>(stream);
   switch (problem.layout) {
-    case KvLayout::bf16:
-      return launch<KvLayout::bf16>(p, plan.ctas, device, s);
-    case KvLayout::fp8_e4m3:
-      return launch<KvLayout::fp8_e4m3>(p, plan.ctas, device, s);
-    case KvLayout::fp8_ds_mla:
-      return launch<KvLayout::fp8_ds_mla>(p, plan.ctas, device, s);
+    case KvLayout::bf16: return launch<KvLayout::bf16>(p, plan.ctas, device, s);
+    case KvLayout::fp8_e4m3: return launch<KvLayout::fp8_e4m3>(p, plan.ctas, device, s);
+    case KvLayout::fp8_ds_mla: return launch<KvLayout::fp8_ds_mla>(p, plan.ctas, device, s);
   }
 }
 

@@ -9,7 +9,7 @@ struct PoolParams {
   const char* base;
   int64_t token_stride_bytes;
   int64_t block_stride_bytes;
-  uint32_t rows;  // num_blocks * span, clamped to 2^31
+  uint32_t rows;        // num_blocks * span, clamped to 2^31
   uint32_t span;
   uint32_t block_size;
   uint32_t scales_offset_bytes;  // fp8_ds_mla: where a page's scale records start
@@ -17,40 +17,40 @@ struct PoolParams {
 
 // TopkColumns: compressed columns translated from a top-k in the kernel (indices null: none).
 struct TopkParams {
-  const int32_t* indices;  // [T, top_k]
+  const int32_t* indices;      // [T, top_k]
   int64_t stride;
   int top_k;
   const int32_t* block_table;  // [>= B, pages]
   int64_t table_stride;
   int pages;
-  const uint8_t* is_valid;  // [T] or null
+  const uint8_t* is_valid;     // [T] or null
   int64_t valid_stride;
   int num_decodes, compress_ratio;
 };
 
 struct DecodeParams {
-  const void* query;  // [T, H, 512] bf16, or e4m3 when query_fp8
+  const void* query;                 // [T, H, 512] bf16, or e4m3 when query_fp8
   bool query_fp8;
   int64_t q_token_stride, q_head_stride;  // elements
   PoolParams swa, compressed;
-  const int32_t* sparse_indices;  // [T, K]
+  const int32_t* sparse_indices;     // [T, K]
   int64_t indices_stride;
-  const int32_t* sparse_topk_lens;  // [T]; unused with topk
+  const int32_t* sparse_topk_lens;   // [T]; unused with topk
   TopkParams topk;
-  const int32_t* seq_lens;        // [B]
-  const int32_t* cum_seq_lens_q;  // [B+1] or null: one token per request
-  const float* sinks;             // [H] or null
-  void* out;                      // [T, H_out, 512] bf16
+  const int32_t* seq_lens;           // [B]
+  const int32_t* cum_seq_lens_q;     // [B+1] or null: one token per request
+  const float* sinks;                // [H] or null
+  void* out;                         // [T, H_out, 512] bf16
   int64_t out_token_stride, out_head_stride;
-  float* lse;  // [T, H] or null
+  float* lse;                        // [T, H] or null
   int64_t lse_token_stride, lse_head_stride;
-  float scale_log2;  // bmm1_scale * log2(e)
+  float scale_log2;                  // bmm1_scale * log2(e)
   float bmm2_scale;
   int num_tokens, num_requests, num_heads, out_heads, num_columns, window;
   // Work decomposition: CTA = (token, split, head block), head blocks fastest.
   int heads_per_cta, head_blocks, num_splits, tiles_per_split;
-  float* partials;    // split-KV partial outputs and (m, l), see decode_plan.h
-  int32_t* counters;  // one per (token, head block), zero between launches
+  float* partials;                   // split-KV partial outputs and (m, l), see decode_plan.h
+  int32_t* counters;                 // one per (token, head block), zero between launches
 };
 
 }  // namespace smla::cuda

@@ -5,11 +5,11 @@
 
 namespace smla::cuda {
 
-constexpr int kMmaRows = 64;         // the wgmma M dimension: query heads a CTA computes
-constexpr int kMinHeadsPerCta = 16;  // small batches use 16 or 32 live heads per CTA
-constexpr int kTileColumns = 32;     // KV rows gathered per pipeline stage
-constexpr int kMaxSplits = 32;       // CTAs one row's columns may be split over
-constexpr int kMaxTopk = 2048;       // TopkColumns' width on CUDA (staged in shared memory)
+constexpr int kMmaRows = 64;           // the wgmma M dimension: query heads a CTA computes
+constexpr int kMinHeadsPerCta = 16;    // small batches use 16 or 32 live heads per CTA
+constexpr int kTileColumns = 32;       // KV rows gathered per pipeline stage
+constexpr int kMaxSplits = 32;         // CTAs one row's columns may be split over
+constexpr int kMaxTopk = 2048;         // TopkColumns' width on CUDA (staged in shared memory)
 
 // Split partials, per (token, head block, split): heads_per_cta x 512 f32 unnormalized
 // outputs, then heads_per_cta x (m, l).
