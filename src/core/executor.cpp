@@ -204,7 +204,8 @@ void StepExecutor::run_step(const StepInputs& inputs, std::span<const TensorView
         ErrorKind::value, "queries",
         "one query and one out per layer (" + std::to_string(layers_.size()) + ")",
         std::to_string(queries.size()) + " queries, " + std::to_string(outs.size()) + " outs");
-  each_layer(inputs, [&](size_t i) { run_layer(layers_[i].spec.layer, queries[i], outs[i]); });
+  each_layer(inputs,
+             [&](size_t i) { run_layer(layers_[i].spec.layer, queries[i], outs[i]); });
 }
 
 void StepExecutor::build_tables(const StepInputs& inputs) {

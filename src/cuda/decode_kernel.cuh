@@ -90,8 +90,8 @@ constexpr int kProducerRegs = L == KvLayout::bf16 ? 40 : 56;
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
 constexpr int kWarpgroups = kThreads / 128;  // one producer, the rest consumers
 template <KvLayout L>
-constexpr int kConsumerRegs = (kWarpgroups * kLaunchRegs - kProducerRegs<L>) / (kWarpgroups - 1) /
-                              8 * 8;
+constexpr int kConsumerRegs =
+    (kWarpgroups * kLaunchRegs - kProducerRegs<L>) / (kWarpgroups - 1) / 8 * 8;
 
 template <KvLayout L>
 __global__ void __launch_bounds__(kThreads, 1)

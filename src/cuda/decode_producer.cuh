@@ -91,8 +91,8 @@ struct IndexPipe {
                                          const uint8_t* smem, int t) {
     if (p.topk.indices && !staged && (t + 1) * kTileColumns > p.window) wait_for_stage();
     const int col = t * kTileColumns + producer_row(), j = col - p.window;
-    const int32_t* staged = reinterpret_cast<const int32_t*>(smem + Smem::topk);
-    const int32_t offset = !topk_column(p, col) ? q[0] : j < p.topk.top_k ? staged[j] : -1;
+    const int32_t* topk = reinterpret_cast<const int32_t*>(smem + Smem::topk);
+    const int32_t offset = !topk_column(p, col) ? q[0] : j < p.topk.top_k ? topk[j] : -1;
 #pragma unroll
     for (int k = 0; k + 1 < kAhead; ++k) q[k] = q[k + 1];
     q[kAhead - 1] = t + kAhead < w.tile_end ? load_index(p, w.token, t + kAhead) : -1;

@@ -3,6 +3,8 @@
 // for every column at once and the CTA meets at a barrier at most twice. Device data is never
 // trusted to be in range: every read and write stays inside its tensor whatever the values
 // (SPEC §2: a bad top-k must not crash the GPU).
+#include "cuda/index.h"
+
 #include <cuda_runtime.h>
 
 #include <string>
@@ -11,7 +13,6 @@
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
-#include "cuda/index.h"
 #include "cuda/launch.h"
 #include "cuda/ptx.cuh"
 

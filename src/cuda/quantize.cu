@@ -1,6 +1,8 @@
 // The CUDA quantizer: one warp per row, its lanes over the row's values (fp8_ds_mla: a group's
 // largest finite |x| by a warp reduction). Every byte comes from the encoders the CPU quantizer
 // uses (core/quantize_rules.h) at the address KvPool gives it, so the pools agree bit for bit.
+#include "cuda/quantize.h"
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -12,7 +14,6 @@
 #include "cuda/device.h"
 #include "cuda/launch.h"
 #include "cuda/ptx.cuh"
-#include "cuda/quantize.h"
 
 namespace smla::cuda {
 namespace {
