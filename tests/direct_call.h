@@ -16,6 +16,20 @@ SparseIndexTable table_outputs(const SparseIndexArgs& a, Make&& make) {
           dspark ? make(DType::i32, {T}) : TensorView{}};
 }
 
+// `a` with its table built (on the device of a's tensors, on `stream`) into outputs from make.
+template <class Make>
+SparseIndexArgs built(SparseIndexArgs a, Make&& make, void* stream = nullptr) {
+  a.out = table_outputs(a, make);
+  build_sparse_indices(a, stream);
+  return a;
+}
+
+// `a` without its compressed columns: the SWA-only table a layer reading its top-k looks up.
+inline SparseIndexArgs swa_only(SparseIndexArgs a) {
+  a.compressed = {};
+  return a;
+}
+
 // `built` is the layer's SparseIndexArgs after build_sparse_indices wrote its `out`.
 inline DecodeArgs direct_decode_args(const AttentionLayer& layer, const SparseIndexArgs& built,
                                      const TensorView& query, const TensorView& out) {

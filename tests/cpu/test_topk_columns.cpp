@@ -27,12 +27,8 @@ int64_t expect_equal_decodes(StepCase& c) {
     auto make = [&](DType dtype, std::initializer_list<int64_t> shape) {
       return c.zeros(dtype, shape);
     };
-    SparseIndexArgs full = c.args(l.spec.layer), swa = full;
-    swa.compressed = {};
-    full.out = table_outputs(full, make);
-    swa.out = table_outputs(swa, make);
-    build_sparse_indices(full);
-    build_sparse_indices(swa);
+    const SparseIndexArgs full = built(c.args(l.spec.layer), make);
+    const SparseIndexArgs swa = built(swa_only(full), make);
     for (int64_t t = 0; t < T; ++t)
       attended += full.out.sparse_topk_lens.ptr<const int32_t>()[t] - kWindow;
 
@@ -55,6 +51,13 @@ int64_t expect_equal_decodes(StepCase& c) {
         << "layer " << l.spec.layer;
   }
   return attended;
+}
+
+// `layer`'s SWA-only table, built on the host.
+SparseIndexArgs swa_table(StepCase& c, int layer) {
+  return built(swa_only(c.args(layer)), [&](DType dtype, std::initializer_list<int64_t> shape) {
+    return c.zeros(dtype, shape);
+  });
 }
 
 std::vector<LayerSpec> layers_of(int ratio) {
@@ -88,13 +91,8 @@ TEST(TopkColumns, EqualTheBuiltTableBitForBit) {
 TEST(TopkColumns, AnEntryPastTheBlockTableIsTheBuildersError) {
   StepCase c(layers_of(2), {.q_lens = {1, 1}, .seq_lens = {300, 200}, .num_decodes = 2}, 5);
   const AttentionLayer& l = c.layers[2];
-  SparseIndexArgs swa = c.args(l.spec.layer);
-  const CompressedColumns compressed = swa.compressed;
-  swa.compressed = {};
-  swa.out = table_outputs(swa, [&](DType dtype, std::initializer_list<int64_t> shape) {
-    return c.zeros(dtype, shape);
-  });
-  build_sparse_indices(swa);
+  const CompressedColumns compressed = c.args(l.spec.layer).compressed;
+  const SparseIndexArgs swa = swa_table(c, l.spec.layer);
   compressed.topk_indices.ptr<int32_t>()[0] =
       static_cast<int32_t>(compressed.block_table.size(1) * 8);  // E = 8: one page too far
   const DecodeArgs args =
@@ -106,13 +104,8 @@ TEST(TopkColumns, AnEntryPastTheBlockTableIsTheBuildersError) {
 TEST(TopkColumns, ArgumentsAreCheckedByName) {
   StepCase c(layers_of(2), {.q_lens = {1, 2}, .seq_lens = {300, 200}, .num_decodes = 2}, 6);
   const AttentionLayer& l = c.layers[2];
-  SparseIndexArgs swa = c.args(l.spec.layer);
-  const CompressedColumns compressed = swa.compressed;
-  swa.compressed = {};
-  swa.out = table_outputs(swa, [&](DType dtype, std::initializer_list<int64_t> shape) {
-    return c.zeros(dtype, shape);
-  });
-  build_sparse_indices(swa);
+  const CompressedColumns compressed = c.args(l.spec.layer).compressed;
+  const SparseIndexArgs swa = swa_table(c, l.spec.layer);
   const DecodeArgs good =
       topk_decode_args(l, swa, compressed, c.bf16(3, kHeads), c.bf16(3, kHeads));
   sparse_mla_decode(good);

@@ -77,15 +77,11 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
       const std::string where = "trial " + std::to_string(trial) + ", H " + std::to_string(H) +
                                 ", layer " + std::to_string(l.spec.layer);
       const SparseIndexArgs host = c.args(l.spec.layer);
-      SparseIndexArgs full = gpu(host), swa = full;
-      swa.compressed = {};
       auto make = [&](DType dtype, std::initializer_list<int64_t> shape) {
         return gpu.output(dtype, shape);
       };
-      full.out = table_outputs(full, make);
-      swa.out = table_outputs(swa, make);
-      build_sparse_indices(full);
-      build_sparse_indices(swa);
+      const SparseIndexArgs full = built(gpu(host), make);
+      const SparseIndexArgs swa = built(swa_only(full), make);
 
       const TensorView q_host = c.bf16(T, H), q = gpu(q_host);
       DecodeArgs table =
@@ -107,11 +103,10 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
         attended += reinterpret_cast<const int32_t*>(lens.data())[t] - l.spec.window;
       if (past_table) continue;
 
-      SparseIndexArgs cpu = host;  // the CPU's table and decode of the same step
-      cpu.out = table_outputs(cpu, [&](DType dtype, std::initializer_list<int64_t> shape) {
-        return c.zeros(dtype, shape);
-      });
-      build_sparse_indices(cpu);
+      // the CPU's table and decode of the same step
+      const SparseIndexArgs cpu = built(
+          host,
+          [&](DType dtype, std::initializer_list<int64_t> shape) { return c.zeros(dtype, shape); });
       const TensorView cpu_out = c.zeros(DType::bf16, {T, H, kHeadDim});
       sparse_mla_decode(direct_decode_args(c.layers[i], cpu, q_host, cpu_out));
       expect_close_bf16(out, cpu_out, where);
@@ -128,9 +123,8 @@ TEST(GpuTopkColumns, TooWideATopkIsUnsupported) {
   StepCase c(specs, {.q_lens = {1}, .seq_lens = {9000}, .num_decodes = 1}, 3);
   DeviceMirror gpu;
   const AttentionLayer l = gpu(c.layers)[2];
-  SparseIndexArgs swa = gpu(c.args(2));
-  const CompressedColumns compressed = swa.compressed;
-  swa.compressed = {};
+  const CompressedColumns compressed = gpu(c.args(2)).compressed;
+  SparseIndexArgs swa = swa_only(gpu(c.args(2)));
   swa.out = table_outputs(swa, [&](DType dtype, std::initializer_list<int64_t> shape) {
     return gpu.output(dtype, shape);
   });
