@@ -7,13 +7,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <string>
 #include <vector>
 
 #include "core/check.h"
 #include "core/index_rules.h"
 #include "core/numeric.h"
 #include "cpu/backend.h"
+#include "cpu/index.h"
 #include "cpu/parallel.h"
 
 namespace smla::cpu {
@@ -79,7 +79,7 @@ class Columns {
   Columns(const DecodeProblem& p, const DecodeArgs& a) : p_(p), a_(a) {}
 
   int64_t len(int64_t t, const TokenRow& row) const {
-    if (!p_.topk_columns) return i32(a_.sparse_topk_lens, t);
+    if (!p_.topk_columns) return check::at(a_.sparse_topk_lens, t);
     const TopkColumns& c = a_.topk_columns;
     const TensorView& valid = c.is_valid_token;
     if (valid.defined() && !valid.ptr<const uint8_t>()[t * valid.stride(0)]) return p_.window;
@@ -93,24 +93,14 @@ class Columns {
   int32_t at(int64_t t, const TokenRow& row, int64_t col) const {
     if (!p_.topk_columns || col < p_.window) return check::at(a_.sparse_indices, t, col);
     const TopkColumns& c = a_.topk_columns;
-    const int64_t j = col - p_.window, E = p_.compressed.block_size;
+    const int64_t j = col - p_.window;
     if (j >= p_.top_k) return -1;
-    const int32_t x = check::at(c.topk_indices, t, j);
-    if (x < 0) return x;
-    if (x / E >= c.block_table.size(1))
-      check::fail(ErrorKind::value, "topk_columns.topk_indices",
-                  "local indices below topk_columns.block_table pages * E = " +
-                      std::to_string(c.block_table.size(1) * E),
-                  "topk_indices[" + std::to_string(t) + "][" + std::to_string(j) +
-                      "] = " + std::to_string(x));
-    return rules::topk_offset(x, check::at(c.block_table, row.request, x / E), E,
-                              p_.compressed.span);
+    return topk_entry_offset(check::at(c.topk_indices, t, j), t, j, row.request, c.block_table,
+                             p_.compressed, "topk_columns.topk_indices",
+                             "topk_columns.block_table");
   }
 
  private:
-  static int64_t i32(const TensorView& v, int64_t i) {
-    return v.ptr<const int32_t>()[i * v.stride(0)];
-  }
   const DecodeProblem& p_;
   const DecodeArgs& a_;
 };

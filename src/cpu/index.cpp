@@ -83,7 +83,6 @@ class RowWriter {
   // Columns [W, K) from the index source's local top-k; returns the compressed length.
   int64_t compressed_columns(int64_t t, int64_t b, int64_t pos) const {
     const CompressedColumns& c = a_.compressed;
-    const int64_t entries_per_page = p_.compressed.block_size;  // E
     const bool decode = b < p_.num_decodes;
     // A decode token's top-k is -1 padded; a prefill token's is valid up to what it can see.
     const int64_t used = rules::topk_used(decode, pos, p_.compress_ratio, p_.top_k);
@@ -91,18 +90,8 @@ class RowWriter {
     for (int64_t j = 0; j < used; ++j) {
       const int64_t x = check::at(c.topk_indices, t, j);
       count += x >= 0;
-      int32_t page_id = 0;
-      if (x >= 0) {
-        const int64_t page = x / entries_per_page;
-        if (page >= c.block_table.size(1))
-          check::fail(ErrorKind::value, "topk_indices",
-                      "local indices below compressed.block_table pages * E = " +
-                          num(c.block_table.size(1) * entries_per_page),
-                      "topk_indices[" + num(t) + "][" + num(j) + "] = " + num(x));
-        page_id = check::at(c.block_table, b, page);
-      }
-      index(t, p_.window + j) =
-          rules::topk_offset(x, page_id, entries_per_page, p_.compressed.span);
+      index(t, p_.window + j) = topk_entry_offset(x, t, j, b, c.block_table, p_.compressed,
+                                                  "topk_indices", "compressed.block_table");
     }
     fill(t, p_.window + used, p_.num_columns);
     return decode ? count : used;
@@ -121,6 +110,19 @@ class RowWriter {
 };
 
 }  // namespace
+
+int32_t topk_entry_offset(int64_t x, int64_t t, int64_t j, int64_t b, const TensorView& block_table,
+                          const KvPool& pool, const char* topk_name, const char* table_name) {
+  if (x < 0) return static_cast<int32_t>(x);
+  const int64_t E = pool.block_size;  // compressed entries a page
+  if (x / E >= block_table.size(1))
+    check::fail(ErrorKind::value, topk_name,
+                std::string("local indices below ") + table_name +
+                    " pages * E = " + num(block_table.size(1) * E),
+                "topk_indices[" + num(t) + "][" + num(j) + "] = " + num(x));
+  return rules::topk_offset(static_cast<int32_t>(x), check::at(block_table, b, x / E), E,
+                            pool.span);
+}
 
 void build_sparse_indices(const IndexProblem& p, const SparseIndexArgs& a) {
   const TensorView& cum = a.step.cum_seq_lens_q;
