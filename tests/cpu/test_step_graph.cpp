@@ -1,6 +1,6 @@
 // The host side of the step measurements (tools/): the builds a step must make with and without
 // sharing, what counts as a wrong graph, the rows `smla run` and smla_step_bench print, and a
-// synthetic step that keeps no host copy of its pools.
+// synthetic step that keeps no host copy of its pools; `smla run --compressed-index`.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpu/streams.h"
+#include "args.h"
 #include "graph_table.h"
 #include "smla/executor.h"
 #include "step_graph.h"
@@ -54,6 +55,26 @@ TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
   EXPECT_EQ(distinct_tables(v4, TableSharing::shared, CompressedIndex::automatic), 3);
   EXPECT_EQ(distinct_tables(v41, TableSharing::shared, CompressedIndex::automatic), 9);
   EXPECT_EQ(distinct_tables(v41, TableSharing::none, CompressedIndex::automatic), 40);
+}
+
+// `smla run --compressed-index`: auto by default, each of the three names, and a wrong one
+// named with what was expected.
+TEST(RunArgs, CompressedIndexFlag) {
+  const auto parse = [](std::initializer_list<const char*> words) {
+    std::vector<const char*> argv{"smla", "run"};
+    argv.insert(argv.end(), words);
+    return parse_args(static_cast<int>(argv.size()), argv.data()).run.compressed_index;
+  };
+  EXPECT_EQ(parse({}), CompressedIndex::automatic);
+  EXPECT_EQ(parse({"--compressed-index", "auto"}), CompressedIndex::automatic);
+  EXPECT_EQ(parse({"--compressed-index", "topk"}), CompressedIndex::topk);
+  EXPECT_EQ(parse({"--compressed-index=table"}), CompressedIndex::table);
+  try {
+    parse({"--compressed-index", "tables"});
+    ADD_FAILURE() << "--compressed-index tables was taken";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "--compressed-index: expected auto|topk|table, got 'tables'");
+  }
 }
 
 StepGraph right_graph(TableSharing sharing, CompressedIndex compressed = CompressedIndex::table) {
