@@ -10,7 +10,8 @@ namespace smla::cuda {
 
 // One kernel launch on `stream`; no allocation, no host synchronisation.
 void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream);
-// Whether `func` is a decode kernel's host entry (any layout), for counting graph nodes.
+// Whether `func` is a decode kernel's host entry (any layout, table or top-k columns), for
+// counting graph nodes.
 bool is_decode_kernel(const void* func);
 
 size_t kv_counter_bytes(int64_t max_tokens, int num_heads);

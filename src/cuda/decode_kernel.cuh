@@ -11,7 +11,7 @@
 
 namespace smla::cuda {
 
-template <KvLayout L>
+template <KvLayout L, bool kTopk>
 __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, uint8_t* smem) {
   constexpr int kStagesL = kStages<L>;
   Consumer<kStagesL> c;
@@ -48,7 +48,7 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
     }
   }
   ptx::cp_async_commit();
-  if (p.topk.indices)  // while the query loads
+  if constexpr (kTopk)  // while the query loads
     stage_topk(p, w.token, w.request, threadIdx.x - 128,
                reinterpret_cast<int32_t*>(smem + Smem::topk));
   ptx::cp_async_wait<0>();
@@ -93,7 +93,7 @@ template <KvLayout L>
 constexpr int kConsumerRegs =
     (kWarpgroups * kLaunchRegs - kProducerRegs<L>) / (kWarpgroups - 1) / 8 * 8;
 
-template <KvLayout L>
+template <KvLayout L, bool kTopk>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     indices.finish(p);
   } else {
     ptx::reg_alloc<kConsumerRegs<L>>();
-    consume<L>(p, w, smem);
+    consume<L, kTopk>(p, w, smem);
   }
 }
 

@@ -57,16 +57,31 @@ TopkParams topk_params(const TopkColumns& c, const DecodeProblem& problem) {
   return t;
 }
 
-// The kernel of each cache layout; only these three are built.
-template <KvLayout L>
+// The kernel of each cache layout, reading a table or (kTopk) a top-k: only these six are built.
+template <KvLayout L, bool kTopk>
 void launch(const DecodeParams& p, int64_t ctas, int device, cudaStream_t stream) {
   static std::array<std::atomic<bool>, 64> large_smem{};
   if (!large_smem[device].load()) {
     SMLA_CUDA_CHECK(cudaFuncSetAttribute(
-        decode_kernel<L>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<L>));
+        decode_kernel<L, kTopk>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<L>));
     large_smem[device].store(true);
   }
-  launch_early(decode_kernel<L>, dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<L>, stream, p);
+  launch_early(decode_kernel<L, kTopk>, dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<L>,
+               stream, p);
+}
+
+template <KvLayout L>
+void launch(const DecodeParams& p, int64_t ctas, int device, cudaStream_t stream) {
+  if (p.topk.indices)
+    launch<L, true>(p, ctas, device, stream);
+  else
+    launch<L, false>(p, ctas, device, stream);
+}
+
+template <KvLayout L>
+bool is_layout_kernel(const void* func) {
+  return func == reinterpret_cast<const void*>(&decode_kernel<L, false>) ||
+         func == reinterpret_cast<const void*>(&decode_kernel<L, true>);
 }
 
 size_t bytes_of(const TensorView& v) {
@@ -86,9 +101,8 @@ size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, i
 }
 
 bool is_decode_kernel(const void* func) {
-  return func == reinterpret_cast<const void*>(&decode_kernel<KvLayout::bf16>) ||
-         func == reinterpret_cast<const void*>(&decode_kernel<KvLayout::fp8_e4m3>) ||
-         func == reinterpret_cast<const void*>(&decode_kernel<KvLayout::fp8_ds_mla>);
+  return is_layout_kernel<KvLayout::bf16>(func) || is_layout_kernel<KvLayout::fp8_e4m3>(func) ||
+         is_layout_kernel<KvLayout::fp8_ds_mla>(func);
 }
 
 void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) {

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# A/B timing of two smla_bench binaries on the same GPU, each shape and layout run A, B, A, B
+# so drift shows; prints the kernel microseconds of each run and B / A of the medians.
+#   scripts/ab_bench.sh BENCH_A BENCH_B [HEADS:REQUESTS:TOKENS:TOPK ...]
+#   (default shapes: the issues' targets, H=64 128+512 and H=128 128+1024 at 128 x 2, 2 x 2)
+#   SMLA_AB_KV="bf16 fp8_ds_mla fp8_e4m3" picks the layouts.
+set -uo pipefail
+[ $# -ge 2 ] || { echo "usage: $0 BENCH_A BENCH_B [SHAPE ...]"; exit 2; }
+a=$1 b=$2; shift 2
+shapes=${*:-64:128:2:512 128:128:2:1024 64:2:2:512 128:2:2:1024}
+us() {  # the us column of the bench's one result row
+  "$1" --kv "$2" --shape "$3" | awk -v kv="$2" '$1 == kv { print $8 }'
+}
+printf '%-10s %-16s %8s %8s %8s %8s %7s\n' kv shape A1 B1 A2 B2 'B/A'
+for kv in ${SMLA_AB_KV:-bf16 fp8_ds_mla fp8_e4m3}; do
+  for s in $shapes; do
+    a1=$(us "$a" "$kv" "$s"); b1=$(us "$b" "$kv" "$s")
+    a2=$(us "$a" "$kv" "$s"); b2=$(us "$b" "$kv" "$s")
+    printf '%-10s %-16s %8s %8s %8s %8s %7s\n' "$kv" "$s" "$a1" "$b1" "$a2" "$b2" \
+      "$(awk -v a1="$a1" -v a2="$a2" -v b1="$b1" -v b2="$b2" \
+        'BEGIN { if (a1 + a2 > 0) printf "%.3f", (b1 + b2) / (a1 + a2); else print "-" }')"
+  done
+done
