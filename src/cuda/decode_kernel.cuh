@@ -93,6 +93,8 @@ template <KvLayout L>
 constexpr int kConsumerRegs =
     (kWarpgroups * kLaunchRegs - kProducerRegs<L>) / (kWarpgroups - 1) / 8 * 8;
 
+// kTopk: the launch reads TopkColumns. Only the consumers' staging is compiled per source; the
+// producer tests p.topk at run time (compiling it out too measured slower: docs/kernel.md).
 template <KvLayout L, bool kTopk>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ DecodeParams p) {
