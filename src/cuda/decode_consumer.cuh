@@ -8,7 +8,8 @@ namespace smla::cuda {
 // P <= 2^8 stays exact enough in bf16 and the 128-register rescale of O is skipped.
 constexpr float kRescaleThreshold = 8.f;
 
-template <int kStages>
+// kF16: the stages hold f16 (an e4m3 cache read with an e4m3 query), so P is f16 too.
+template <int kStages, bool kF16>
 struct Consumer {
   int half, tid, warp, lane;
   uint64_t q_desc, k_desc, v_desc;  // descriptors of this warpgroup's Q half, K and V of stage 0
@@ -17,6 +18,17 @@ struct Consumer {
   const uint8_t* mask;
   float o[128];
   float row_max[2], row_sum[2];  // by fragment row; in the loop only row 0 is kept
+
+  // Two P values as one A-operand word.
+  static __device__ __forceinline__ uint32_t pack(float a, float b) {
+    if constexpr (kF16) {
+      const __half2 h = __floats2half2_rn(a, b);
+      return *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+      return *reinterpret_cast<const uint32_t*>(&h);
+    }
+  }
 
   // The CTA row (head - head0) of fragment row r.
   __device__ __forceinline__ int row_of(int r) const {
@@ -32,7 +44,7 @@ struct Consumer {
     for (int k = 0; k < 16; ++k) {
       const uint64_t a = q_desc + ptx::desc_offset((k / 4) * kQChunkBytes + (k % 4) * 32);
       const uint64_t b = k_stage + ptx::desc_offset((k / 4) * kKvChunkBytes + (k % 4) * 32);
-      ptx::wgmma_m64n32k16_ss(s, a, b, k > 0);
+      ptx::wgmma_m64n32k16_ss<kF16>(s, a, b, k > 0);
     }
     ptx::wgmma_commit();
   }
@@ -84,8 +96,7 @@ struct Consumer {
       const float p0 = ptx::exp2_approx(x[2 * j] - base);
       const float p1 = ptx::exp2_approx(x[2 * j + 1] - base);
       row_sum[0] += p0 + p1;
-      __nv_bfloat162 packed = __floats2bfloat162_rn(p0, p1);
-      my_p[j] = *reinterpret_cast<uint32_t*>(&packed);
+      my_p[j] = pack(p0, p1);
     }
     uint4* p_slots = reinterpret_cast<uint4*>(xch + Xch::p);
     float* alphas = reinterpret_cast<float*>(xch + Xch::alpha);
@@ -112,7 +123,7 @@ struct Consumer {
     ptx::wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kTileColumns / 16; ++k)
-      ptx::wgmma_m64n256k16_rs(o, pa[k], v_stage + ptx::desc_offset(k * 16 * 128));
+      ptx::wgmma_m64n256k16_rs<kF16>(o, pa[k], v_stage + ptx::desc_offset(k * 16 * 128));
     ptx::wgmma_commit();
     // The scores of tile n+1 queue behind P.V on the tensor cores. (Issuing them before the
     // softmax would overlap more, but ptxas then serializes every wgmma: C7515.)

@@ -11,10 +11,10 @@
 
 namespace smla::cuda {
 
-template <KvLayout L, bool kTopk>
+template <KvLayout L, bool kTopk, bool kF16>
 __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, uint8_t* smem) {
   constexpr int kStagesL = kStages<L>;
-  Consumer<kStagesL> c;
+  Consumer<kStagesL, kF16> c;
   c.half = threadIdx.x / 128 - 1;  // which 256 dims this warpgroup owns
   c.tid = threadIdx.x % 128, c.warp = c.tid / 32, c.lane = c.tid % 32;
   uint8_t* q_half = smem + Smem::q + c.half * 4 * kQChunkBytes;
@@ -27,21 +27,19 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
   c.xch = smem + Smem::xch;
   c.mask = smem + Smem::mask;
 
-  // Query half: 64 rows x 256 dims as bf16 (an e4m3 query converts exactly), warpgroup 2's
-  // rows r and r ^ 8 swapped (Xch); rows past the live heads are zeros (no padded copy).
+  // Query half: 64 rows x 256 dims as bf16 (an e4m3 query: f16, exactly), warpgroup 2's rows r
+  // and r ^ 8 swapped (Xch); rows past the live heads are zeros (no padded copy).
   for (int i = c.tid; i < kMmaRows * 32; i += 128) {
     const int row = i / 32, unit = i % 32, head_row = row ^ (8 * c.half);
     const bool live = head_row < w.live_heads;
     const int64_t at = int64_t(w.token) * p.q_token_stride +
                        int64_t(w.head0 + head_row) * p.q_head_stride + c.half * 256 + unit * 8;
     uint8_t* dst = q_half + (unit / 8) * kQChunkBytes + swizzle(row, unit % 8);
-    bool fp8_query = false;  // only per-tensor fp8 caches take an e4m3 query
-    if constexpr (L == KvLayout::fp8_e4m3) fp8_query = p.query_fp8;
-    if (fp8_query) {
+    if constexpr (kF16) {
       const uint2 v =
           live ? __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.query) + at))
                : make_uint2(0, 0);
-      *reinterpret_cast<uint4*>(dst) = e4m3x8_to_bf16(v.x, v.y, 1.f);
+      *reinterpret_cast<uint4*>(dst) = e4m3x8_to_f16(v.x, v.y);
     } else {
       ptx::cp_async_16(ptx::smem_addr(dst),
                        static_cast<const __nv_bfloat16*>(p.query) + (live ? at : 0), live);
@@ -95,7 +93,8 @@ constexpr int kConsumerRegs =
 
 // kTopk: the launch reads TopkColumns. Only the consumers' staging is compiled per source; the
 // producer tests p.topk at run time (compiling it out too measured slower: docs/kernel.md).
-template <KvLayout L, bool kTopk>
+// kF16: an e4m3 cache with an e4m3 query, computed in f16 (one conversion per two values).
+template <KvLayout L, bool kTopk, bool kF16>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
@@ -135,11 +134,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (L == KvLayout::bf16)
       produce_bf16(p, w, smem, indices);
     else
-      produce_fp8<L>(p, w, smem, indices);
+      produce_fp8<L, kF16>(p, w, smem, indices);
     indices.finish(p);
   } else {
     ptx::reg_alloc<kConsumerRegs<L>>();
-    consume<L, kTopk>(p, w, smem);
+    consume<L, kTopk, kF16>(p, w, smem);
   }
 }
 

@@ -57,31 +57,33 @@ TopkParams topk_params(const TopkColumns& c, const DecodeProblem& problem) {
   return t;
 }
 
-// The kernel of each cache layout, reading a table or (kTopk) a top-k: only these six are built.
-template <KvLayout L, bool kTopk>
+// The kernels: per cache layout, reading a table or (kTopk) a top-k, and for an e4m3 cache with
+// an e4m3 query (kF16) the f16 ones: only these eight are built.
+template <KvLayout L, bool kTopk, bool kF16>
 void launch(const DecodeParams& p, int64_t ctas, int device, cudaStream_t stream) {
   static std::array<std::atomic<bool>, 64> large_smem{};
   if (!large_smem[device].load()) {
-    SMLA_CUDA_CHECK(cudaFuncSetAttribute(
-        decode_kernel<L, kTopk>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<L>));
+    SMLA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<L, kTopk, kF16>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         kSmemBytes<L>));
     large_smem[device].store(true);
   }
-  launch_early(decode_kernel<L, kTopk>, dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<L>,
-               stream, p);
+  launch_early(decode_kernel<L, kTopk, kF16>, dim3(unsigned(ctas)), dim3(kThreads),
+               kSmemBytes<L>, stream, p);
 }
 
-template <KvLayout L>
+template <KvLayout L, bool kF16>
 void launch(const DecodeParams& p, int64_t ctas, int device, cudaStream_t stream) {
   if (p.topk.indices)
-    launch<L, true>(p, ctas, device, stream);
+    launch<L, true, kF16>(p, ctas, device, stream);
   else
-    launch<L, false>(p, ctas, device, stream);
+    launch<L, false, kF16>(p, ctas, device, stream);
 }
 
-template <KvLayout L>
+template <KvLayout L, bool kF16 = false>
 bool is_layout_kernel(const void* func) {
-  return func == reinterpret_cast<const void*>(&decode_kernel<L, false>) ||
-         func == reinterpret_cast<const void*>(&decode_kernel<L, true>);
+  return func == reinterpret_cast<const void*>(&decode_kernel<L, false, kF16>) ||
+         func == reinterpret_cast<const void*>(&decode_kernel<L, true, kF16>);
 }
 
 size_t bytes_of(const TensorView& v) {
@@ -102,6 +104,7 @@ size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, i
 
 bool is_decode_kernel(const void* func) {
   return is_layout_kernel<KvLayout::bf16>(func) || is_layout_kernel<KvLayout::fp8_e4m3>(func) ||
+         is_layout_kernel<KvLayout::fp8_e4m3, true>(func) ||
          is_layout_kernel<KvLayout::fp8_ds_mla>(func);
 }
 
@@ -134,7 +137,6 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
 
   DecodeParams p{};
   p.query = q.data;
-  p.query_fp8 = q_fp8;
   p.q_token_stride = q.stride(0);
   p.q_head_stride = q.stride(1);
   p.swa = pool_params(problem.swa, "swa_kv_cache");
@@ -170,9 +172,11 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
 
   const auto s = static_cast<cudaStream_t>(stream);
   switch (problem.layout) {
-    case KvLayout::bf16: return launch<KvLayout::bf16>(p, plan.ctas, device, s);
-    case KvLayout::fp8_e4m3: return launch<KvLayout::fp8_e4m3>(p, plan.ctas, device, s);
-    case KvLayout::fp8_ds_mla: return launch<KvLayout::fp8_ds_mla>(p, plan.ctas, device, s);
+    case KvLayout::bf16: return launch<KvLayout::bf16, false>(p, plan.ctas, device, s);
+    case KvLayout::fp8_e4m3:
+      if (q_fp8) return launch<KvLayout::fp8_e4m3, true>(p, plan.ctas, device, s);
+      return launch<KvLayout::fp8_e4m3, false>(p, plan.ctas, device, s);
+    case KvLayout::fp8_ds_mla: return launch<KvLayout::fp8_ds_mla, false>(p, plan.ctas, device, s);
   }
 }
 

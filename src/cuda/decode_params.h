@@ -29,8 +29,7 @@ struct TopkParams {
 };
 
 struct DecodeParams {
-  const void* query;                 // [T, H, 512] bf16, or e4m3 when query_fp8
-  bool query_fp8;
+  const void* query;                 // [T, H, 512] bf16, or e4m3 in the f16 kernels
   int64_t q_token_stride, q_head_stride;  // elements
   PoolParams swa, compressed;
   const int32_t* sparse_indices;     // [T, K]

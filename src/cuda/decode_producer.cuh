@@ -151,6 +151,19 @@ __device__ __forceinline__ uint4 e4m3x8_to_bf16(uint32_t lo, uint32_t hi, float 
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
+// Eight e4m3 values (two words) -> eight f16 (16 bytes), exactly.
+__device__ __forceinline__ uint4 e4m3x8_to_f16(uint32_t lo, uint32_t hi) {
+  uint32_t out[4];
+  const uint32_t words[2] = {lo, hi};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+    out[i] = uint32_t(h.x) | uint32_t(h.y) << 16;
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 // fp8 rows in 16-byte chunks: lane `part` copies and converts chunks part + 4k, k <
 // kChunksPerLane. Chunk c below kFp8Chunks holds dims 16c.. as e4m3 (fp8_ds_mla: scale group
 // c / 4 = k); the rest (fp8_ds_mla) hold the RoPE dims as bf16, 8 per chunk. Each lane reads
@@ -174,7 +187,9 @@ struct Fp8Rows {
                       src.valid);
   }
 
-  // The row as bf16 16-byte units into the 128B-swizzled chunks of the stage at `dst`.
+  // The row as bf16 (kF16: f16) 16-byte units into the 128B-swizzled chunks of the stage at
+  // `dst`.
+  template <bool kF16>
   static __device__ __forceinline__ void convert(const uint8_t* raw, uint8_t* dst, int row,
                                                  int part) {
     const uint8_t* src = raw + row * Raw::kPitch;
@@ -191,10 +206,16 @@ struct Fp8Rows {
           scale = ue8m0_to_float(uint8_t((k < 4 ? scales.x : scales.y) >> (8 * (k % 4))));
         }
         const int unit = 2 * c;
-        *reinterpret_cast<uint4*>(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8)) =
-            e4m3x8_to_bf16(v.x, v.y, scale);
-        *reinterpret_cast<uint4*>(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8 + 1)) =
-            e4m3x8_to_bf16(v.z, v.w, scale);
+        uint8_t* chunk = dst + (unit / 8) * kKvChunkBytes;
+        if constexpr (kF16) {
+          *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8)) = e4m3x8_to_f16(v.x, v.y);
+          *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8 + 1)) = e4m3x8_to_f16(v.z, v.w);
+        } else {
+          *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8)) =
+              e4m3x8_to_bf16(v.x, v.y, scale);
+          *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8 + 1)) =
+              e4m3x8_to_bf16(v.z, v.w, scale);
+        }
       } else {
         const int unit = 2 * kFp8Chunks + (c - kFp8Chunks);
         *reinterpret_cast<uint4*>(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8)) = v;
@@ -238,7 +259,7 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
 }
 
 // fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage.
-template <KvLayout L>
+template <KvLayout L, bool kF16>
 __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w, uint8_t* smem,
                                             IndexPipe& indices) {
   constexpr int kStagesL = kStages<L>;
@@ -263,7 +284,7 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
     ptx::cp_async_wait<1>();  // tile n's copies have landed
     const int stage = n % kStagesL;
     if (n >= kStagesL) ptx::mbar_wait(&empty[stage], ((n / kStagesL) - 1) & 1);
-    Rows::convert(raw + n % 2 * RawTile<L>::kBytes, smem + Smem::kv + stage * kTileBytes, row,
+    Rows::template convert<kF16>(raw + n % 2 * RawTile<L>::kBytes, smem + Smem::kv + stage * kTileBytes, row,
                   part);
     ptx::fence_proxy_async();  // st.shared, then wgmma reads
     ptx::mbar_arrive(&full[stage]);

@@ -131,40 +131,58 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
 #define SMLA_F16(i) SMLA_F4(i), SMLA_F4(i + 4), SMLA_F4(i + 8), SMLA_F4(i + 12)
 #define SMLA_F64(i) SMLA_F16(i), SMLA_F16(i + 16), SMLA_F16(i + 32), SMLA_F16(i + 48)
 
-// D[64x32] (+)= A[64x16] * B[32x16]^T, A and B K-major in shared memory, bf16 in, f32 out.
+// The operand type of a wgmma: bf16, or f16 (kF16); accumulators are f32.
+#define SMLA_WGMMA_TYPE(kF16, STMT) \
+  if constexpr (kF16) {             \
+    STMT("f16");                    \
+  } else {                          \
+    STMT("bf16");                   \
+  }
+
+// D[64x32] (+)= A[64x16] * B[32x16]^T, A and B K-major in shared memory.
+template <bool kF16>
 __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t a, uint64_t b,
                                                    bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, 0;\n}\n"
-      : SMLA_F16(0)
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+#define SMLA_STMT(T)                                                                \
+  asm volatile(                                                                     \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                  \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." T "." T " "                     \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "    \
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"                                               \
+      : SMLA_F16(0)                                                                 \
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)))
+  SMLA_WGMMA_TYPE(kF16, SMLA_STMT)
+#undef SMLA_STMT
 }
 
-// D[64x256] += A[64x16] * B[16x256], A in registers (bf16x2), B N-major in shared memory.
+// D[64x256] += A[64x16] * B[16x256], A in registers (two elements per word), B N-major in
+// shared memory.
+template <bool kF16>
 __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4],
                                                     uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "
-      "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "
-      "%125, %126, %127}, "
-      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-      : SMLA_F64(0), SMLA_F64(64)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+#define SMLA_STMT(T)                                                                         \
+  asm volatile(                                                                              \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                            \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " "                             \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "              \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "     \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "     \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "     \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "     \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "     \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, " \
+      "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "  \
+      "%125, %126, %127}, "                                                                  \
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"                                     \
+      : SMLA_F64(0), SMLA_F64(64)                                                            \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+  SMLA_WGMMA_TYPE(kF16, SMLA_STMT)
+#undef SMLA_STMT
 }
 
 #undef SMLA_F4
 #undef SMLA_F16
 #undef SMLA_F64
+#undef SMLA_WGMMA_TYPE
 
 }  // namespace smla::cuda::ptx
