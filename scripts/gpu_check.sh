@@ -39,9 +39,9 @@ run_step() {  # name, log, command...   (steps may share a log: each appends its
 for step in $steps; do
   case $step in
     tests) run_step tests tests.log timeout -s KILL 300 "$BUILD/tests/smla_gpu_tests" ;;
-    sanitize)  # small bf16 and fp8_ds_mla decodes, index builders, quantizer, a 3-layer forked step
+    sanitize)  # small bf16 and fp8 decodes, index builders, quantizer, a 3-layer forked step
       # and the decodes reading their top-k (handed over through shared memory)
-      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.Fp8DsMlaGraphReplayEqualsEagerBitwise:GpuIndex.*:GpuQuantize.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups:GpuTopkColumns.*-GpuIndex.ManyRequestsMatchTheCpu'  # gtest: positives, then -negatives
+      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.Fp8GraphReplayEqualsEagerBitwise:GpuIndex.*:GpuQuantize.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups:GpuTopkColumns.*-GpuIndex.ManyRequestsMatchTheCpu'  # gtest: positives, then -negatives
       run_step memcheck tests.log timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter
       run_step racecheck tests.log timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 \

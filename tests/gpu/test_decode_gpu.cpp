@@ -178,16 +178,21 @@ TEST(GpuDecode, Fp8CachesAgainstOracleAndCpu) {
   EXPECT_EQ(cases, 120);
 }
 
-// An fp8_ds_mla launch split over many CTAs, captured and replayed: bitwise equal to eager.
-TEST(GpuDecode, Fp8DsMlaGraphReplayEqualsEagerBitwise) {
+// fp8 launches split over many CTAs, captured and replayed: bitwise equal to eager. Both kinds
+// of fp8 kernel: fp8_ds_mla (converted to bf16) and e4m3 with an e4m3 query (f16).
+TEST(GpuDecode, Fp8GraphReplayEqualsEagerBitwise) {
   SKIP_WITHOUT_GPU();
-  DecodeCase c = make_case({.layout = KvLayout::fp8_ds_mla, .heads = 64, .requests = 1, .max_q = 2,
-                            .compressed_width = 1024},
-                           fresh_seed());
-  const cuda::DecodePlan plan = cuda::plan_decode(c.query.size(0), 64, c.sparse_indices.size(1),
-                                                  cuda::sm_count(0), SIZE_MAX, SIZE_MAX);
-  ASSERT_GT(plan.num_splits, 1) << "the case must split rows to test the counters";
-  expect_replays_equal_eager(c, KvLayout::fp8_ds_mla, 20, 20);
+  const std::pair<KvLayout, DType> kinds[] = {{KvLayout::fp8_ds_mla, DType::bf16},
+                                              {KvLayout::fp8_e4m3, DType::f8e4m3}};
+  for (const auto& [layout, query] : kinds) {
+    DecodeCase c = make_case({.layout = layout, .query_dtype = query, .heads = 64, .requests = 1,
+                              .max_q = 2, .compressed_width = 1024},
+                             fresh_seed());
+    const cuda::DecodePlan plan = cuda::plan_decode(c.query.size(0), 64, c.sparse_indices.size(1),
+                                                    cuda::sm_count(0), SIZE_MAX, SIZE_MAX);
+    ASSERT_GT(plan.num_splits, 1) << "the case must split rows to test the counters";
+    expect_replays_equal_eager(c, layout, 20, 20);
+  }
 }
 
 TEST(GpuDecode, CapabilityNamesWhatIsMissing) {
