@@ -1,6 +1,7 @@
 // The sm_90a sparse MLA decode kernel. One CTA = up to 64 heads of one token x one slice of
-// its columns. Warpgroup 0 gathers KV rows into 128B-swizzled shared memory as bf16, a few
-// tiles ahead (cp.async for bf16 caches; fp8 records are copied raw, then converted);
+// its columns. Warpgroup 0 gathers KV rows into 128B-swizzled shared memory as bf16 (f16 for
+// an e4m3 cache with an e4m3 query), a few tiles ahead (cp.async for bf16 caches; fp8 records
+// are copied raw, then converted);
 // warpgroups 1 and 2 each own 256 of the 512 dims: they compute partial scores over their half
 // with wgmma and exchange them through shared memory; each runs the online softmax of half the
 // rows and hands its P to the other; both accumulate P.V for their half of the output. Splits

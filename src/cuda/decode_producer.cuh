@@ -1,5 +1,6 @@
 // The decode kernel's producer warpgroup: gathers each tile's KV rows into shared memory as
-// bf16, whatever the cache layout, so the consumers run one bf16 wgmma path.
+// bf16 whatever the cache layout (f16 in the kF16 kernels), so the consumers run one 16-bit
+// wgmma path.
 #pragma once
 #include <cuda_fp8.h>
 
