@@ -40,7 +40,7 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
       const uint2 v =
           live ? __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.query) + at))
                : make_uint2(0, 0);
-      *reinterpret_cast<uint4*>(dst) = e4m3x8_to_f16(v.x, v.y);
+      *reinterpret_cast<uint4*>(dst) = e4m3x8_to<true>(v.x, v.y, 1.f);
     } else {
       ptx::cp_async_16(ptx::smem_addr(dst),
                        static_cast<const __nv_bfloat16*>(p.query) + (live ? at : 0), live);

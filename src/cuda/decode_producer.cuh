@@ -135,32 +135,25 @@ __device__ __forceinline__ RowSource row_source(const DecodeParams& p, const Wor
   return r;
 }
 
-// Eight e4m3 values (two words) times a power of two -> eight bf16 (16 bytes). Exact unless the
-// product leaves bf16's range: above it inf, below 2^-133 (UE8M0 bytes 0..2 with e4m3
-// subnormals) rounded to a bf16 subnormal or 0, where the CPU's float64 keeps the value.
-__device__ __forceinline__ uint4 e4m3x8_to_bf16(uint32_t lo, uint32_t hi, float scale) {
+// Eight e4m3 values (two words) -> eight f16 (kF16; exact), or times a power of two -> eight
+// bf16 (16 bytes): exact unless the product leaves bf16's range: above it inf, below 2^-133
+// (UE8M0 bytes 0..2 with e4m3 subnormals) rounded to a bf16 subnormal or 0, where the CPU's
+// float64 keeps the value.
+template <bool kF16>
+__device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi, float scale) {
   uint32_t out[4];
   const uint32_t words[2] = {lo, hi};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
         static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2))), __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-    __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
-    out[i] = *reinterpret_cast<uint32_t*>(&b);
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
-// Eight e4m3 values (two words) -> eight f16 (16 bytes), exactly.
-__device__ __forceinline__ uint4 e4m3x8_to_f16(uint32_t lo, uint32_t hi) {
-  uint32_t out[4];
-  const uint32_t words[2] = {lo, hi};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2))), __NV_E4M3);
-    out[i] = uint32_t(h.x) | uint32_t(h.y) << 16;
+    if constexpr (kF16) {
+      out[i] = uint32_t(h.x) | uint32_t(h.y) << 16;
+    } else {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+      __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+      out[i] = *reinterpret_cast<uint32_t*>(&b);
+    }
   }
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
@@ -208,15 +201,10 @@ struct Fp8Rows {
         }
         const int unit = 2 * c;
         uint8_t* chunk = dst + (unit / 8) * kKvChunkBytes;
-        if constexpr (kF16) {
-          *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8)) = e4m3x8_to_f16(v.x, v.y);
-          *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8 + 1)) = e4m3x8_to_f16(v.z, v.w);
-        } else {
-          *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8)) =
-              e4m3x8_to_bf16(v.x, v.y, scale);
-          *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8 + 1)) =
-              e4m3x8_to_bf16(v.z, v.w, scale);
-        }
+        *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8)) =
+            e4m3x8_to<kF16>(v.x, v.y, scale);
+        *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8 + 1)) =
+            e4m3x8_to<kF16>(v.z, v.w, scale);
       } else {
         const int unit = 2 * kFp8Chunks + (c - kFp8Chunks);
         *reinterpret_cast<uint4*>(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8)) = v;
@@ -285,8 +273,8 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
     ptx::cp_async_wait<1>();  // tile n's copies have landed
     const int stage = n % kStagesL;
     if (n >= kStagesL) ptx::mbar_wait(&empty[stage], ((n / kStagesL) - 1) & 1);
-    Rows::template convert<kF16>(raw + n % 2 * RawTile<L>::kBytes, smem + Smem::kv + stage * kTileBytes, row,
-                  part);
+    Rows::template convert<kF16>(raw + n % 2 * RawTile<L>::kBytes,
+                                 smem + Smem::kv + stage * kTileBytes, row, part);
     ptx::fence_proxy_async();  // st.shared, then wgmma reads
     ptx::mbar_arrive(&full[stage]);
     publish_flag(smem, &full[stage], stage, row, part, valid);
