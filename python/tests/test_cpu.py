@@ -393,8 +393,9 @@ def test_buffer_sizes_and_capability():
 # Index builders, tables, executor
 # ---------------------------------------------------------------------------------------------
 
-def step_case(rng, q_lens=(1, 2, 1), seq_lens=(5, 200, 131), top_k=12, invalid=None):
-    """One decode step's metadata, an SWA group and compressed columns (ratio 4)."""
+def step_case(rng, q_lens=(1, 2, 1), seq_lens=(5, 200, 131), top_k=12, invalid=None, min_topk=0):
+    """One decode step's metadata, an SWA group and compressed columns (ratio 4): each token
+    has min_topk..top_k top-k entries, as many as it can see."""
     num_tokens = sum(q_lens)
     cum = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     swa_view, swa = bf16_pool(rng, 40, 64, 80)        # packed: span 80
@@ -406,7 +407,7 @@ def step_case(rng, q_lens=(1, 2, 1), seq_lens=(5, 200, 131), top_k=12, invalid=N
     pos = ref.positions(np.array(seq_lens), cum, num_tokens)
     for t in range(num_tokens):
         visible = (pos[t] + 1) // 4
-        n = min(visible, int(rng.integers(0, top_k + 1)))
+        n = min(visible, int(rng.integers(min_topk, top_k + 1)))
         topk[t, :n] = rng.choice(max(visible, 1), n, replace=False)
     valid = None
     if invalid is not None:
@@ -448,7 +449,7 @@ def test_build_sparse_indices(ratio):
 
 def test_decode_reads_the_topk_as_its_table_would():
     rng = np.random.default_rng()
-    c = step_case(rng, invalid=[1])
+    c = step_case(rng, invalid=[1], min_topk=2)  # tokens 2 and 3 keep an entry past the holes
     c["topk"][:, ::3] = -1  # holes anywhere in a row
     full, swa = index_args(c, 4), index_args(c, 0)
     full.out = smla.SparseIndexTable(np.zeros((4, W + 12), np.int32), np.zeros(4, np.int32))
