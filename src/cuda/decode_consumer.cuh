@@ -1,23 +1,79 @@
-// The decode kernel's consumer warpgroups: scores, online softmax and P.V for one tile.
+// What the decode kernel's two consumer designs share (decode_lockstep.cuh, decode_seesaw.cuh):
+// their registers and shared-memory handles, P's packing, the wgmma issues and the query load.
 #pragma once
-#include "cuda/decode_layout.cuh"
+#include "cuda/decode_producer.cuh"  // e4m3x8_to
 
 namespace smla::cuda {
 
-// The running max moves only when a tile's max exceeds it by this much (log2 units): until then
-// P <= 2^8 stays exact enough in bf16 and the 128-register rescale of O is skipped.
+// A row's running max moves only when a tile's max exceeds it by this much (log2 units): until
+// then P <= 2^8 stays exact enough in bf16 and the 128-register rescale of O is skipped.
 constexpr float kRescaleThreshold = 8.f;
 
 // kF16: the stages hold f16 (an e4m3 cache read with an e4m3 query), so P is f16 too.
-template <int kStages, bool kF16>
-struct Consumer {
+// kWholeQuery: a warpgroup's scores read all 512 dims (else the 256 of its half, its Q rows r and
+// r ^ 8 swapped in warpgroup 2, see LockstepXch). Either way it accumulates P.V over its half.
+template <int kStages, bool kF16, bool kWholeQuery>
+struct ConsumerCore {
+  static constexpr int kPSteps = kTileColumns / 16;  // k16 steps of P.V
+  static constexpr int kScoreSteps = (kWholeQuery ? 512 : 256) / 16;
   int half, tid, warp, lane;
-  uint64_t q_desc, k_desc, v_desc;  // descriptors of this warpgroup's Q half, K and V of stage 0
+  uint64_t q_desc, k_desc, v_desc;  // Q, K and V of stage 0 as this warpgroup reads them
   uint64_t *full, *empty;
   uint8_t* xch;
   const uint8_t* mask;
   float o[128];
-  float row_max[2], row_sum[2];  // by fragment row; in the loop only row 0 is kept
+  float row_max[2], row_sum[2];  // by fragment row
+
+  __device__ __forceinline__ void init(uint8_t* smem) {
+    half = threadIdx.x / 128 - 1;
+    tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const uint32_t kv_half = ptx::smem_addr(smem + Smem::kv) + half * 4 * kKvChunkBytes;
+    q_desc = ptx::sw128_desc(
+        ptx::smem_addr(smem + Smem::q + (kWholeQuery ? 0 : half * 4 * kQChunkBytes)), 16, 1024);
+    k_desc = ptx::sw128_desc(kv_half - (kWholeQuery ? half * 4 * kKvChunkBytes : 0), 16, 1024);
+    v_desc = ptx::sw128_desc(kv_half, kKvChunkBytes, 1024);
+    full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
+    empty = full + kStages;
+    xch = smem + Smem::xch;
+    mask = smem + Smem::mask;
+  }
+
+  // This warpgroup's 256 dims of the query's 64 rows as bf16 (an e4m3 query: f16, exactly);
+  // rows past the live heads are zeros (no padded copy). wait_query completes it.
+  __device__ __forceinline__ void load_query(const DecodeParams& p, const Work& w, uint8_t* smem) {
+    uint8_t* q_half = smem + Smem::q + half * 4 * kQChunkBytes;
+    for (int i = tid; i < kMmaRows * 32; i += 128) {
+      const int row = i / 32, unit = i % 32;
+      const int head_row = kWholeQuery ? row : row ^ (8 * half);
+      const bool live = head_row < w.live_heads;
+      const int64_t at = int64_t(w.token) * p.q_token_stride +
+                         int64_t(w.head0 + head_row) * p.q_head_stride + half * 256 + unit * 8;
+      uint8_t* dst = q_half + (unit / 8) * kQChunkBytes + swizzle(row, unit % 8);
+      if constexpr (kF16) {
+        const uint2 v =
+            live ? __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.query) + at))
+                 : make_uint2(0, 0);
+        *reinterpret_cast<uint4*>(dst) = e4m3x8_to<true>(v.x, v.y, 1.f);
+      } else {
+        ptx::cp_async_16(ptx::smem_addr(dst),
+                         static_cast<const __nv_bfloat16*>(p.query) + (live ? at : 0), live);
+      }
+    }
+    ptx::cp_async_commit();
+  }
+  __device__ __forceinline__ void wait_query() {
+    ptx::cp_async_wait<0>();
+    ptx::fence_proxy_async();
+    if constexpr (kWholeQuery)
+      ptx::named_sync(1, 256);
+    else
+      ptx::named_sync(1 + half, 128);
+    // The rows start empty (here, not in init: o live across the query load costs spills).
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    for (int r = 0; r < 2; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.f;
+    ptx::fence_operands(o);  // keep the zeroing out of any wgmma's flight
+  }
 
   // Two P values as one A-operand word.
   static __device__ __forceinline__ uint32_t pack(float a, float b) {
@@ -30,18 +86,13 @@ struct Consumer {
     }
   }
 
-  // The CTA row (head - head0) of fragment row r.
-  __device__ __forceinline__ int row_of(int r) const {
-    return warp * 16 + lane / 4 + 8 * (r ^ half);
-  }
-
-  // Issues the partial scores of the tile in `stage` (this warpgroup's 256 dims).
+  // Issues the scores of the tile in `stage` (this warpgroup's dims).
   __device__ __forceinline__ void issue_scores(float (&s)[kScores], int stage) {
     const uint64_t k_stage = k_desc + ptx::desc_offset(stage * kTileBytes);
     ptx::fence_operands(s);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
+    for (int k = 0; k < kScoreSteps; ++k) {
       const uint64_t a = q_desc + ptx::desc_offset((k / 4) * kQChunkBytes + (k % 4) * 32);
       const uint64_t b = k_stage + ptx::desc_offset((k / 4) * kKvChunkBytes + (k % 4) * 32);
       ptx::wgmma_m64n32k16_ss<kF16>(s, a, b, k > 0);
@@ -49,100 +100,22 @@ struct Consumer {
     ptx::wgmma_commit();
   }
 
-  // Tile n: its scores are in `s`; ends with P.V of n and the scores of n+1 (into `next`) queued.
-  // Score fragment element 4j + 2r + e is row r, column 8j + 2 (lane % 4) + e.
-  __device__ __forceinline__ void step(int n, int tiles, float (&s)[kScores],
-                                       float (&next)[kScores], const DecodeParams& p) {
-    const int stage = n % kStages;
-    ptx::wgmma_wait<0>();  // scores of n, and P.V of n-1
-    ptx::fence_operands(s);
-    ptx::fence_operands(o);
-    if (n > 0) ptx::mbar_arrive(&empty[(n - 1) % kStages]);
-
-    // Partial scores of the partner's row out, of mine in. Each exchange buffer is rewritten
-    // only after the other exchange's barrier, which the partner reaches after reading it.
-    float4* partials = reinterpret_cast<float4*>(xch + Xch::partials) + tid;
-    partials[half * 256] = make_float4(s[2], s[3], s[6], s[7]);
-    partials[half * 256 + 128] = make_float4(s[10], s[11], s[14], s[15]);
-    ptx::named_sync(3, 256);
-    const float4 in0 = partials[(1 - half) * 256], in1 = partials[(1 - half) * 256 + 128];
-    const float theirs[8] = {in0.x, in0.y, in0.z, in0.w, in1.x, in1.y, in1.z, in1.w};
-
-    // Online softmax of my row in log2 units; masked columns are -inf (their rows are zeros).
-    const uint8_t* flags = mask + stage * kTileColumns + 2 * (lane % 4);
-    float x[8], tile_max = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint16_t valid = *reinterpret_cast<const uint16_t*>(flags + 8 * j);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float full_score = s[4 * j + e] + theirs[2 * j + e];
-        x[2 * j + e] = (valid >> (8 * e)) & 1 ? full_score * p.scale_log2 : -INFINITY;
-        tile_max = fmaxf(tile_max, x[2 * j + e]);
-      }
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, 2));
-    float alpha[2] = {1.f, 1.f};
-    if (tile_max > row_max[0] + kRescaleThreshold) {  // also the first attended tile
-      alpha[0] = exp2f(row_max[0] - tile_max);
-      row_max[0] = tile_max;
-      row_sum[0] *= alpha[0];
-    }
-    const float base = row_max[0] == -INFINITY ? 0.f : row_max[0];
-    uint32_t my_p[4];  // P of my row, columns 8j + 2 (lane % 4) + {0, 1}
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float p0 = ptx::exp2_approx(x[2 * j] - base);
-      const float p1 = ptx::exp2_approx(x[2 * j + 1] - base);
-      row_sum[0] += p0 + p1;
-      my_p[j] = pack(p0, p1);
-    }
-    uint4* p_slots = reinterpret_cast<uint4*>(xch + Xch::p);
-    float* alphas = reinterpret_cast<float*>(xch + Xch::alpha);
-    const int mine = half * 128 + tid, partner = (1 - half) * 128 + tid;
-    p_slots[mine] = make_uint4(my_p[0], my_p[1], my_p[2], my_p[3]);
-    alphas[mine] = alpha[0];
-    ptx::named_sync(4, 256);
-    const uint4 got = p_slots[partner];
-    alpha[1] = alphas[partner];
-    const uint32_t theirs_p[4] = {got.x, got.y, got.z, got.w};
-    uint32_t pa[kTileColumns / 16][4];  // P as the bf16 A operand of the k16 steps
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      pa[j / 2][(j % 2) * 2] = my_p[j];
-      pa[j / 2][(j % 2) * 2 + 1] = theirs_p[j];
-    }
-    if (__any_sync(~0u, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
-    }
-
+  // Issues P.V of the tile in `stage` over this warpgroup's 256 output dims.
+  __device__ __forceinline__ void issue_pv(const uint32_t (&pa)[kPSteps][4], int stage) {
     const uint64_t v_stage = v_desc + ptx::desc_offset(stage * kTileBytes);
     ptx::fence_operands(o);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kTileColumns / 16; ++k)
+    for (int k = 0; k < kPSteps; ++k)
       ptx::wgmma_m64n256k16_rs<kF16>(o, pa[k], v_stage + ptx::desc_offset(k * 16 * 128));
     ptx::wgmma_commit();
-    // The scores of tile n+1 queue behind P.V on the tensor cores. (Issuing them before the
-    // softmax would overlap more, but ptxas then serializes every wgmma: C7515.)
-    if (n + 1 < tiles) {
-      ptx::mbar_wait(&full[(n + 1) % kStages], ((n + 1) / kStages) & 1);
-      ptx::fence_proxy_async();
-      issue_scores(next, (n + 1) % kStages);
-    }
   }
 
-  // After the last tile: my row's sum over its quad, then the partner's row's (max, sum).
-  __device__ __forceinline__ void finish_rows() {
-    row_sum[0] += __shfl_xor_sync(~0u, row_sum[0], 1);
-    row_sum[0] += __shfl_xor_sync(~0u, row_sum[0], 2);
-    float2* ml = reinterpret_cast<float2*>(xch + Xch::partials);
-    ml[half * 128 + tid] = make_float2(row_max[0], row_sum[0]);
-    ptx::named_sync(3, 256);
-    const float2 theirs = ml[(1 - half) * 128 + tid];
-    row_max[1] = theirs.x, row_sum[1] = theirs.y;
+  __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
+    if (__any_sync(~0u, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+    }
   }
 };
 

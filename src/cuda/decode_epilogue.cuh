@@ -1,7 +1,7 @@
 // The decode kernel's epilogue: final scaling, staged 16-byte output writes, and the in-launch
 // reduction of split rows through the counters (SPEC §3).
 #pragma once
-#include "cuda/decode_consumer.cuh"
+#include "cuda/decode_layout.cuh"
 
 namespace smla::cuda {
 
@@ -115,9 +115,12 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
                                              const Consumer& c, uint8_t* smem, int thread) {
   const int heads = p.heads_per_cta;
   const int64_t stride = partial_floats(heads);
-  float* row_partials =
-      p.partials + (int64_t(w.token) * p.head_blocks + w.head_block) * p.num_splits * stride;
-  float* mine = row_partials + w.split * stride;
+  // The row's partials, split by split; computed again for the combine (ptx::opaque), so the
+  // pointer is not held in a register through the stores of o.
+  const auto partials_of = [&](int token) {
+    return p.partials + (int64_t(token) * p.head_blocks + w.head_block) * p.num_splits * stride;
+  };
+  float* mine = partials_of(w.token) + w.split * stride;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = c.row_of(r);
@@ -139,6 +142,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
   if (!*is_last) return;
   __threadfence();
   if (thread == 0) *counter = 0;  // back to zero for the next launch (SPEC §3)
+  const float* row_partials = partials_of(ptx::opaque(w.token));
 
   // Per row: the max over splits, each split's weight, the sum, and the output factor.
   float2* ml = reinterpret_cast<float2*>(smem + Smem::xch);              // [split][row]

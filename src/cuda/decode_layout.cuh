@@ -41,30 +41,42 @@ struct RawTile {
   static constexpr int kBytes = kScales + (L == KvLayout::fp8_ds_mla ? kTileColumns * 4 * 8 : 0);
 };
 
-// Where the two consumer warpgroups exchange a tile's rows (offsets into Smem::xch). A thread
-// holds two fragment rows, r = 0 and 1, of its warp's 16: heads lane / 4 and lane / 4 + 8 in
-// warpgroup 1, swapped in warpgroup 2 (its Q rows are loaded so), so each finishes its row r = 0:
-// it receives the partner's partial scores of that row, runs its softmax and hands P (and the
-// rescale factor) to the partner, whose row r = 1 it is. Indices stay compile-time constants.
-struct Xch {
+// Where the lockstep consumer's warpgroups exchange a tile's rows (offsets into Smem::xch). A
+// thread holds two fragment rows, r = 0 and 1, of its warp's 16: heads lane / 4 and lane / 4 + 8
+// in warpgroup 1, swapped in warpgroup 2 (its Q rows are loaded so), so each finishes its row
+// r = 0: it receives the partner's partial scores of that row, runs its softmax and hands P (and
+// the rescale factor) to the partner, whose row r = 1 it is. Indices stay compile-time constants.
+struct LockstepXch {
   static constexpr int partials = 0;              // [writer half][2][128 threads] float4
   static constexpr int p = 2 * 2 * 128 * 16;      // [writer half][128 threads] 4 x bf16x2
   static constexpr int alpha = p + 2 * 128 * 16;  // [writer half][128 threads] f32
   static constexpr int bytes = alpha + 2 * 128 * 4;
 };
 
+// Where the seesaw consumer's warpgroups hand over P. Both hold the same fragment rows, so
+// warpgroup h's thread t writes its P words (the A operand of P.V) and row bases at [h][t], and
+// the partner's thread t reads them there.
+struct SeesawXch {
+  static constexpr int p = 0;                        // [writer half][128 threads] 2 x uint4
+  static constexpr int base = p + 2 * 128 * 32;      // [writer half][128 threads] float2
+  static constexpr int finish = base + 2 * 128 * 8;  // [half][128 threads] 2 bases, 2 sums
+  static constexpr int bytes = finish + 2 * 128 * 16;
+};
+
 struct Smem {  // byte offsets from a 1024-aligned base
   static constexpr int q = 0;                                     // 8 chunks: 64 x 512
-  static constexpr int xch = q + 8 * kQChunkBytes;                // Xch, then the split combine
-  static constexpr int xch_bytes = Xch::bytes;
+  static constexpr int xch = q + 8 * kQChunkBytes;                // an exchange, then the split combine
+  static constexpr int xch_bytes =
+      LockstepXch::bytes > SeesawXch::bytes ? LockstepXch::bytes : SeesawXch::bytes;
   static constexpr int combine_bytes =
       (3 * kMaxSplits + 1) * kMmaRows * 4;  // (m, l), weights, factors
   // TopkColumns' staged offsets, past the exchange: the combine overwrites them only after the
   // last tile, whose offsets the producer read before it filled the tile.
   static constexpr int topk = xch + xch_bytes;
   static constexpr int mask = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
-  static constexpr int bars = mask + kMaxStages * kTileColumns;   // full[stages], empty[stages]
-  static constexpr int flag = bars + 2 * kMaxStages * 8;
+  // full[stages], empty[stages] (kMaxStages each), then the seesaw's P handover (4)
+  static constexpr int bars = mask + kMaxStages * kTileColumns;
+  static constexpr int flag = bars + (2 * kMaxStages + 4) * 8;
   static constexpr int counts = flag + 16;                        // per producer warp: top-k
   static constexpr int kv = (counts + 4 * 4 + 1023) / 1024 * 1024;  // stages x 8 chunks
   template <KvLayout L>

@@ -120,6 +120,13 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
+// x, opaque to the compiler: what depends on it is not computed before this point (hoisted
+// into a loop's register pressure).
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // Pins accumulator registers in program order around asynchronous wgmma (no code emitted).
 template <int N>
 __device__ __forceinline__ void fence_operands(float (&d)[N]) {

@@ -1,0 +1,190 @@
+// The seesaw consumer (fp8 caches): warpgroup 1 computes the full scores and the online softmax
+// of the even tiles, warpgroup 2 of the odd ones, so one's softmax runs while the other's wgmma
+// keep the tensor cores busy; each accumulates P.V of every tile over its 256 output dims, the
+// partner's tiles with the P it hands over. A stage lives longer than in the lockstep (the
+// partner's P.V comes a softmax later), which the fp8 layouts' raw tiles absorb and bf16's
+// cp.async stages do not (docs/kernel.md).
+#pragma once
+#include "cuda/decode_consumer.cuh"
+
+namespace smla::cuda {
+
+// The named barrier of the final (base, sum) exchange (barrier 1 is the query's).
+constexpr uint32_t kFinishBarrier = 2;
+
+template <int kStages, bool kF16>
+struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
+  using Core = ConsumerCore<kStages, kF16, true>;
+  using Core::empty, Core::full, Core::half, Core::lane, Core::mask, Core::o, Core::pack,
+      Core::row_max, Core::row_sum, Core::tid, Core::warp, Core::xch;
+  // row_max[r] is the base of o and of row_sum, the sum of this warpgroup's own tiles' P.
+  int held = -1;  // my last tile: its stage goes back once its P.V is done
+  // The P handover, per writer h: [h] its P is in SeesawXch, [2 + h] the partner has read it.
+  uint64_t* handover;
+
+  // In the block of barriers after the stages' (Smem::bars); before the CTA's first barrier.
+  static __device__ __forceinline__ void init_barriers(uint64_t* bars) {
+    for (int i = 0; i < 4; ++i) ptx::mbar_init(&bars[2 * kMaxStages + i], 128);
+  }
+  __device__ __forceinline__ void init(uint8_t* smem) {
+    Core::init(smem);
+    handover = reinterpret_cast<uint64_t*>(smem + Smem::bars) + 2 * kMaxStages;
+  }
+
+  // The CTA row (head - head0) of fragment row r.
+  __device__ __forceinline__ int row_of(int r) const { return warp * 16 + lane / 4 + 8 * r; }
+
+  __device__ __forceinline__ void release(int tile) { ptx::mbar_arrive(&empty[tile % kStages]); }
+
+  // P word w, scaled (P of a partner tile moved to this warpgroup's base).
+  static __device__ __forceinline__ uint32_t scaled(uint32_t w, float factor) {
+    float2 f;
+    if constexpr (kF16)
+      f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    else
+      f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+    return pack(f.x * factor, f.y * factor);
+  }
+
+  __device__ __forceinline__ void run(int tiles, const DecodeParams& p) {
+    for (int n = half; tiles > 0 && n <= tiles; n += 2) step(n, tiles, p);
+  }
+
+  // My tile n (if n < tiles) and the partner's tile n - 1 (if n > 0), P.V in tile order. The
+  // waits are unconditional: ptxas serializes every wgmma when o may be in flight at a rescale.
+  // Score fragment element 4j + 2r + e is row r, column 8j + 2 (lane % 4) + e; P's A-operand
+  // word [k][i] is row i & 1.
+  __device__ __forceinline__ void step(int n, int tiles, const DecodeParams& p) {
+    const bool own = n < tiles, partner = n > 0;
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(o);
+    if (held >= 0) release(held);
+    held = -1;
+    float s[kScores];
+    if (own) {
+      ptx::mbar_wait(&full[n % kStages], (n / kStages) & 1);
+      ptx::fence_proxy_async();
+      this->issue_scores(s, n % kStages);
+    }
+    ptx::wgmma_wait<0>();
+
+    // The partner's P of tile n - 1, and the base it is relative to.
+    uint32_t their_pa[Core::kPSteps][4];
+    float theirs[2] = {-INFINITY, -INFINITY};
+    if (partner) {  // the partner's ((n - 1) / 2)-th tile
+      ptx::mbar_wait(&handover[1 - half], ((n - 1) / 2) & 1);
+      const uint4* slot = reinterpret_cast<const uint4*>(xch + SeesawXch::p) + ((1 - half) * 128 + tid) * 2;
+      const uint4 a = slot[0], b = slot[1];
+      const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) their_pa[i / 4][i % 4] = words[i];
+      const float2 t = reinterpret_cast<const float2*>(xch + SeesawXch::base)[(1 - half) * 128 + tid];
+      theirs[0] = t.x, theirs[1] = t.y;
+      ptx::mbar_arrive(&handover[2 + 1 - half]);
+    }
+
+    // My tile's scores in log2 units; masked columns are -inf (their rows are zeros).
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    if (own) {
+      ptx::fence_operands(s);
+      const uint8_t* flags = mask + (n % kStages) * kTileColumns + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint16_t valid = *reinterpret_cast<const uint16_t*>(flags + 8 * j);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float& x = s[4 * j + i];
+          x = (valid >> (8 * (i & 1))) & 1 ? x * p.scale_log2 : -INFINITY;
+          tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(~0u, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(~0u, tile_max[r], 2));
+      }
+    }
+
+    // The new base: the partner's if above mine (so the two stay equal), then my tile's max if
+    // above that by the threshold (also the first attended tile).
+    float alpha[2], factor[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float base = fmaxf(row_max[r], theirs[r]);
+      if (tile_max[r] > base + kRescaleThreshold) base = tile_max[r];
+      alpha[r] = base == row_max[r] ? 1.f : exp2f(row_max[r] - base);
+      factor[r] = theirs[r] == base ? 1.f : theirs[r] == -INFINITY ? 0.f : exp2f(theirs[r] - base);
+      row_max[r] = base;
+      row_sum[r] *= alpha[r];
+    }
+    this->rescale_o(alpha);
+    if (partner) {
+      if (__any_sync(~0u, factor[0] != 1.f || factor[1] != 1.f)) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          their_pa[i / 4][i % 4] = scaled(their_pa[i / 4][i % 4], factor[i & 1]);
+      }
+      // Complete long ago (the partner waited for it); waited here for the proxy fence.
+      ptx::mbar_wait(&full[(n - 1) % kStages], ((n - 1) / kStages) & 1);
+      ptx::fence_proxy_async();
+      this->issue_pv(their_pa, (n - 1) % kStages);
+      ptx::wgmma_wait<0>();  // the partner's stage goes back at once
+      ptx::fence_operands(o);
+      release(n - 1);
+      if (!own) return;
+    }
+
+    // My P, to the partner through SeesawXch and to my P.V.
+    uint32_t pa[Core::kPSteps][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float base = row_max[r] == -INFINITY ? 0.f : row_max[r];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float p0 = ptx::exp2_approx(s[4 * j + 2 * r] - base);
+        const float p1 = ptx::exp2_approx(s[4 * j + 2 * r + 1] - base);
+        row_sum[r] += p0 + p1;
+        pa[j / 2][(j % 2) * 2 + r] = pack(p0, p1);
+      }
+    }
+    if (n >= 2) ptx::mbar_wait(&handover[2 + half], (n / 2 - 1) & 1);  // my last P was read
+    uint4* mine = reinterpret_cast<uint4*>(xch + SeesawXch::p) + (half * 128 + tid) * 2;
+    mine[0] = make_uint4(pa[0][0], pa[0][1], pa[0][2], pa[0][3]);
+    mine[1] = make_uint4(pa[1][0], pa[1][1], pa[1][2], pa[1][3]);
+    reinterpret_cast<float2*>(xch + SeesawXch::base)[half * 128 + tid] =
+        make_float2(row_max[0], row_max[1]);
+    ptx::mbar_arrive(&handover[half]);
+    this->issue_pv(pa, n % kStages);
+    held = n;
+  }
+
+  // After the last tile: each row's sum over its quad, then the two warpgroups' (base, sum)
+  // combined into one base, to which o moves.
+  __device__ __forceinline__ void finish_rows() {
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(o);
+    if (held >= 0) release(held);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_sum[r] += __shfl_xor_sync(~0u, row_sum[r], 1);
+      row_sum[r] += __shfl_xor_sync(~0u, row_sum[r], 2);
+    }
+    float4* ml = reinterpret_cast<float4*>(xch + SeesawXch::finish);
+    ml[half * 128 + tid] = make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]);
+    ptx::named_sync(kFinishBarrier, 256);
+    const float4 t = ml[(1 - half) * 128 + tid];
+    const float their_max[2] = {t.x, t.y}, their_sum[2] = {t.z, t.w};
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m = fmaxf(row_max[r], their_max[r]);
+      alpha[r] = row_max[r] == m ? 1.f : exp2f(row_max[r] - m);
+      const float beta = their_max[r] == m ? 1.f : exp2f(their_max[r] - m);
+      row_sum[r] = row_sum[r] * alpha[r] + their_sum[r] * beta;
+      row_max[r] = m;
+    }
+    this->rescale_o(alpha);
+  }
+};
+
+}  // namespace smla::cuda
