@@ -180,7 +180,8 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
       const float m = fmaxf(row_max[r], their_max[r]);
       alpha[r] = row_max[r] == m ? 1.f : exp2f(row_max[r] - m);
       const float beta = their_max[r] == m ? 1.f : exp2f(their_max[r] - m);
-      row_sum[r] = row_sum[r] * alpha[r] + their_sum[r] * beta;
+      // Rounded products (no fma), so both warpgroups compute the same sum bit for bit.
+      row_sum[r] = __fmul_rn(row_sum[r], alpha[r]) + __fmul_rn(their_sum[r], beta);
       row_max[r] = m;
     }
     this->rescale_o(alpha);
