@@ -65,7 +65,7 @@ struct SeesawXch {
 
 struct Smem {  // byte offsets from a 1024-aligned base
   static constexpr int q = 0;                                     // 8 chunks: 64 x 512
-  static constexpr int xch = q + 8 * kQChunkBytes;                // an exchange, then the split combine
+  static constexpr int xch = q + 8 * kQChunkBytes;                // exchange, then split combine
   static constexpr int xch_bytes =
       LockstepXch::bytes > SeesawXch::bytes ? LockstepXch::bytes : SeesawXch::bytes;
   static constexpr int combine_bytes =

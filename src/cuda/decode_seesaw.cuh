@@ -73,12 +73,14 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
     float theirs[2] = {-INFINITY, -INFINITY};
     if (partner) {  // the partner's ((n - 1) / 2)-th tile
       ptx::mbar_wait(&handover[1 - half], ((n - 1) / 2) & 1);
-      const uint4* slot = reinterpret_cast<const uint4*>(xch + SeesawXch::p) + ((1 - half) * 128 + tid) * 2;
+      const uint4* slot =
+          reinterpret_cast<const uint4*>(xch + SeesawXch::p) + ((1 - half) * 128 + tid) * 2;
       const uint4 a = slot[0], b = slot[1];
       const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
       for (int i = 0; i < 8; ++i) their_pa[i / 4][i % 4] = words[i];
-      const float2 t = reinterpret_cast<const float2*>(xch + SeesawXch::base)[(1 - half) * 128 + tid];
+      const float2 t =
+          reinterpret_cast<const float2*>(xch + SeesawXch::base)[(1 - half) * 128 + tid];
       theirs[0] = t.x, theirs[1] = t.y;
       ptx::mbar_arrive(&handover[2 + 1 - half]);
     }
