@@ -9,7 +9,8 @@
 
 namespace smla::cuda {
 
-// Four lanes fill one row of a tile; columns that are not attended (SPEC §2 rules 1-3) become
+// Four lanes own one row of a tile: its column, source and flag (produce_bf16 spreads the
+// copies over the warp differently). Columns that are not attended (SPEC §2 rules 1-3) become
 // zero rows that are never read from memory. The lane's row, and the index of its column in
 // `tile` (no dependence on the row's metadata, so the first ones load while that is in flight).
 __device__ __forceinline__ int producer_row() {
@@ -236,11 +237,21 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
     const RowSource src = row_source(p, w, tile * kTileColumns + row, offset);
     uint8_t* dst = smem + Smem::kv + stage * kTileBytes;
     if (n >= kStagesL) ptx::mbar_wait(&empty[stage], ((n / kStagesL) - 1) & 1);
+    // The warp's eight rows are copied eight lanes a row, each lane's row source from the row's
+    // first lane: a copy instruction then reads 128 contiguous bytes of four rows, not 64 of
+    // eight, and the load/store unit's issue rate follows the lines an instruction touches
+    // (2 x 2: -6 to -8%; docs/benchmarks.md, ninth session).
+    const int lane = threadIdx.x % 32, warp_row0 = row - lane / 4;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int unit = part + 4 * k;  // 16-byte unit of the 1 KiB row
-      ptx::cp_async_16(ptx::smem_addr(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8)),
-                       src.record + unit * 16, src.valid);
+    for (int g = 0; g < 2; ++g) {
+      const int owner = 4 * (4 * g + lane / 8), r = warp_row0 + 4 * g + lane / 8;
+      const char* record = reinterpret_cast<const char*>(
+          __shfl_sync(~0u, reinterpret_cast<uintptr_t>(src.record), owner));
+      const bool valid = __shfl_sync(~0u, src.valid, owner);
+#pragma unroll
+      for (int chunk = 0; chunk < 8; ++chunk)
+        ptx::cp_async_16(ptx::smem_addr(dst + chunk * kKvChunkBytes + swizzle(r, lane % 8)),
+                         record + (chunk * 8 + lane % 8) * 16, valid);
     }
     ptx::cp_async_arrive(&full[stage]);  // when this thread's copies land
     publish_flag(smem, &full[stage], stage, row, part, src.valid);
