@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ceilings.h"
+#include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/decode_plan.h"
 #include "cuda/device.h"
@@ -130,6 +131,7 @@ T* device_copy(const std::vector<T>& host) {
 struct Result {
   Shape shape;
   int splits;
+  bool cluster;  // split rows reduced in their cluster (else through the counters)
   int64_t ctas;
   double us, tflops, gbps, floor_us, anchor_us;
 };
@@ -192,9 +194,9 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
       },
       30);
   const cuda::DecodePlan plan =
-      cuda::plan_decode(T, H, K, cuda::sm_count(dev.id), ws_bytes, counter_bytes);
+      cuda::plan_decode(T, H, K, cuda::decode_occupancy(dev.id), ws_bytes, counter_bytes);
 
-  Result r{shape, plan.num_splits, plan.ctas, 0, 0, 0, 0, flashmla_anchor_us(shape)};
+  Result r{shape, plan.num_splits, plan.cluster, plan.ctas, 0, 0, 0, 0, flashmla_anchor_us(shape)};
   r.us = ms * 1e3 / sets;
   r.tflops = flops / (r.us * 1e-6) / 1e12;
   r.gbps = bytes / (r.us * 1e-6) / 1e9;
@@ -280,9 +282,9 @@ int main(int argc, char** argv) {
         const Layout& l = layouts[li];
         const Result r = run_shape(s, l, pool, gather_bw[li], matmul_rate, rng);
         const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
-        std::printf("%-10s %4d %5d %3d %4d+%-4d %6d %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n",
+        std::printf("%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n",
                     l.name, s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
-                    (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us,
+                    r.cluster ? 'c' : ' ', (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us,
                     anchor.c_str());
         std::fflush(stdout);
         if (csv)

@@ -1,5 +1,5 @@
 // The decode kernel's epilogue: final scaling, staged 16-byte output writes, and the in-launch
-// reduction of split rows through the counters (SPEC §3).
+// reduction of split rows: in their cluster, or through the counters (SPEC §3).
 #pragma once
 #include "cuda/decode_layout.cuh"
 
@@ -145,7 +145,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
   const float* row_partials = partials_of(ptx::opaque(w.token));
 
   // Per row: the max over splits, each split's weight, the sum, and the output factor.
-  float2* ml = reinterpret_cast<float2*>(smem + Smem::xch);              // [split][row]
+  float2* ml = reinterpret_cast<float2*>(smem + Smem::xch);               // [split][row]
   float* weights = reinterpret_cast<float*>(ml + kMaxSplits * kMmaRows);  // [split][row]
   float* factors = weights + kMaxSplits * kMmaRows;                       // [row]
   for (int i = thread; i < p.num_splits * heads; i += 256)
@@ -167,11 +167,89 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
   }
   ptx::named_sync(5, 256);
   switch (heads) {
-    case 16: combine_rows<16>(p, row_partials, weights, factors, smem, thread); break;
-    case 32: combine_rows<32>(p, row_partials, weights, factors, smem, thread); break;
-    default: combine_rows<64>(p, row_partials, weights, factors, smem, thread); break;
+    case 16:
+      combine_rows<16>(p, row_partials, weights, factors, smem, thread);
+      break;
+    case 32:
+      combine_rows<32>(p, row_partials, weights, factors, smem, thread);
+      break;
+    default:
+      combine_rows<64>(p, row_partials, weights, factors, smem, thread);
+      break;
   }
   write_staged(p, w, smem, thread);
+}
+
+// A split row reduced in its cluster (rank = split): each CTA leaves its unnormalized O rows and
+// (max, sum) per row in its own shared memory; after a cluster barrier, CTA s combines the s-th
+// of num_splits ranges of 16-byte chunks from every CTA's, in split order (deterministic), and
+// writes those outputs. A second barrier keeps each CTA's shared memory until all have read it.
+constexpr int kClusterRowBytes = 512 * 4;
+// Where 16-byte unit `unit` (0..127) of O row `row` sits: swizzled so that a warp's fragment
+// stores (8 rows x 32 bytes) spread over the banks.
+__device__ __forceinline__ uint32_t cluster_unit(int row, int unit) {
+  return row * kClusterRowBytes + ((unit ^ (row & 7)) << 4);
+}
+
+template <class Consumer>
+__device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work& w,
+                                               const Consumer& c, uint8_t* smem, int thread) {
+  const int heads = p.heads_per_cta, splits = p.num_splits;
+  // O overlays the KV tiles and (max, sum) the query: the other warpgroup's last wgmma may
+  // still read them.
+  ptx::named_sync(5, 256);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = c.row_of(r);
+    if (row >= heads) continue;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int col = c.half * 256 + 8 * j + 2 * (c.lane % 4);
+      *reinterpret_cast<float2*>(smem + Smem::kv + cluster_unit(row, col / 4) + col % 4 * 4) =
+          make_float2(c.o[4 * j + 2 * r], c.o[4 * j + 2 * r + 1]);
+    }
+    if (c.half == 0 && c.lane % 4 == 0)
+      reinterpret_cast<float2*>(smem + Smem::q)[row] = make_float2(c.row_max[r], c.row_sum[r]);
+  }
+  ptx::cluster_sync();
+  const uint32_t o_at = ptx::smem_addr(smem + Smem::kv), ml_at = ptx::smem_addr(smem + Smem::q);
+  const int chunks = heads * 128;
+  const int end = (w.split + 1) * chunks / splits;
+  for (int i = w.split * chunks / splits + thread; i < end; i += 256) {
+    const int row = i / 128, unit = i % 128;
+    float2 ml[kMaxClusterSplits];
+    float4 v[kMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s)
+      if (s < splits) {
+        ml[s] = ptx::cluster_load2(ptx::cluster_addr(ml_at + row * 8, s));
+        v[s] = ptx::cluster_load4(ptx::cluster_addr(o_at + cluster_unit(row, unit), s));
+      }
+    float m = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s)
+      if (s < splits) m = fmaxf(m, ml[s].x);
+    const float base = m == -INFINITY ? 0.f : m;
+    float l = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s)
+      if (s < splits) {
+        const float wgt = exp2f(ml[s].x - base);
+        l += wgt * ml[s].y;
+        acc.x += wgt * v[s].x, acc.y += wgt * v[s].y, acc.z += wgt * v[s].z, acc.w += wgt * v[s].w;
+      }
+    const int head = w.head0 + row;
+    const float factor = row < w.live_heads ? finish_row(p, w.token, head, m, l, unit == 0) : 0.f;
+    if (head < p.out_heads) {
+      const __nv_bfloat162 a = __floats2bfloat162_rn(acc.x * factor, acc.y * factor);
+      const __nv_bfloat162 b = __floats2bfloat162_rn(acc.z * factor, acc.w * factor);
+      reinterpret_cast<uint2*>(out_row(p, w.token, head))[unit] = make_uint2(
+          *reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+    }
+  }
+  if (w.split == 0 && w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
+  ptx::cluster_sync();
 }
 
 }  // namespace smla::cuda

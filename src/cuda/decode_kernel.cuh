@@ -4,7 +4,8 @@
 // are copied raw, then converted); warpgroups 1 and 2 compute the scores, the online softmax
 // and P.V with wgmma, each accumulating half of the output dims: in lockstep over every tile
 // (bf16 caches) or as a seesaw over alternate tiles (fp8 caches). Splits of a row are reduced
-// in the same launch by the last CTA to arrive (SPEC §3).
+// in the same launch: through distributed shared memory by the row's cluster, or by the last CTA
+// to arrive on the row's counter (SPEC §3).
 #pragma once
 #include <type_traits>
 
@@ -32,10 +33,12 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
   c.run(w.tile_end - w.tile_begin, p);
   c.finish_rows();
   const int thread = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
-  if (p.num_splits > 1)
-    finish_split(p, w, c, smem, thread);
-  else
+  if (p.num_splits == 1)
     store_output(p, w, c, smem, thread);
+  else if (p.cluster)
+    finish_cluster(p, w, c, smem, thread);
+  else
+    finish_split(p, w, c, smem, thread);
 }
 
 // The producer needs a few more registers when it converts fp8 rows.
@@ -61,8 +64,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::griddep_launch_dependents();
   ptx::griddep_wait();  // the previous kernel (a table build, a layer) may write what we read
   // The producer's first indices load alongside the row's metadata.
-  const int first_tile = blockIdx.x / p.head_blocks % p.num_splits * p.tiles_per_split;
-  const int token = blockIdx.x / (p.head_blocks * p.num_splits);
+  const int first_tile = cta_split(p) * p.tiles_per_split;
+  const int token = cta_token(p);
   IndexPipe indices;
   if (threadIdx.x < 128)
     for (int k = 0; k < IndexPipe::kAhead; ++k) indices.q[k] = load_index(p, token, first_tile + k);

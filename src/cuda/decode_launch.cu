@@ -1,6 +1,7 @@
 // Host side of the decode kernel: plan, check what the kernel assumes, fill params, launch.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -57,19 +58,23 @@ TopkParams topk_params(const TopkColumns& c, const DecodeProblem& problem) {
   return t;
 }
 
+// Sets the kernel's shared-memory size once per device (before its first launch or query).
+template <KvLayout L, bool kTopk, bool kF16>
+void allow_large_smem(int device) {
+  static std::array<std::atomic<bool>, 64> done{};
+  if (done[device].load()) return;
+  SMLA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<L, kTopk, kF16>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<L>));
+  done[device].store(true);
+}
+
 // The kernels: per cache layout, reading a table or (kTopk) a top-k, and for an e4m3 cache with
 // an e4m3 query (kF16) the f16 ones: only these eight are built.
 template <KvLayout L, bool kTopk, bool kF16>
 void launch(const DecodeParams& p, int64_t ctas, int device, cudaStream_t stream) {
-  static std::array<std::atomic<bool>, 64> large_smem{};
-  if (!large_smem[device].load()) {
-    SMLA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<L, kTopk, kF16>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         kSmemBytes<L>));
-    large_smem[device].store(true);
-  }
-  launch_early(decode_kernel<L, kTopk, kF16>, dim3(unsigned(ctas)), dim3(kThreads),
-               kSmemBytes<L>, stream, p);
+  allow_large_smem<L, kTopk, kF16>(device);
+  launch_early(decode_kernel<L, kTopk, kF16>, dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<L>,
+               stream, p.cluster ? p.num_splits : 1, p);
 }
 
 template <KvLayout L, bool kF16>
@@ -90,7 +95,41 @@ size_t bytes_of(const TensorView& v) {
   return v.defined() ? size_t(v.numel()) * dtype_size(v.dtype) : 0;
 }
 
+std::atomic<bool> cluster_reduction{true};
+
 }  // namespace
+
+void use_cluster_reduction(bool enabled) { cluster_reduction.store(enabled); }
+
+Occupancy decode_occupancy(int device) {
+  // Every decode kernel takes a whole SM (its shared memory), so one kernel's answer holds for all.
+  static std::array<std::array<std::atomic<int>, kMaxClusterSplits + 1>, 64> cache{};
+  Occupancy o;
+  o.ctas = sm_count(device);
+  if (!cluster_reduction.load()) return o;
+  for (int c = 2; c <= kMaxClusterSplits; ++c) {
+    int clusters = cache[device][c].load(std::memory_order_relaxed);
+    if (clusters == 0) {
+      allow_large_smem<KvLayout::bf16, false, false>(device);
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = unsigned(c);
+      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(unsigned(c));
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = kSmemBytes<KvLayout::bf16>;
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      SMLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(
+          &clusters, decode_kernel<KvLayout::bf16, false, false>, &config));
+      clusters = std::max(clusters, 0) + 1;  // cached + 1, so that 0 means not yet asked
+      cache[device][c].store(clusters, std::memory_order_relaxed);
+    }
+    o.cluster_ctas[c] = (clusters - 1) * c;
+  }
+  return o;
+}
 
 size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
   // Enough for the finest head blocks a plan may pick.
@@ -99,7 +138,7 @@ size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
 }
 
 size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, int device) {
-  return workspace_bound(num_tokens, num_heads, num_columns, sm_count(device));
+  return workspace_bound(num_tokens, num_heads, num_columns, decode_occupancy(device));
 }
 
 bool is_decode_kernel(const void* func) {
@@ -133,7 +172,7 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
       "kv_counters", "4-byte alignment", "a misaligned pointer");
   // Too small a workspace or counter buffer only limits splitting (SPEC §3: fall back).
   const DecodePlan plan = plan_decode(problem.num_tokens, problem.num_heads, problem.num_columns,
-                                      sm_count(device), workspace_have, counters_have);
+                                      decode_occupancy(device), workspace_have, counters_have);
 
   DecodeParams p{};
   p.query = q.data;
@@ -167,8 +206,10 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   p.head_blocks = plan.head_blocks;
   p.num_splits = plan.num_splits;
   p.tiles_per_split = plan.tiles_per_split;
-  p.partials = plan.num_splits > 1 ? args.workspace.ptr<float>() : nullptr;
-  p.counters = plan.num_splits > 1 ? args.kv_counters.ptr<int32_t>() : nullptr;
+  p.cluster = plan.cluster;
+  const bool counters = plan.num_splits > 1 && !plan.cluster;
+  p.partials = counters ? args.workspace.ptr<float>() : nullptr;
+  p.counters = counters ? args.kv_counters.ptr<int32_t>() : nullptr;
 
   const auto s = static_cast<cudaStream_t>(stream);
   switch (problem.layout) {

@@ -121,12 +121,20 @@ __device__ __forceinline__ int topk_length(const DecodeParams& p, const Work& w,
   return int(rules::topk_used(false, w.pos, k.compress_ratio, k.top_k));
 }
 
+// CTA index = (token, head block, split), splits fastest: a split row's CTAs are consecutive,
+// so they form one cluster when the row is reduced in its cluster (rank = split).
+__device__ __forceinline__ int cta_split(const DecodeParams& p) {
+  return blockIdx.x % p.num_splits;
+}
+__device__ __forceinline__ int cta_token(const DecodeParams& p) {
+  return blockIdx.x / (p.num_splits * p.head_blocks);
+}
+
 __device__ __forceinline__ Work locate_work(const DecodeParams& p) {
   Work w;
-  const int cta = blockIdx.x;
-  w.head_block = cta % p.head_blocks;
-  w.split = (cta / p.head_blocks) % p.num_splits;
-  w.token = cta / (p.head_blocks * p.num_splits);
+  w.split = cta_split(p);
+  w.head_block = blockIdx.x / p.num_splits % p.head_blocks;
+  w.token = cta_token(p);
   w.head0 = w.head_block * p.heads_per_cta;
   w.live_heads = min(p.heads_per_cta, p.num_heads - w.head0);
   int request = w.token, first = w.token, q_len = 1;

@@ -46,8 +46,9 @@ struct DecodeParams {
   float scale_log2;                  // bmm1_scale * log2(e)
   float bmm2_scale;
   int num_tokens, num_requests, num_heads, out_heads, num_columns, window;
-  // Work decomposition: CTA = (token, split, head block), head blocks fastest.
+  // Work decomposition: CTA = (token, head block, split), splits fastest (a cluster's CTAs).
   int heads_per_cta, head_blocks, num_splits, tiles_per_split;
+  bool cluster;                      // split rows reduced in their cluster, else as below
   float* partials;                   // split-KV partial outputs and (m, l), see decode_plan.h
   int32_t* counters;                 // one per (token, head block), zero between launches
 };

@@ -240,7 +240,7 @@ void build_sparse_indices(const IndexProblem& problem, const SparseIndexArgs& a,
     p.out_seq_lens_stride = out.seq_lens.strides[0];
   }
   launch_early(build_index_kernel, dim3(static_cast<unsigned>(problem.num_tokens)), dim3(kThreads),
-               0, static_cast<cudaStream_t>(stream), p);
+               0, static_cast<cudaStream_t>(stream), 1, p);
 }
 
 }  // namespace smla::cuda

@@ -11,20 +11,24 @@ namespace smla::cuda {
 
 // Every CTA of `kernel` must call ptx::griddep_wait(), unconditionally, before it reads or
 // writes global memory that earlier work on the stream may touch: a CTA that exits without
-// waiting would let the next kernel run ahead of the one before this.
+// waiting would let the next kernel run ahead of the one before this. `cluster` > 1 launches
+// clusters of that many consecutive CTAs (grid.x a multiple of it).
 template <class... Params, class... Args>
 void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
-                  cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute early{};
-  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  early.val.programmaticStreamSerializationAllowed = 1;
+                  cudaStream_t stream, int cluster, Args&&... args) {
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = unsigned(cluster);
+  attrs[1].val.clusterDim.y = attrs[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  config.attrs = &early;
-  config.numAttrs = 1;
+  config.attrs = attrs;
+  config.numAttrs = cluster > 1 ? 2 : 1;
   SMLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
+#include <set>
 
+#include "cuda/backend.h"
 #include "cuda/decode_plan.h"
 #include "cuda/device.h"
 #include "device_case.h"
@@ -45,6 +48,15 @@ void check_against_oracle_and_cpu(const CaseSpec& spec) {
   EXPECT_TRUE(all_zero(d.counter_values())) << "counters not returned to zero; " << gpu.summary;
 }
 
+// Split rows go through the counters alone while in scope (the planner's clusters off).
+struct CountersOnly {
+  CountersOnly() { cuda::use_cluster_reduction(false); }
+  ~CountersOnly() { cuda::use_cluster_reduction(true); }
+  CountersOnly(const CountersOnly&) = delete;
+  CountersOnly& operator=(const CountersOnly&) = delete;
+};
+
+// Every other case reduces its split rows through the counters instead of clusters.
 TEST(GpuDecode, RandomCasesAgainstOracleAndCpu) {
   SKIP_WITHOUT_GPU();
   const int heads[] = {1, 8, 16, 32, 64, 100, 128};
@@ -58,6 +70,8 @@ TEST(GpuDecode, RandomCasesAgainstOracleAndCpu) {
         spec.max_q = round % 2 ? 6 : 2;
         spec.out_heads = round % 3 == 0 ? (h <= 64 ? 64 : 128) : 0;
         spec.all_masked = round == 5 && width == 64;
+        std::optional<CountersOnly> counters;
+        if (cases % 2) counters.emplace();
         check_against_oracle_and_cpu(spec);
         ++cases;
         if (HasFailure()) return;
@@ -65,10 +79,34 @@ TEST(GpuDecode, RandomCasesAgainstOracleAndCpu) {
   EXPECT_GE(cases, 200);
 }
 
+// Split rows reduced in clusters of every size the planner picks (2..8 CTAs), with 16 to 64
+// heads a CTA and a partial head block, against the oracle and the CPU backend.
+TEST(GpuDecode, ClusterSplitsOfEverySize) {
+  SKIP_WITHOUT_GPU();
+  const cuda::Occupancy gpu = cuda::decode_occupancy(0);
+  std::set<std::pair<int, int>> plans;  // (cluster size, heads a CTA)
+  std::set<int> sizes;
+  for (int tokens : {1, 3, 5, 8, 13, 64})
+    for (int heads : {16, 40, 128})
+      for (int width = 64; width <= 1024; width += 64) {
+        const cuda::DecodePlan plan =
+            cuda::plan_decode(tokens, heads, kWindow + width, gpu, SIZE_MAX, SIZE_MAX);
+        if (!plan.cluster || !plans.insert({plan.num_splits, plan.heads_per_cta}).second) continue;
+        sizes.insert(plan.num_splits);
+        CaseSpec spec{.heads = heads, .q_lens = {tokens}, .compressed_width = width};
+        spec.out_heads = heads + 8;
+        check_against_oracle_and_cpu(spec);
+        if (HasFailure()) return;
+      }
+  EXPECT_GE(sizes.size(), 6u) << "cluster sizes covered: " << sizes.size();
+  EXPECT_GE(plans.size(), 12u) << "(cluster size, heads a CTA) pairs covered: " << plans.size();
+}
+
 // A row split over many CTAs reuses one counter buffer 1000 times without a reset between
 // launches: every launch equals the first bitwise and the buffer ends zeroed.
 TEST(GpuDecode, ThousandLaunchesOnOneCounterBuffer) {
   SKIP_WITHOUT_GPU();
+  const CountersOnly counters_only;
   DecodeCase c = make_case({.heads = 64, .requests = 1, .max_q = 2, .compressed_width = 1024,
                             .sinks = SinkKind::finite, .masked = 0.02},
                            fresh_seed());
@@ -139,6 +177,7 @@ TEST(GpuDecode, GraphReplayEqualsEagerBitwise) {
 // Too small a counter buffer or workspace, or none, falls back to fewer splits: still right.
 TEST(GpuDecode, SmallCountersOrWorkspaceFallBack) {
   SKIP_WITHOUT_GPU();
+  const CountersOnly counters_only;
   for (auto [counters, workspace] : {std::pair<size_t, size_t>{0, 0}, {4, SIZE_MAX}, {SIZE_MAX, 1 << 16}}) {
     DecodeCase c = make_case({.heads = 32, .requests = 2, .max_q = 2, .compressed_width = 1024}, fresh_seed());
     DeviceCase d(c, counters, workspace);
@@ -189,8 +228,8 @@ TEST(GpuDecode, Fp8GraphReplayEqualsEagerBitwise) {
                               .max_q = 2, .compressed_width = 1024},
                              fresh_seed());
     const cuda::DecodePlan plan = cuda::plan_decode(c.query.size(0), 64, c.sparse_indices.size(1),
-                                                    cuda::sm_count(0), SIZE_MAX, SIZE_MAX);
-    ASSERT_GT(plan.num_splits, 1) << "the case must split rows to test the counters";
+                                                    cuda::decode_occupancy(0), SIZE_MAX, SIZE_MAX);
+    ASSERT_GT(plan.num_splits, 1) << "the case must split rows";
     expect_replays_equal_eager(c, layout, 20, 20);
   }
 }
