@@ -187,9 +187,12 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
 constexpr int kClusterRowBytes = 512 * 4;
 // Where 16-byte unit `unit` (0..127) of O row `row` sits: swizzled so that a warp's fragment
 // stores (8 rows x 32 bytes) spread over the banks.
-__device__ __forceinline__ uint32_t cluster_unit(int row, int unit) {
+__device__ __forceinline__ int cluster_unit(int row, int unit) {
   return row * kClusterRowBytes + ((unit ^ (row & 7)) << 4);
 }
+
+static_assert(kMmaRows * (kMaxClusterSplits + 1) * 4 <= Smem::xch_bytes,
+              "a CTA's split weights and factors fit in the exchange buffers");
 
 template <class Consumer>
 __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work& w,
@@ -198,6 +201,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
   // O overlays the KV tiles and (max, sum) the query: the other warpgroup's last wgmma may
   // still read them.
   ptx::named_sync(5, 256);
+  const float2* ml = reinterpret_cast<const float2*>(smem + Smem::q);  // [row]
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = c.row_of(r);
@@ -209,43 +213,64 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
           make_float2(c.o[4 * j + 2 * r], c.o[4 * j + 2 * r + 1]);
     }
     if (c.half == 0 && c.lane % 4 == 0)
-      reinterpret_cast<float2*>(smem + Smem::q)[row] = make_float2(c.row_max[r], c.row_sum[r]);
+      const_cast<float2*>(ml)[row] = make_float2(c.row_max[r], c.row_sum[r]);
   }
   ptx::cluster_sync();
-  const uint32_t o_at = ptx::smem_addr(smem + Smem::kv), ml_at = ptx::smem_addr(smem + Smem::q);
+
+  // My chunks' rows: each split's weight and the output factor, from every CTA's (max, sum).
   const int chunks = heads * 128;
-  const int end = (w.split + 1) * chunks / splits;
-  for (int i = w.split * chunks / splits + thread; i < end; i += 256) {
+  const int begin = w.split * chunks / splits, end = (w.split + 1) * chunks / splits;
+  const int first_row = begin / 128, rows = (end - 1) / 128 + 1 - first_row;
+  float* weights = reinterpret_cast<float*>(smem + Smem::xch);  // [row][split], then factor
+  constexpr int kPitch = kMaxClusterSplits + 1;
+  if (thread < rows) {
+    const int row = first_row + thread;
+    float2 part[kMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s)
+      if (s < splits) part[s] = *ptx::cluster_map(ml + row, s);
+    float m = -INFINITY, l = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s)
+      if (s < splits) m = fmaxf(m, part[s].x);
+    const float base = m == -INFINITY ? 0.f : m;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s)
+      if (s < splits) {
+        const float weight = exp2f(part[s].x - base);
+        l += weight * part[s].y;
+        weights[thread * kPitch + s] = weight;
+      }
+    weights[thread * kPitch + kMaxClusterSplits] =
+        row < w.live_heads
+            ? finish_row(p, w.token, w.head0 + row, m, l, row * 128 >= begin)  // lse: once
+            : 0.f;
+  }
+  ptx::named_sync(5, 256);
+
+  // My chunks: the splits' O in split order, weighted, times the factor.
+#pragma unroll 2
+  for (int i = begin + thread; i < end; i += 256) {
     const int row = i / 128, unit = i % 128;
-    float2 ml[kMaxClusterSplits];
+    const float4* at = reinterpret_cast<const float4*>(smem + Smem::kv + cluster_unit(row, unit));
     float4 v[kMaxClusterSplits];
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s)
-      if (s < splits) {
-        ml[s] = ptx::cluster_load2(ptx::cluster_addr(ml_at + row * 8, s));
-        v[s] = ptx::cluster_load4(ptx::cluster_addr(o_at + cluster_unit(row, unit), s));
-      }
-    float m = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s)
-      if (s < splits) m = fmaxf(m, ml[s].x);
-    const float base = m == -INFINITY ? 0.f : m;
-    float l = 0.f;
+      if (s < splits) v[s] = *ptx::cluster_map(at, s);
+    const float* weight = weights + (row - first_row) * kPitch;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s)
-      if (s < splits) {
-        const float wgt = exp2f(ml[s].x - base);
-        l += wgt * ml[s].y;
-        acc.x += wgt * v[s].x, acc.y += wgt * v[s].y, acc.z += wgt * v[s].z, acc.w += wgt * v[s].w;
-      }
+      if (s < splits)
+        acc.x += weight[s] * v[s].x, acc.y += weight[s] * v[s].y, acc.z += weight[s] * v[s].z,
+            acc.w += weight[s] * v[s].w;
     const int head = w.head0 + row;
-    const float factor = row < w.live_heads ? finish_row(p, w.token, head, m, l, unit == 0) : 0.f;
+    const float factor = weight[kMaxClusterSplits];
     if (head < p.out_heads) {
-      const __nv_bfloat162 a = __floats2bfloat162_rn(acc.x * factor, acc.y * factor);
-      const __nv_bfloat162 b = __floats2bfloat162_rn(acc.z * factor, acc.w * factor);
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * factor, acc.y * factor);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * factor, acc.w * factor);
       reinterpret_cast<uint2*>(out_row(p, w.token, head))[unit] = make_uint2(
-          *reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+          *reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
     }
   }
   if (w.split == 0 && w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
