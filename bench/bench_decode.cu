@@ -259,6 +259,10 @@ int main(int argc, char** argv) {
       std::printf(" %d B %.2f TB/s%s", l.gather_row_bytes, gather_bw.back() / 1e12,
                   &l == &layouts.back() ? "\n" : ",");
     }
+    const cuda::Occupancy occupancy = cuda::decode_occupancy(cuda::current_device());
+    std::printf("decode CTAs at once: %d alone; in clusters of", occupancy.ctas);
+    for (int c = 2; c <= cuda::kMaxClusterSplits; ++c)
+      std::printf(" %d: %d%s", c, occupancy.cluster_ctas[c], c == cuda::kMaxClusterSplits ? "\n" : ",");
     const size_t ws =
         workspace_bytes(512, 128, kWindow + 1024, {DeviceKind::cuda, cuda::current_device()});
     std::printf("workspace for 256 requests x 2 tokens x 128 heads, 128+1024: %.1f MiB\n",

@@ -184,13 +184,9 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
 // (max, sum) per row in its own shared memory; after a cluster barrier, CTA s combines the s-th
 // of num_splits ranges of 16-byte chunks from every CTA's, in split order (deterministic), and
 // writes those outputs. A second barrier keeps each CTA's shared memory until all have read it.
-constexpr int kClusterRowBytes = 512 * 4;
-// Where 16-byte unit `unit` (0..127) of O row `row` sits: swizzled so that a warp's fragment
-// stores (8 rows x 32 bytes) spread over the banks.
-__device__ __forceinline__ int cluster_unit(int row, int unit) {
-  return row * kClusterRowBytes + ((unit ^ (row & 7)) << 4);
-}
-
+// O rows are 16 bytes apart from a bank's view, so a warp's fragment stores (8 rows x 32 bytes)
+// spread over the banks and a thread's 64 stores are offsets from one address.
+constexpr int kClusterRowBytes = kClusterOBytes / kMmaRows;
 static_assert(kMmaRows * (kMaxClusterSplits + 1) * 4 <= Smem::xch_bytes,
               "a CTA's split weights and factors fit in the exchange buffers");
 
@@ -206,12 +202,11 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
   for (int r = 0; r < 2; ++r) {
     const int row = c.row_of(r);
     if (row >= heads) continue;
+    float2* dst = reinterpret_cast<float2*>(smem + Smem::kv + row * kClusterRowBytes) +
+                  c.half * 128 + c.lane % 4;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const int col = c.half * 256 + 8 * j + 2 * (c.lane % 4);
-      *reinterpret_cast<float2*>(smem + Smem::kv + cluster_unit(row, col / 4) + col % 4 * 4) =
-          make_float2(c.o[4 * j + 2 * r], c.o[4 * j + 2 * r + 1]);
-    }
+    for (int j = 0; j < 32; ++j)
+      dst[4 * j] = make_float2(c.o[4 * j + 2 * r], c.o[4 * j + 2 * r + 1]);
     if (c.half == 0 && c.lane % 4 == 0)
       const_cast<float2*>(ml)[row] = make_float2(c.row_max[r], c.row_sum[r]);
   }
@@ -252,7 +247,8 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
 #pragma unroll 2
   for (int i = begin + thread; i < end; i += 256) {
     const int row = i / 128, unit = i % 128;
-    const float4* at = reinterpret_cast<const float4*>(smem + Smem::kv + cluster_unit(row, unit));
+    const float4* at =
+        reinterpret_cast<const float4*>(smem + Smem::kv + row * kClusterRowBytes) + unit;
     float4 v[kMaxClusterSplits];
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s)

@@ -14,8 +14,8 @@ constexpr double kTileUs = 1.8;
 constexpr double kSplitFixedUs = 1.0;
 constexpr double kPartialLatencyUs = 0.5;
 constexpr double kPartialBytesPerUs = 50e3;
-constexpr double kClusterFixedUs = 0.6;
-constexpr double kClusterBytesPerUs = 100e3;
+constexpr double kClusterFixedUs = 1.5;
+constexpr double kClusterBytesPerUs = 40e3;
 
 }  // namespace
 
