@@ -145,7 +145,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
   const float* row_partials = partials_of(ptx::opaque(w.token));
 
   // Per row: the max over splits, each split's weight, the sum, and the output factor.
-  float2* ml = reinterpret_cast<float2*>(smem + Smem::xch);               // [split][row]
+  float2* ml = reinterpret_cast<float2*>(smem + Smem::xch);              // [split][row]
   float* weights = reinterpret_cast<float*>(ml + kMaxSplits * kMmaRows);  // [split][row]
   float* factors = weights + kMaxSplits * kMmaRows;                       // [row]
   for (int i = thread; i < p.num_splits * heads; i += 256)
@@ -167,15 +167,9 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
   }
   ptx::named_sync(5, 256);
   switch (heads) {
-    case 16:
-      combine_rows<16>(p, row_partials, weights, factors, smem, thread);
-      break;
-    case 32:
-      combine_rows<32>(p, row_partials, weights, factors, smem, thread);
-      break;
-    default:
-      combine_rows<64>(p, row_partials, weights, factors, smem, thread);
-      break;
+    case 16: combine_rows<16>(p, row_partials, weights, factors, smem, thread); break;
+    case 32: combine_rows<32>(p, row_partials, weights, factors, smem, thread); break;
+    default: combine_rows<64>(p, row_partials, weights, factors, smem, thread); break;
   }
   write_staged(p, w, smem, thread);
 }
@@ -184,6 +178,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
 // (max, sum) per row in its own shared memory; after a cluster barrier, CTA s combines the s-th
 // of num_splits ranges of 16-byte chunks from every CTA's, in split order (deterministic), and
 // writes those outputs. A second barrier keeps each CTA's shared memory until all have read it.
+
 // O rows are 16 bytes apart from a bank's view, so a warp's fragment stores (8 rows x 32 bytes)
 // spread over the banks and a thread's 64 stores are offsets from one address.
 constexpr int kClusterRowBytes = kClusterOBytes / kMmaRows;
@@ -197,7 +192,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
   // O overlays the KV tiles and (max, sum) the query: the other warpgroup's last wgmma may
   // still read them.
   ptx::named_sync(5, 256);
-  const float2* ml = reinterpret_cast<const float2*>(smem + Smem::q);  // [row]
+  float2* ml = reinterpret_cast<float2*>(smem + Smem::q);  // [row]
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = c.row_of(r);
@@ -208,7 +203,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
     for (int j = 0; j < 32; ++j)
       dst[4 * j] = make_float2(c.o[4 * j + 2 * r], c.o[4 * j + 2 * r + 1]);
     if (c.half == 0 && c.lane % 4 == 0)
-      const_cast<float2*>(ml)[row] = make_float2(c.row_max[r], c.row_sum[r]);
+      ml[row] = make_float2(c.row_max[r], c.row_sum[r]);
   }
   ptx::cluster_sync();
 
