@@ -196,7 +196,8 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
   const cuda::DecodePlan plan =
       cuda::plan_decode(T, H, K, cuda::decode_occupancy(dev.id), ws_bytes, counter_bytes);
 
-  Result r{shape, plan.num_splits, plan.cluster, plan.ctas, 0, 0, 0, 0, flashmla_anchor_us(shape)};
+  Result r{shape, plan.num_splits, plan.cluster, plan.ctas, 0, 0, 0, 0,
+           flashmla_anchor_us(shape)};
   r.us = ms * 1e3 / sets;
   r.tflops = flops / (r.us * 1e-6) / 1e12;
   r.gbps = bytes / (r.us * 1e-6) / 1e9;
@@ -262,7 +263,8 @@ int main(int argc, char** argv) {
     const cuda::Occupancy occupancy = cuda::decode_occupancy(cuda::current_device());
     std::printf("decode CTAs at once: %d alone; in clusters of", occupancy.ctas);
     for (int c = 2; c <= cuda::kMaxClusterSplits; ++c)
-      std::printf(" %d: %d%s", c, occupancy.cluster_ctas[c], c == cuda::kMaxClusterSplits ? "\n" : ",");
+      std::printf(" %d: %d%s", c, occupancy.cluster_ctas[c],
+                  c == cuda::kMaxClusterSplits ? "\n" : ",");
     const size_t ws =
         workspace_bytes(512, 128, kWindow + 1024, {DeviceKind::cuda, cuda::current_device()});
     std::printf("workspace for 256 requests x 2 tokens x 128 heads, 128+1024: %.1f MiB\n",
@@ -288,8 +290,8 @@ int main(int argc, char** argv) {
         const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
         std::printf("%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n",
                     l.name, s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
-                    r.cluster ? 'c' : ' ', (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us,
-                    anchor.c_str());
+                    r.cluster ? 'c' : ' ', (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us,
+                    100 * r.floor_us / r.us, anchor.c_str());
         std::fflush(stdout);
         if (csv)
           std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.1f,%.0f,%.2f,%.3f,%.1f\n", l.name,

@@ -111,10 +111,7 @@ Occupancy decode_occupancy(int device) {
     int clusters = cache[device][c].load(std::memory_order_relaxed);
     if (clusters == 0) {
       allow_large_smem<KvLayout::bf16, false, false>(device);
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = unsigned(c);
-      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+      cudaLaunchAttribute attr = cluster_attribute(c);
       cudaLaunchConfig_t config{};
       config.gridDim = dim3(unsigned(c));
       config.blockDim = dim3(kThreads);

@@ -39,7 +39,7 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns,
   for (int heads_per_cta = kMmaRows; heads_per_cta >= kMinHeadsPerCta; heads_per_cta /= 2) {
     const int head_blocks = (num_heads + heads_per_cta - 1) / heads_per_cta;
     const int64_t rows = num_tokens * head_blocks;
-    const double partial_bytes = double(partial_floats(heads_per_cta) * sizeof(float));
+    const size_t partial_bytes = partial_floats(heads_per_cta) * sizeof(float);
     for (int splits = 1; splits <= std::min<int64_t>(tiles, kMaxSplits); ++splits) {
       DecodePlan plan;
       plan.heads_per_cta = heads_per_cta;
@@ -57,13 +57,14 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns,
         DecodePlan clustered = plan;
         clustered.cluster = true;
         consider(clustered, occupancy.cluster_ctas[splits],
-                 kClusterFixedUs + partial_bytes / kClusterBytesPerUs);
+                 kClusterFixedUs + double(partial_bytes) / kClusterBytesPerUs);
       }
-      plan.workspace_bytes = size_t(plan.ctas) * size_t(partial_bytes);
+      plan.workspace_bytes = size_t(plan.ctas) * partial_bytes;
       plan.counter_bytes = size_t(rows) * sizeof(int32_t);
       if (plan.workspace_bytes <= workspace_limit && plan.counter_bytes <= counter_limit)
         consider(plan, occupancy.ctas,
-                 kSplitFixedUs + splits * (kPartialLatencyUs + partial_bytes / kPartialBytesPerUs));
+                 kSplitFixedUs +
+                     splits * (kPartialLatencyUs + double(partial_bytes) / kPartialBytesPerUs));
     }
   }
   return best;

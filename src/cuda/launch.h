@@ -9,6 +9,15 @@
 
 namespace smla::cuda {
 
+// The launch attribute for clusters of `size` consecutive CTAs along x.
+inline cudaLaunchAttribute cluster_attribute(int size) {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = unsigned(size);
+  a.val.clusterDim.y = a.val.clusterDim.z = 1;
+  return a;
+}
+
 // Every CTA of `kernel` must call ptx::griddep_wait(), unconditionally, before it reads or
 // writes global memory that earlier work on the stream may touch: a CTA that exits without
 // waiting would let the next kernel run ahead of the one before this. `cluster` > 1 launches
@@ -16,12 +25,9 @@ namespace smla::cuda {
 template <class... Params, class... Args>
 void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
                   cudaStream_t stream, int cluster, Args&&... args) {
-  cudaLaunchAttribute attrs[2]{};
+  cudaLaunchAttribute attrs[2]{{}, cluster_attribute(cluster)};
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  attrs[1].id = cudaLaunchAttributeClusterDimension;
-  attrs[1].val.clusterDim.x = unsigned(cluster);
-  attrs[1].val.clusterDim.y = attrs[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
