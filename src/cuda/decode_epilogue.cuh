@@ -31,10 +31,8 @@ __device__ __forceinline__ void zero_tail_heads(const DecodeParams& p, int token
   }
 }
 
-// Output rows are staged as bf16 in the idle KV buffers, then written in 16-byte chunks.
-constexpr int kStagePitch = 1024 + 16;  // bytes per staged row; the pad spreads banks
-
-// Stages output columns (col, col + 1) of `row` (< heads_per_cta) from two f32 values.
+// Output rows are staged as bf16 in the idle KV buffers (kStagePitch apart), then written in
+// 16-byte chunks. Stages output columns (col, col + 1) of `row` (< heads_per_cta) from two f32 values.
 __device__ __forceinline__ void stage_pair(uint8_t* smem, int row, int col, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(smem + Smem::kv + row * kStagePitch + col * 2) =
       __floats2bfloat162_rn(a, b);
@@ -52,8 +50,17 @@ __device__ __forceinline__ void write_staged(const DecodeParams& p, const Work& 
   if (w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
 }
 
+// Stages this thread's part of fragment row r (row_of(r) < heads_per_cta) times `factor`.
 // Fragment `o` element i sits at row row_of((i >> 1) & 1) and column 8 (i / 4) + 2 (lane % 4)
 // + (i & 1) of this warpgroup's half.
+template <class Consumer>
+__device__ __forceinline__ void stage_o(const Consumer& c, uint8_t* smem, int r, float factor) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j)
+    stage_pair(smem, c.row_of(r), c.half * 256 + 8 * j + 2 * (c.lane % 4),
+               c.o[4 * j + 2 * r] * factor, c.o[4 * j + 2 * r + 1] * factor);
+}
+
 template <class Consumer>
 __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& w,
                                              const Consumer& c, uint8_t* smem, int thread) {
@@ -67,10 +74,7 @@ __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& 
                              ? finish_row(p, w.token, w.head0 + row, c.row_max[r], c.row_sum[r],
                                           c.half == 0 && c.lane % 4 == 0)
                              : 0.f;
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      stage_pair(smem, row, c.half * 256 + 8 * j + 2 * (c.lane % 4), c.o[4 * j + 2 * r] * factor,
-                 c.o[4 * j + 2 * r + 1] * factor);
+    stage_o(c, smem, r, factor);
   }
   write_staged(p, w, smem, thread);
 }
@@ -174,14 +178,11 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
   write_staged(p, w, smem, thread);
 }
 
-// A split row reduced in its cluster (rank = split): each CTA leaves its unnormalized O rows and
-// (max, sum) per row in its own shared memory; after a cluster barrier, CTA s combines the s-th
-// of num_splits ranges of 16-byte chunks from every CTA's, in split order (deterministic), and
+// A split row reduced in its cluster (rank = split): each CTA stages its unnormalized O rows (as
+// bf16, which halves the distributed-shared-memory traffic that bounds this step) and (max, sum)
+// per row in its own shared memory; after a cluster barrier, CTA s combines the s-th of
+// num_splits ranges of 16-byte chunks from every CTA's, in split order (deterministic), and
 // writes those outputs. A second barrier keeps each CTA's shared memory until all have read it.
-
-// O rows are 16 bytes apart from a bank's view, so a warp's fragment stores (8 rows x 32 bytes)
-// spread over the banks and a thread's 64 stores are offsets from one address.
-constexpr int kClusterRowBytes = kClusterOBytes / kMmaRows;
 static_assert(kMmaRows * (kMaxClusterSplits + 1) * 4 <= Smem::xch_bytes,
               "a CTA's split weights and factors fit in the exchange buffers");
 
@@ -197,20 +198,16 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
   for (int r = 0; r < 2; ++r) {
     const int row = c.row_of(r);
     if (row >= heads) continue;
-    float2* dst = reinterpret_cast<float2*>(smem + Smem::kv + row * kClusterRowBytes) +
-                  c.half * 128 + c.lane % 4;
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      dst[4 * j] = make_float2(c.o[4 * j + 2 * r], c.o[4 * j + 2 * r + 1]);
-    if (c.half == 0 && c.lane % 4 == 0)
-      ml[row] = make_float2(c.row_max[r], c.row_sum[r]);
+    stage_o(c, smem, r, 1.f);
+    if (c.half == 0 && c.lane % 4 == 0) ml[row] = make_float2(c.row_max[r], c.row_sum[r]);
   }
   ptx::cluster_sync();
 
   // My chunks' rows: each split's weight and the output factor, from every CTA's (max, sum).
-  const int chunks = heads * 128;
+  constexpr int kRowChunks = 64;  // 16-byte chunks of a staged row
+  const int chunks = heads * kRowChunks;
   const int begin = w.split * chunks / splits, end = (w.split + 1) * chunks / splits;
-  const int first_row = begin / 128, rows = (end - 1) / 128 + 1 - first_row;
+  const int first_row = begin / kRowChunks, rows = (end - 1) / kRowChunks + 1 - first_row;
   float* weights = reinterpret_cast<float*>(smem + Smem::xch);  // [row][split], then factor
   constexpr int kPitch = kMaxClusterSplits + 1;
   if (thread < rows) {
@@ -233,7 +230,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
       }
     weights[thread * kPitch + kMaxClusterSplits] =
         row < w.live_heads
-            ? finish_row(p, w.token, w.head0 + row, m, l, row * 128 >= begin)  // lse: once
+            ? finish_row(p, w.token, w.head0 + row, m, l, row * kRowChunks >= begin)  // lse: once
             : 0.f;
   }
   ptx::named_sync(5, 256);
@@ -241,31 +238,36 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
   // My chunks: the splits' O in split order, weighted, times the factor.
 #pragma unroll 2
   for (int i = begin + thread; i < end; i += 256) {
-    const int row = i / 128, unit = i % 128;
-    const float4* at =
-        reinterpret_cast<const float4*>(smem + Smem::kv + row * kClusterRowBytes) + unit;
-    float4 v[kMaxClusterSplits];
+    const int row = i / kRowChunks, unit = i % kRowChunks;
+    const uint4* at = reinterpret_cast<const uint4*>(smem + Smem::kv + row * kStagePitch) + unit;
+    uint4 v[kMaxClusterSplits];
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s)
       if (s < splits) v[s] = *ptx::cluster_map(at, s);
     const float* weight = weights + (row - first_row) * kPitch;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float2 acc[4] = {};
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s)
-      if (s < splits)
-        acc.x += weight[s] * v[s].x, acc.y += weight[s] * v[s].y, acc.z += weight[s] * v[s].z,
-            acc.w += weight[s] * v[s].w;
+      if (s < splits) {
+        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v[s]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 f = __bfloat1622float2(h[k]);
+          acc[k].x += weight[s] * f.x, acc[k].y += weight[s] * f.y;
+        }
+      }
     const int head = w.head0 + row;
     const float factor = weight[kMaxClusterSplits];
     if (head < p.out_heads) {
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * factor, acc.y * factor);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * factor, acc.w * factor);
-      reinterpret_cast<uint2*>(out_row(p, w.token, head))[unit] = make_uint2(
-          *reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+      uint4 out;
+      auto* o = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) o[k] = __floats2bfloat162_rn(acc[k].x * factor, acc[k].y * factor);
+      reinterpret_cast<uint4*>(out_row(p, w.token, head))[unit] = out;
     }
   }
   if (w.split == 0 && w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
-  ptx::cluster_sync();
+  ptx::cluster_sync_relaxed();  // the output stores need not complete first
 }
 
 }  // namespace smla::cuda

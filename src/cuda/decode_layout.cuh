@@ -86,12 +86,13 @@ struct Smem {  // byte offsets from a 1024-aligned base
 };
 static_assert(Smem::xch_bytes + kMaxTopk * 4 <= Smem::combine_bytes,
               "the staged top-k offsets fit where the combine goes");
-// A split row reduced in its cluster leaves its O rows from Smem::kv on (decode_epilogue.cuh),
-// 16 bytes apart from a bank's view.
-constexpr int kClusterOBytes = kMmaRows * (512 * 4 + 16);
+// The epilogue stages bf16 O rows from Smem::kv on (decode_epilogue.cuh); the pad spreads a
+// warp's fragment stores over the banks.
+constexpr int kStagePitch = 1024 + 16;  // bytes per staged row
+constexpr int kStageBytes = kMmaRows * kStagePitch;
 template <KvLayout L>
 constexpr int kSmemBytes =
-    (Smem::end<L> > Smem::kv + kClusterOBytes ? Smem::end<L> : Smem::kv + kClusterOBytes) +
+    (Smem::end<L> > Smem::kv + kStageBytes ? Smem::end<L> : Smem::kv + kStageBytes) +
     1024;  // slack to align the base
 static_assert(kSmemBytes<KvLayout::bf16> <= 227 * 1024 &&
                   kSmemBytes<KvLayout::fp8_e4m3> <= 227 * 1024 &&

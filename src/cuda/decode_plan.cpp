@@ -9,7 +9,7 @@ namespace {
 // tile costs one 64-row wgmma pass whatever the live heads. A row split through the counters
 // pays a fixed publish/arrive cost plus, in its last CTA, one L2 round trip and the bytes of
 // each partial (one SM reads them back at about 50 GB/s). A row split over a cluster pays two
-// cluster barriers and one round trip, and each CTA reads one partial's bytes in all.
+// cluster barriers and one round trip, and each CTA reads one CTA's bf16 O rows' bytes in all.
 constexpr double kTileUs = 1.8;
 constexpr double kSplitFixedUs = 1.0;
 constexpr double kPartialLatencyUs = 0.5;
@@ -57,7 +57,7 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns,
         DecodePlan clustered = plan;
         clustered.cluster = true;
         consider(clustered, occupancy.cluster_ctas[splits],
-                 kClusterFixedUs + double(partial_bytes) / kClusterBytesPerUs);
+                 kClusterFixedUs + double(heads_per_cta * 512 * 2) / kClusterBytesPerUs);
       }
       plan.workspace_bytes = size_t(plan.ctas) * partial_bytes;
       plan.counter_bytes = size_t(rows) * sizeof(int32_t);

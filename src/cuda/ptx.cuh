@@ -99,6 +99,13 @@ __device__ __forceinline__ void cluster_sync() {
       "barrier.cluster.arrive.release.aligned;\n"
       "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// As cluster_sync without ordering memory: enough where the barrier only keeps each CTA's
+// shared memory until the others' reads of it, complete once their values are used, are done.
+__device__ __forceinline__ void cluster_sync_relaxed() {
+  asm volatile(
+      "barrier.cluster.arrive.relaxed.aligned;\n"
+      "barrier.cluster.wait.aligned;" ::: "memory");
+}
 // `p` (into this CTA's shared memory) in the shared memory of cluster CTA `rank`: plain loads
 // through the result read the other CTA's.
 template <class T>
