@@ -32,7 +32,8 @@ __device__ __forceinline__ void zero_tail_heads(const DecodeParams& p, int token
 }
 
 // Output rows are staged as bf16 in the idle KV buffers (kStagePitch apart), then written in
-// 16-byte chunks. Stages output columns (col, col + 1) of `row` (< heads_per_cta) from two f32 values.
+// 16-byte chunks. Stages output columns (col, col + 1) of `row` (< heads_per_cta) from two f32
+// values.
 __device__ __forceinline__ void stage_pair(uint8_t* smem, int row, int col, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(smem + Smem::kv + row * kStagePitch + col * 2) =
       __floats2bfloat162_rn(a, b);
@@ -264,7 +265,8 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
       uint4 out;
       auto* o = reinterpret_cast<__nv_bfloat162*>(&out);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) o[k] = __floats2bfloat162_rn(acc[k].x * factor, acc[k].y * factor);
+      for (int k = 0; k < 4; ++k)
+        o[k] = __floats2bfloat162_rn(acc[k].x * factor, acc[k].y * factor);
       reinterpret_cast<uint4*>(out_row(p, w.token, head))[unit] = out;
     }
   }
