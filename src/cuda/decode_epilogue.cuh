@@ -180,10 +180,11 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
 }
 
 // A split row reduced in its cluster (rank = split): each CTA stages its unnormalized O rows (as
-// bf16, which halves the distributed-shared-memory traffic that bounds this step) and (max, sum)
-// per row in its own shared memory; after a cluster barrier, CTA s combines the s-th of
-// num_splits ranges of 16-byte chunks from every CTA's, in split order (deterministic), and
-// writes those outputs. A second barrier keeps each CTA's shared memory until all have read it.
+// bf16: half the 16-byte chunks read through distributed shared memory, this step's main cost)
+// and (max, sum) per row in its own shared memory; after a cluster barrier, CTA s combines the
+// s-th of num_splits ranges of 16-byte chunks from every CTA's, in split order (deterministic),
+// and writes those outputs. A second barrier keeps each CTA's shared memory until all have read
+// it.
 static_assert(kMmaRows * (kMaxClusterSplits + 1) * 4 <= Smem::xch_bytes,
               "a CTA's split weights and factors fit in the exchange buffers");
 
@@ -271,7 +272,10 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
     }
   }
   if (w.split == 0 && w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
-  ptx::cluster_sync_relaxed();  // the output stores need not complete first
+  // The output stores need not complete first. Every chunk load above feeds the sums, so it is
+  // complete before the arrive (SASS-checked; skipping padded rows' loads would make it a
+  // source-level guarantee: branch exp-noinline-reduce).
+  ptx::cluster_sync_relaxed();
 }
 
 }  // namespace smla::cuda

@@ -99,8 +99,9 @@ __device__ __forceinline__ void cluster_sync() {
       "barrier.cluster.arrive.release.aligned;\n"
       "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// As cluster_sync without ordering memory: enough where the barrier only keeps each CTA's
-// shared memory until the others' reads of it, complete once their values are used, are done.
+// As cluster_sync, but the arrive orders no memory (the wait still acquires): enough where the
+// barrier only keeps each CTA's shared memory alive until the others' reads of it are done,
+// which holds when every such read's value is used before the arrive.
 __device__ __forceinline__ void cluster_sync_relaxed() {
   asm volatile(
       "barrier.cluster.arrive.relaxed.aligned;\n"
