@@ -25,8 +25,8 @@ __device__ __forceinline__ __nv_bfloat16* out_row(const DecodeParams& p, int tok
 // Heads past the last head block (up to H_out) are zeros; written once per token.
 __device__ __forceinline__ void zero_tail_heads(const DecodeParams& p, int token, int thread) {
   const int first = p.head_blocks * p.heads_per_cta;
-  for (int i = thread; i < (p.out_heads - first) * 64; i += 256) {
-    const int head = first + i / 64, unit = i % 64;
+  for (int i = thread; i < (p.out_heads - first) * kRowChunks; i += 256) {
+    const int head = first + i / kRowChunks, unit = i % kRowChunks;
     reinterpret_cast<uint4*>(out_row(p, token, head))[unit] = make_uint4(0, 0, 0, 0);
   }
 }
@@ -42,8 +42,8 @@ __device__ __forceinline__ void stage_pair(uint8_t* smem, int row, int col, floa
 __device__ __forceinline__ void write_staged(const DecodeParams& p, const Work& w, uint8_t* smem,
                                              int thread) {
   ptx::named_sync(5, 256);
-  for (int i = thread; i < p.heads_per_cta * 64; i += 256) {
-    const int row = i / 64, unit = i % 64, head = w.head0 + row;
+  for (int i = thread; i < p.heads_per_cta * kRowChunks; i += 256) {
+    const int row = i / kRowChunks, unit = i % kRowChunks, head = w.head0 + row;
     if (head < p.out_heads)
       reinterpret_cast<uint4*>(out_row(p, w.token, head))[unit] =
           *reinterpret_cast<const uint4*>(smem + Smem::kv + row * kStagePitch + unit * 16);
@@ -206,7 +206,6 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
   ptx::cluster_sync();
 
   // My chunks' rows: each split's weight and the output factor, from every CTA's (max, sum).
-  constexpr int kRowChunks = 64;  // 16-byte chunks of a staged row
   const int chunks = heads * kRowChunks;
   const int begin = w.split * chunks / splits, end = (w.split + 1) * chunks / splits;
   const int first_row = begin / kRowChunks, rows = (end - 1) / kRowChunks + 1 - first_row;

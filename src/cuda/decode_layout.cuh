@@ -88,7 +88,8 @@ static_assert(Smem::xch_bytes + kMaxTopk * 4 <= Smem::combine_bytes,
               "the staged top-k offsets fit where the combine goes");
 // The epilogue stages bf16 O rows from Smem::kv on (decode_epilogue.cuh); the pad spreads a
 // warp's fragment stores over the banks.
-constexpr int kStagePitch = 1024 + 16;  // bytes per staged row
+constexpr int kRowChunks = 512 * 2 / 16;  // 16-byte chunks of a bf16 output row
+constexpr int kStagePitch = kRowChunks * 16 + 16;  // bytes per staged row
 constexpr int kStageBytes = kMmaRows * kStagePitch;
 template <KvLayout L>
 constexpr int kSmemBytes =
