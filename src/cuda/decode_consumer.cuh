@@ -39,7 +39,9 @@ struct ConsumerCore {
   }
 
   // This warpgroup's 256 dims of the query's 64 rows as bf16 (an e4m3 query: f16, exactly);
-  // rows past the live heads are zeros (no padded copy). wait_query completes it.
+  // rows past the live heads are zeros, stored plainly: zero-fill copies would hold the
+  // load/store unit that issues the first tile's copies (2 x 2 H=64: -1%). wait_query completes
+  // it.
   __device__ __forceinline__ void load_query(const DecodeParams& p, const Work& w, uint8_t* smem) {
     uint8_t* q_half = smem + Smem::q + half * 4 * kQChunkBytes;
     for (int i = tid; i < kMmaRows * 32; i += 128) {
@@ -54,9 +56,11 @@ struct ConsumerCore {
             live ? __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.query) + at))
                  : make_uint2(0, 0);
         *reinterpret_cast<uint4*>(dst) = e4m3x8_to<true>(v.x, v.y, 1.f);
+      } else if (live) {
+        ptx::cp_async_16(ptx::smem_addr(dst), static_cast<const __nv_bfloat16*>(p.query) + at,
+                         true);
       } else {
-        ptx::cp_async_16(ptx::smem_addr(dst),
-                         static_cast<const __nv_bfloat16*>(p.query) + (live ? at : 0), live);
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
       }
     }
     ptx::cp_async_commit();

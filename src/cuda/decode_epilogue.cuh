@@ -5,17 +5,29 @@
 
 namespace smla::cuda {
 
-// Output = factor * o for a row with running max `m` (log2 units) and sum `l`; writes lse.
-__device__ __forceinline__ float finish_row(const DecodeParams& p, int token, int head, float m,
-                                            float l, bool write_lse) {
+// The CTA's live heads' sinks in log2 units (-inf without sinks), staged by the consumers while
+// their query loads: loaded in the epilogue, a global load sat on its path (2 x 2: -1 to -1.7%).
+__device__ __forceinline__ void stage_sinks(const DecodeParams& p, const Work& w, uint8_t* smem,
+                                            int thread) {
+  if (thread < w.live_heads)
+    reinterpret_cast<float*>(smem + Smem::sinks)[thread] =
+        p.sinks ? __ldg(p.sinks + w.head0 + thread) * kLog2e : -INFINITY;
+}
+
+// Output = factor * o for CTA row `row` with running max `m` (log2 units) and sum `l`; writes
+// lse.
+__device__ __forceinline__ float finish_row(const DecodeParams& p, const Work& w,
+                                            const uint8_t* smem, int row, float m, float l,
+                                            bool write_lse) {
+  const int head = w.head0 + row;
   if (write_lse && p.lse)
-    p.lse[token * p.lse_token_stride + head * p.lse_head_stride] =
+    p.lse[w.token * p.lse_token_stride + head * p.lse_head_stride] =
         m == -INFINITY ? -INFINITY : (m + __log2f(l)) * kLn2;
-  const float sink = p.sinks ? __ldg(p.sinks + head) * kLog2e : -INFINITY;
+  const float sink = reinterpret_cast<const float*>(smem + Smem::sinks)[row];
   const float top = fmaxf(m, sink);
   if (m == -INFINITY || top == INFINITY) return 0.f;  // no attended column, or a +inf sink
-  const float w = exp2f(m - top);
-  return p.bmm2_scale * w / (l * w + exp2f(sink - top));
+  const float scale = exp2f(m - top);
+  return p.bmm2_scale * scale / (l * scale + exp2f(sink - top));
 }
 
 __device__ __forceinline__ __nv_bfloat16* out_row(const DecodeParams& p, int token, int head) {
@@ -72,7 +84,7 @@ __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& 
     const int row = c.row_of(r);
     if (row >= p.heads_per_cta) continue;
     const float factor = row < w.live_heads
-                             ? finish_row(p, w.token, w.head0 + row, c.row_max[r], c.row_sum[r],
+                             ? finish_row(p, w, smem, row, c.row_max[r], c.row_sum[r],
                                           c.half == 0 && c.lane % 4 == 0)
                              : 0.f;
     stage_o(c, smem, r, factor);
@@ -168,7 +180,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
       weights[s * heads + thread] = weight;
     }
     factors[thread] =
-        thread < w.live_heads ? finish_row(p, w.token, w.head0 + thread, m, l, true) : 0.f;
+        thread < w.live_heads ? finish_row(p, w, smem, thread, m, l, true) : 0.f;
   }
   ptx::named_sync(5, 256);
   switch (heads) {
@@ -231,7 +243,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
       }
     weights[thread * kPitch + kMaxClusterSplits] =
         row < w.live_heads
-            ? finish_row(p, w.token, w.head0 + row, m, l, row * kRowChunks >= begin)  // lse: once
+            ? finish_row(p, w, smem, row, m, l, row * kRowChunks >= begin)  // lse: once
             : 0.f;
   }
   ptx::named_sync(5, 256);

@@ -26,6 +26,7 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
   ConsumerOf<L, kF16> c;
   c.init(smem);
   c.load_query(p, w, smem);
+  stage_sinks(p, w, smem, threadIdx.x - 128);
   if constexpr (kTopk)  // while the query loads
     stage_topk(p, w.token, w.request, threadIdx.x - 128,
                reinterpret_cast<int32_t*>(smem + Smem::topk));
