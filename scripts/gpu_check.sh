@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # Everything GPU-side in one call on the GPU machine: GPU tests, compute-sanitizer on small
-# cases, the decode benchmark, the main job on CUDA, the step benchmark, the Python package;
-# a short table last. Full logs go to $OUT (or ./gpu-out), at most 8 files: build.log,
-# tests.log (tests and sanitizers), bench.log, bench.csv, run.log, step.log, step.csv,
-# python.log. Uses a carried build dir (default build-cuda) or builds one.
-#   scripts/gpu_check.sh [tests] [sanitize] [bench] [run] [step] [python]   (default: all)
+# cases, the decode benchmark and the copy probe, the main job on CUDA, the step benchmark, the
+# Python package; a short table last. Full logs go to $OUT (or ./gpu-out), at most 8 files:
+# build.log, tests.log (tests and sanitizers), bench.log (benchmark and probe), bench.csv,
+# run.log, step.log, step.csv, python.log. Uses a carried build dir (default build-cuda) or
+# builds one.
+#   scripts/gpu_check.sh [tests] [sanitize] [bench] [probe] [run] [step] [python]   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${SMLA_BUILD:-build-cuda}
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-steps=${*:-tests sanitize bench run step python}
+steps=${*:-tests sanitize bench probe run step python}
 status=()
 declare -A begun  # logs written by this call: the first step to use one truncates it
 
-if [ ! -x "$BUILD/tests/smla_gpu_tests" ] || [ ! -x "$BUILD/smla_step_bench" ]; then
+if [ ! -x "$BUILD/tests/smla_gpu_tests" ] || [ ! -x "$BUILD/smla_step_bench" ] ||
+  [ ! -x "$BUILD/smla_copy_probe" ]; then
   echo "== building in $BUILD"
   cmake -S . -B "$BUILD" -G Ninja >"$OUT/build.log" 2>&1 && cmake --build "$BUILD" -j 16 >>"$OUT/build.log" 2>&1 ||
     { tail -30 "$OUT/build.log"; exit 1; }
@@ -47,6 +49,7 @@ for step in $steps; do
       run_step racecheck tests.log timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter ;;
     bench) run_step bench bench.log timeout -s KILL 300 "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
+    probe) run_step probe bench.log timeout -s KILL 120 "$BUILD/smla_copy_probe" ;;
     run)
       run_step info run.log "$BUILD/smla" info
       run_step run run.log "$BUILD/smla" run --device cuda --requests 64 --mtp 2 --context 16384 --check 4
@@ -56,7 +59,7 @@ for step in $steps; do
       run_step step step.log "$BUILD/smla_step_bench" --csv "$OUT/step.csv" ;;
     python)  # builds the package with CUDA here (wheels it lacks come from a carried .whl/)
       run_step python python.log env SMLA_PYTHON_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 scripts/python_test.sh ;;
-    *) echo "unknown step '$step' (tests sanitize bench run step python)"; exit 2 ;;
+    *) echo "unknown step '$step' (tests sanitize bench probe run step python)"; exit 2 ;;
   esac
 done
 

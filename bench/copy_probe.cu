@@ -1,0 +1,218 @@
+// How fast one CTA's producer warpgroup fills the decode kernel's stages: 32 random 1 KiB rows
+// per tile into 128B-swizzled shared memory, four stages, consumers that check every byte and
+// release the stage. Copies: the kernel's cp.async (16 bytes a lane, eight lanes a row), or
+// TMA boxes of one row x 64 dims (the swizzle follows the shared-memory address, so a one-row
+// box lands where the kernel's layout wants it) issued by one warp or by four.
+//   smla_copy_probe        prints the median over CTAs of when tiles were issued and arrived
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/decode_layout.cuh"
+
+namespace {
+using namespace smla::cuda;
+
+constexpr int kProbeStages = 4, kMaxTiles = 32, kRowBytes = 1024;
+enum Copy { kCpAsync, kTmaOneWarp, kTmaFourWarps };
+const char* const kCopyNames[] = {"cp.async", "tma 1 warp", "tma 4 warps"};
+
+struct ProbeArgs {
+  const char* pool;
+  const int* rows;                   // [cta][tiles][32]
+  int tiles;
+  unsigned long long* stamps;        // [cta][2][kMaxTiles]: issued, arrived (ns from start)
+  unsigned long long* wrong;         // words that did not match the pool
+};
+
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap* map, int x, int row,
+                                        uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+      "l"(map), "r"(x), "r"(row), "r"(ptx::smem_addr(bar))
+      : "memory");
+}
+
+template <Copy kCopy>
+__global__ void __launch_bounds__(kThreads, 1)
+    probe(const __grid_constant__ CUtensorMap map, ProbeArgs a) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kProbeStages * kTileBytes);
+  uint64_t* empty = full + kProbeStages;
+  const int* rows = a.rows + blockIdx.x * a.tiles * kTileColumns;
+  unsigned long long* stamps = a.stamps + blockIdx.x * 2 * kMaxTiles;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kProbeStages; ++s) {
+      ptx::mbar_init(&full[s], kCopy == kCpAsync ? 128 : kCopy == kTmaOneWarp ? 1 : 4);
+      ptx::mbar_init(&empty[s], 256);
+    }
+    ptx::mbar_init_fence();
+  }
+  __syncthreads();
+  const unsigned long long start = now_ns();
+  if (warp < 4) {
+    for (int n = 0; n < a.tiles; ++n) {
+      const int stage = n % kProbeStages;
+      uint8_t* dst = smem + stage * kTileBytes;
+      if (n >= kProbeStages) ptx::mbar_wait(&empty[stage], (n / kProbeStages - 1) & 1);
+      if constexpr (kCopy == kCpAsync) {
+        const int mine = rows[n * kTileColumns + warp * 8 + lane / 4];
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          const int r = warp * 8 + 4 * g + lane / 8;
+          const char* src =
+              a.pool + int64_t(__shfl_sync(~0u, mine, 4 * (4 * g + lane / 8))) * kRowBytes;
+#pragma unroll
+          for (int c = 0; c < 8; ++c)
+            ptx::cp_async_16(ptx::smem_addr(dst + c * kKvChunkBytes + swizzle(r, lane % 8)),
+                             src + (c * 8 + lane % 8) * 16, true);
+        }
+        ptx::cp_async_arrive(&full[stage]);
+      } else {
+        if (kCopy == kTmaOneWarp && warp != 0) continue;
+        constexpr int kRowsPerWarp = kCopy == kTmaOneWarp ? 32 : 8;
+        if (lane == 0)
+          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                           ptx::smem_addr(&full[stage])),
+                       "r"(kRowsPerWarp * kRowBytes)
+                       : "memory");
+        __syncwarp();
+        const int r = kCopy == kTmaOneWarp ? lane : warp * 8 + lane / 4;
+        const int row = rows[n * kTileColumns + r];
+#pragma unroll
+        for (int k = 0; k < (kCopy == kTmaOneWarp ? 8 : 2); ++k) {
+          const int c = kCopy == kTmaOneWarp ? k : 2 * (lane % 4) + k;
+          tma_row(ptx::smem_addr(dst + c * kKvChunkBytes + r * 128), &map, c * 64, row,
+                  &full[stage]);
+        }
+      }
+      if (threadIdx.x == 0) stamps[n] = now_ns() - start;
+    }
+  } else {
+    const int t = threadIdx.x - 128;
+    unsigned long long wrong = 0;
+    for (int n = 0; n < a.tiles; ++n) {
+      const int stage = n % kProbeStages;
+      ptx::mbar_wait(&full[stage], (n / kProbeStages) & 1);
+      if (t == 0) stamps[kMaxTiles + n] = now_ns() - start;
+      const uint8_t* src = smem + stage * kTileBytes;
+      for (int i = t; i < kTileColumns * 64; i += 256) {  // (row, 16-byte unit)
+        const int r = i / 64, u = i % 64;
+        const uint4 v = *reinterpret_cast<const uint4*>(src + u / 8 * kKvChunkBytes +
+                                                         swizzle(r, u % 8));
+        const uint32_t word = uint32_t(rows[n * kTileColumns + r]) * (kRowBytes / 4) + u * 4;
+        wrong += (v.x != word) + (v.y != word + 1) + (v.z != word + 2) + (v.w != word + 3);
+      }
+      ptx::mbar_arrive(&empty[stage]);
+    }
+    if (wrong) atomicAdd(a.wrong, wrong);
+  }
+}
+
+__global__ void fill_words(uint32_t* p, size_t words) {  // word i holds i
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words;
+       i += size_t(gridDim.x) * blockDim.x)
+    p[i] = uint32_t(i);
+}
+
+CUtensorMap row_map(const char* pool, size_t rows) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  SMLA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                   cudaEnableDefault, &found));
+  const cuuint64_t dims[2] = {kRowBytes / 2, rows}, strides[1] = {kRowBytes};
+  const cuuint32_t box[2] = {64, 1}, unit[2] = {1, 1};
+  CUtensorMap map;
+  const CUresult r = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<char*>(pool), dims, strides, box, unit,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) throw smla::Error(smla::ErrorKind::runtime, "cuTensorMapEncodeTiled",
+                                           "CUDA_SUCCESS", std::to_string(int(r)));
+  return map;
+}
+
+double median_us(std::vector<unsigned long long> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2] * 1e-3;
+}
+
+}  // namespace
+
+int main() {
+  const size_t big_rows = size_t(4) << 20;  // a 4 GiB pool (HBM); the first 1024 rows: L2
+  char* pool;
+  int* rows;
+  unsigned long long *stamps, *wrong;
+  constexpr int kMaxCtas = 132, kSmem = kProbeStages * kTileBytes + 2 * kProbeStages * 8 + 1024;
+  SMLA_CUDA_CHECK(cudaMalloc(&pool, big_rows * kRowBytes));
+  SMLA_CUDA_CHECK(cudaMalloc(&rows, kMaxCtas * kMaxTiles * kTileColumns * sizeof(int)));
+  SMLA_CUDA_CHECK(cudaMalloc(&stamps, kMaxCtas * 2 * kMaxTiles * sizeof(unsigned long long)));
+  SMLA_CUDA_CHECK(cudaMalloc(&wrong, sizeof(unsigned long long)));
+  fill_words<<<1024, 256>>>(reinterpret_cast<uint32_t*>(pool), big_rows * kRowBytes / 4);
+  SMLA_CUDA_CHECK(cudaGetLastError());
+  void (*const kernels[])(CUtensorMap, ProbeArgs) = {probe<kCpAsync>, probe<kTmaOneWarp>,
+                                                     probe<kTmaFourWarps>};
+  for (auto* k : kernels)
+    SMLA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  std::mt19937_64 rng(std::random_device{}());
+  printf("%-12s %-5s %4s %5s | %8s %8s | %s\n", "copy", "pool", "ctas", "tiles", "issued0",
+         "issuedN", "arrived us: tiles 0 1 2 3 .. last");
+  unsigned long long total_wrong = 0;
+  for (const size_t span : {size_t(1024), big_rows}) {
+    const CUtensorMap map = row_map(pool, span);
+    for (const int ctas : {56, kMaxCtas})
+      for (const int tiles : {4, 24})
+        for (int copy = 0; copy < 3; ++copy) {
+          std::vector<unsigned long long> issued0, issued_last, arrived[kMaxTiles];
+          for (int rep = 0; rep < 9; ++rep) {  // rep 0 warms up
+            std::vector<int> h(ctas * tiles * kTileColumns);
+            for (int& x : h) x = int(rng() % span);
+            SMLA_CUDA_CHECK(cudaMemcpy(rows, h.data(), h.size() * sizeof(int),
+                                       cudaMemcpyHostToDevice));
+            SMLA_CUDA_CHECK(cudaMemset(wrong, 0, sizeof(unsigned long long)));
+            kernels[copy]<<<ctas, kThreads, kSmem>>>(map, {pool, rows, tiles, stamps, wrong});
+            SMLA_CUDA_CHECK(cudaGetLastError());
+            std::vector<unsigned long long> s(ctas * 2 * kMaxTiles);
+            unsigned long long w;
+            SMLA_CUDA_CHECK(cudaMemcpy(s.data(), stamps, s.size() * sizeof(s[0]),
+                                       cudaMemcpyDeviceToHost));
+            SMLA_CUDA_CHECK(cudaMemcpy(&w, wrong, sizeof(w), cudaMemcpyDeviceToHost));
+            total_wrong += w;
+            if (rep == 0) continue;
+            for (int c = 0; c < ctas; ++c) {
+              const unsigned long long* cta = &s[c * 2 * kMaxTiles];
+              issued0.push_back(cta[0]);
+              issued_last.push_back(cta[tiles - 1]);
+              for (int n = 0; n < tiles; ++n) arrived[n].push_back(cta[kMaxTiles + n]);
+            }
+          }
+          printf("%-12s %-5s %4d %5d | %8.2f %8.2f |", kCopyNames[copy],
+                 span == 1024 ? "L2" : "HBM", ctas, tiles, median_us(issued0),
+                 median_us(issued_last));
+          for (int n = 0; n < std::min(tiles, 4); ++n) printf(" %.2f", median_us(arrived[n]));
+          printf(" .. %.2f\n", median_us(arrived[tiles - 1]));
+        }
+  }
+  SMLA_CUDA_CHECK(cudaFree(pool));
+  SMLA_CUDA_CHECK(cudaFree(rows));
+  SMLA_CUDA_CHECK(cudaFree(stamps));
+  SMLA_CUDA_CHECK(cudaFree(wrong));
+  printf("words that did not match the pool: %llu\n", total_wrong);
+  return total_wrong == 0 ? 0 : 1;
+}
