@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cuda/check.h"
-#include "cuda/decode_layout.cuh"
+#include "cuda/decode_producer.cuh"
 
 namespace {
 using namespace smla::cuda;
@@ -70,18 +70,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int stage = n % kProbeStages;
       uint8_t* dst = smem + stage * kTileBytes;
       if (n >= kProbeStages) ptx::mbar_wait(&empty[stage], (n / kProbeStages - 1) & 1);
-      if constexpr (kCopy == kCpAsync) {
-        const int mine = rows[n * kTileColumns + warp * 8 + lane / 4];
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          const int r = warp * 8 + 4 * g + lane / 8;
-          const char* src =
-              a.pool + int64_t(__shfl_sync(~0u, mine, 4 * (4 * g + lane / 8))) * kRowBytes;
-#pragma unroll
-          for (int c = 0; c < 8; ++c)
-            ptx::cp_async_16(ptx::smem_addr(dst + c * kKvChunkBytes + swizzle(r, lane % 8)),
-                             src + (c * 8 + lane % 8) * 16, true);
-        }
+      if constexpr (kCopy == kCpAsync) {  // the kernel's own copies
+        const char* row = a.pool + int64_t(rows[n * kTileColumns + producer_row()]) * kRowBytes;
+        copy_rows_bf16(dst, RowSource{true, row, row});
         ptx::cp_async_arrive(&full[stage]);
       } else {
         if (kCopy == kTmaOneWarp && warp != 0) continue;

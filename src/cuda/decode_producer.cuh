@@ -223,6 +223,26 @@ __device__ __forceinline__ void publish_flag(uint8_t* smem, uint64_t* full, int 
   ptx::mbar_arrive(full);
 }
 
+// bf16: the warp's eight rows (this lane's row's source `src`) into the tile at `dst`, eight
+// lanes a row, each lane taking its row's source from the row's first lane: a copy instruction
+// then reads 128 contiguous bytes of four rows, not 64 of eight, and the load/store unit's issue
+// rate follows the lines an instruction touches (2 x 2: -6 to -8%; docs/benchmarks.md, ninth
+// session).
+__device__ __forceinline__ void copy_rows_bf16(uint8_t* dst, const RowSource& src) {
+  const int lane = threadIdx.x % 32, warp_row0 = producer_row() - lane / 4;
+#pragma unroll
+  for (int g = 0; g < 2; ++g) {
+    const int owner = 4 * (4 * g + lane / 8), r = warp_row0 + 4 * g + lane / 8;
+    const char* record = reinterpret_cast<const char*>(
+        __shfl_sync(~0u, reinterpret_cast<uintptr_t>(src.record), owner));
+    const bool valid = __shfl_sync(~0u, src.valid, owner);
+#pragma unroll
+    for (int chunk = 0; chunk < 8; ++chunk)
+      ptx::cp_async_16(ptx::smem_addr(dst + chunk * kKvChunkBytes + swizzle(r, lane % 8)),
+                       record + (chunk * 8 + lane % 8) * 16, valid);
+  }
+}
+
 // bf16: rows land in their stage by cp.async. `indices` starts at the CTA's first tile.
 __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& w, uint8_t* smem,
                                              IndexPipe& indices) {
@@ -237,22 +257,7 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
     const RowSource src = row_source(p, w, tile * kTileColumns + row, offset);
     uint8_t* dst = smem + Smem::kv + stage * kTileBytes;
     if (n >= kStagesL) ptx::mbar_wait(&empty[stage], ((n / kStagesL) - 1) & 1);
-    // The warp's eight rows are copied eight lanes a row, each lane's row source from the row's
-    // first lane: a copy instruction then reads 128 contiguous bytes of four rows, not 64 of
-    // eight, and the load/store unit's issue rate follows the lines an instruction touches
-    // (2 x 2: -6 to -8%; docs/benchmarks.md, ninth session).
-    const int lane = threadIdx.x % 32, warp_row0 = row - lane / 4;
-#pragma unroll
-    for (int g = 0; g < 2; ++g) {
-      const int owner = 4 * (4 * g + lane / 8), r = warp_row0 + 4 * g + lane / 8;
-      const char* record = reinterpret_cast<const char*>(
-          __shfl_sync(~0u, reinterpret_cast<uintptr_t>(src.record), owner));
-      const bool valid = __shfl_sync(~0u, src.valid, owner);
-#pragma unroll
-      for (int chunk = 0; chunk < 8; ++chunk)
-        ptx::cp_async_16(ptx::smem_addr(dst + chunk * kKvChunkBytes + swizzle(r, lane % 8)),
-                         record + (chunk * 8 + lane % 8) * 16, valid);
-    }
+    copy_rows_bf16(dst, src);
     ptx::cp_async_arrive(&full[stage]);  // when this thread's copies land
     publish_flag(smem, &full[stage], stage, row, part, src.valid);
   }
