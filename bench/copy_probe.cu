@@ -5,7 +5,6 @@
 // box lands where the kernel's layout wants it) issued by one warp or by four.
 //   smla_copy_probe        prints the median over CTAs of when tiles were issued and arrived
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 
 #include "cuda/check.h"
 #include "cuda/decode_producer.cuh"
+#include "cuda/tensor_map.h"
 
 namespace {
 using namespace smla::cuda;
@@ -35,15 +35,6 @@ __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
-}
-
-__device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap* map, int x, int row,
-                                        uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
-      "l"(map), "r"(x), "r"(row), "r"(ptx::smem_addr(bar))
-      : "memory");
 }
 
 template <Copy kCopy>
@@ -77,19 +68,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         if (kCopy == kTmaOneWarp && warp != 0) continue;
         constexpr int kRowsPerWarp = kCopy == kTmaOneWarp ? 32 : 8;
-        if (lane == 0)
-          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                           ptx::smem_addr(&full[stage])),
-                       "r"(kRowsPerWarp * kRowBytes)
-                       : "memory");
+        if (lane == 0) ptx::mbar_arrive_expect_tx(&full[stage], kRowsPerWarp * kRowBytes);
         __syncwarp();
         const int r = kCopy == kTmaOneWarp ? lane : warp * 8 + lane / 4;
         const int row = rows[n * kTileColumns + r];
 #pragma unroll
         for (int k = 0; k < (kCopy == kTmaOneWarp ? 8 : 2); ++k) {
           const int c = kCopy == kTmaOneWarp ? k : 2 * (lane % 4) + k;
-          tma_row(ptx::smem_addr(dst + c * kKvChunkBytes + r * 128), &map, c * 64, row,
-                  &full[stage]);
+          ptx::tma_load_2d(ptx::smem_addr(dst + c * kKvChunkBytes + r * 128), &map, c * 64, row,
+                           &full[stage]);
         }
       }
       if (threadIdx.x == 0) stamps[n] = now_ns() - start;
@@ -122,19 +109,12 @@ __global__ void fill_words(uint32_t* p, size_t words) {  // word i holds i
 }
 
 CUtensorMap row_map(const char* pool, size_t rows) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  SMLA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                   cudaEnableDefault, &found));
-  const cuuint64_t dims[2] = {kRowBytes / 2, rows}, strides[1] = {kRowBytes};
-  const cuuint32_t box[2] = {64, 1}, unit[2] = {1, 1};
+  const uint64_t dims[2] = {kRowBytes / 2, rows}, strides[1] = {kRowBytes};
+  const uint32_t box[2] = {64, 1};
   CUtensorMap map;
-  const CUresult r = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<char*>(pool), dims, strides, box, unit,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) throw smla::Error(smla::ErrorKind::runtime, "cuTensorMapEncodeTiled",
-                                           "CUDA_SUCCESS", std::to_string(int(r)));
+  if (!bf16_tensor_map(&map, pool, 2, dims, strides, box))
+    throw smla::Error(smla::ErrorKind::runtime, "pool", "a tensor TMA can map",
+                      std::to_string(rows) + " rows of " + std::to_string(kRowBytes) + " bytes");
   return map;
 }
 

@@ -38,6 +38,29 @@ struct ConsumerCore {
     mask = smem + Smem::mask;
   }
 
+  // Instead of load_query, for 64 heads a CTA: lanes 0..15 of warp 0 of each consumer
+  // warpgroup request its 256 dims of the CTA's heads by TMA, 8 heads x 64 dims a box (heads
+  // past H arrive as zeros), at the kernel's start: the load/store unit is then the first
+  // tile's alone. Needs nothing but the CTA's index. wait_query<true> completes it.
+  static __device__ __forceinline__ void request_query(const QueryTmaParams& p, uint8_t* smem) {
+    const int half = threadIdx.x / 128 - 1, lane = threadIdx.x % 32;
+    constexpr int kBoxes = kMmaRows / 8 * 4;  // (8-head group, 64-dim chunk) of this half
+    uint64_t* bar = reinterpret_cast<uint64_t*>(smem + Smem::query_bars) + half;
+    if (lane == 0) {
+      ptx::mbar_init(bar, 1);
+      ptx::mbar_init_fence();
+      ptx::mbar_arrive_expect_tx(bar, kBoxes * 1024);
+    }
+    __syncwarp();
+    if (lane < kBoxes) {
+      const int group = lane / 4, chunk = half * 4 + lane % 4;
+      const int head0 = blockIdx.x / p.num_splits % p.head_blocks * p.heads_per_cta;
+      const int row0 = 8 * (kWholeQuery ? group : group ^ half);  // see LockstepXch
+      ptx::tma_load_3d(ptx::smem_addr(smem + Smem::q + chunk * kQChunkBytes + row0 * 128),
+                       &p.q_map, chunk * 64, head0 + 8 * group, cta_token(p), bar);
+    }
+  }
+
   // This warpgroup's 256 dims of the query's 64 rows as bf16 (an e4m3 query: f16, exactly);
   // rows past the live heads are zeros, stored plainly: zero-fill copies would hold the
   // load/store unit that issues the first tile's copies (2 x 2 H=64: -1%). wait_query completes
@@ -65,8 +88,12 @@ struct ConsumerCore {
     }
     ptx::cp_async_commit();
   }
-  __device__ __forceinline__ void wait_query() {
-    ptx::cp_async_wait<0>();
+  template <bool kQueryTma>  // request_query's, else load_query's
+  __device__ __forceinline__ void wait_query(uint8_t* smem) {
+    if constexpr (kQueryTma)
+      ptx::mbar_wait(reinterpret_cast<uint64_t*>(smem + Smem::query_bars) + half, 0);
+    else
+      ptx::cp_async_wait<0>();
     ptx::fence_proxy_async();
     if constexpr (kWholeQuery)
       ptx::named_sync(1, 256);

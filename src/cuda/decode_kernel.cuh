@@ -21,22 +21,24 @@ template <KvLayout L, bool kF16>
 using ConsumerOf = std::conditional_t<L == KvLayout::bf16, LockstepConsumer<kStages<L>, kF16>,
                                       SeesawConsumer<kStages<L>, kF16>>;
 
-template <KvLayout L, bool kTopk, bool kF16>
+template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, uint8_t* smem) {
   ConsumerOf<L, kF16> c;
   c.init(smem);
-  c.load_query(p, w, smem);
+  if constexpr (!kQueryTma) c.load_query(p, w, smem);
   stage_sinks(p, w, smem, threadIdx.x - 128);
   if constexpr (kTopk)  // while the query loads
     stage_topk(p, w.token, w.request, threadIdx.x - 128,
                reinterpret_cast<int32_t*>(smem + Smem::topk));
-  c.wait_query();
+  c.template wait_query<kQueryTma>(smem);
   c.run(w.tile_end - w.tile_begin, p);
   c.finish_rows();
   const int thread = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
   // This order (the common unsplit case last) measured 1.4-1.9% faster at 128 x 2 than testing
   // it first: ptxas lays out the tile loop differently (docs/benchmarks.md, eleventh session).
-  if (p.num_splits > 1 && p.cluster)
+  if constexpr (kQueryTma)  // an unsplit plan's
+    store_output(p, w, c, smem, thread);
+  else if (p.num_splits > 1 && p.cluster)
     finish_cluster(p, w, c, smem, thread);
   else if (p.num_splits > 1)
     finish_split(p, w, c, smem, thread);
@@ -58,14 +60,19 @@ constexpr int kConsumerRegs =
 // kTopk: the launch reads TopkColumns. Only the consumers' staging is compiled per source; the
 // producer tests p.topk at run time (compiling it out too measured slower: docs/kernel.md).
 // kF16: an e4m3 cache with an e4m3 query, computed in f16 (one conversion per two values).
-template <KvLayout L, bool kTopk, bool kF16>
+// kQueryTma: a bf16 query by TMA from p.q_map, and no split reduction compiled in: dispatched
+// for unsplit plans of 64 heads a CTA, where it measured faster (docs/kernel.md).
+template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 __global__ void __launch_bounds__(kThreads, 1)
-    decode_kernel(const __grid_constant__ DecodeParams p) {
+    decode_kernel(const __grid_constant__ KernelParams<kQueryTma> p) {
+  static_assert(!kQueryTma || !kF16, "the TMA query is bf16");
   extern __shared__ uint8_t smem_raw[];
   // Offsetting the __shared__ array (not an integer cast) keeps shared-memory instructions.
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   ptx::griddep_launch_dependents();
   ptx::griddep_wait();  // the previous kernel (a table build, a layer) may write what we read
+  if constexpr (kQueryTma)
+    if (threadIdx.x >= 128 && threadIdx.x % 128 < 32) ConsumerOf<L, kF16>::request_query(p, smem);
   // The producer's first indices load alongside the row's metadata.
   const int first_tile = cta_split(p) * p.tiles_per_split;
   const int token = cta_token(p);
@@ -103,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     indices.finish(p);
   } else {
     ptx::reg_alloc<kConsumerRegs<L>>();
-    consume<L, kTopk, kF16>(p, w, smem);
+    consume<L, kTopk, kF16, kQueryTma>(p, w, smem);
   }
 }
 

@@ -12,6 +12,7 @@
 #include "cuda/decode_kernel.cuh"
 #include "cuda/device.h"
 #include "cuda/launch.h"
+#include "cuda/tensor_map.h"
 
 namespace smla::cuda {
 namespace {
@@ -58,37 +59,51 @@ TopkParams topk_params(const TopkColumns& c, const DecodeProblem& problem) {
   return t;
 }
 
+// A bf16 query [T, H, 512] as a TMA tensor read in 8-head x 64-dim boxes, as the wgmma read
+// it; heads past H arrive as zeros. False where TMA cannot take its strides.
+bool query_map(const TensorView& q, const DecodeProblem& problem, CUtensorMap* map) {
+  // A dimension of size 1 is read at index 0 alone: any stride serves.
+  const auto stride = [&](int dim) {
+    return uint64_t(q.size(dim) == 1 ? 1024 : q.stride(dim) * 2);
+  };
+  const uint64_t dims[3] = {512, uint64_t(problem.num_heads), uint64_t(problem.num_tokens)};
+  const uint64_t strides[2] = {stride(1), stride(0)};
+  const uint32_t box[3] = {64, 8, 1};
+  return bf16_tensor_map(map, q.data, 3, dims, strides, box);
+}
+
 // Sets the kernel's shared-memory size once per device (before its first launch or query).
-template <KvLayout L, bool kTopk, bool kF16>
+template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma = false>
 void allow_large_smem(int device) {
   static std::array<std::atomic<bool>, 64> done{};
   if (done[device].load()) return;
-  SMLA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<L, kTopk, kF16>,
+  SMLA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<L, kTopk, kF16, kQueryTma>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<L>));
   done[device].store(true);
 }
 
-// The kernels: per cache layout, reading a table or (kTopk) a top-k, and for an e4m3 cache with
-// an e4m3 query (kF16) the f16 ones: only these eight are built.
-template <KvLayout L, bool kTopk, bool kF16>
-void launch(const DecodeParams& p, int64_t ctas, int device, cudaStream_t stream) {
-  allow_large_smem<L, kTopk, kF16>(device);
-  launch_early(decode_kernel<L, kTopk, kF16>, dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<L>,
-               stream, p.cluster ? p.num_splits : 1, p);
+// The kernels: per cache layout, reading a table or (kTopk) a top-k, for an e4m3 cache with an
+// e4m3 query (kF16) the f16 ones, and for a bf16 cache and an unsplit plan (kQueryTma) those
+// that read the query by TMA: only these ten are built.
+template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
+void launch(const KernelParams<kQueryTma>& p, int64_t ctas, int device, cudaStream_t stream) {
+  allow_large_smem<L, kTopk, kF16, kQueryTma>(device);
+  launch_early(decode_kernel<L, kTopk, kF16, kQueryTma>, dim3(unsigned(ctas)), dim3(kThreads),
+               kSmemBytes<L>, stream, p.cluster ? p.num_splits : 1, p);
 }
 
-template <KvLayout L, bool kF16>
-void launch(const DecodeParams& p, int64_t ctas, int device, cudaStream_t stream) {
+template <KvLayout L, bool kF16, bool kQueryTma = false>
+void launch(const KernelParams<kQueryTma>& p, int64_t ctas, int device, cudaStream_t stream) {
   if (p.topk.indices)
-    launch<L, true, kF16>(p, ctas, device, stream);
+    launch<L, true, kF16, kQueryTma>(p, ctas, device, stream);
   else
-    launch<L, false, kF16>(p, ctas, device, stream);
+    launch<L, false, kF16, kQueryTma>(p, ctas, device, stream);
 }
 
-template <KvLayout L, bool kF16 = false>
+template <KvLayout L, bool kF16 = false, bool kQueryTma = false>
 bool is_layout_kernel(const void* func) {
-  return func == reinterpret_cast<const void*>(&decode_kernel<L, false, kF16>) ||
-         func == reinterpret_cast<const void*>(&decode_kernel<L, true, kF16>);
+  return func == reinterpret_cast<const void*>(&decode_kernel<L, false, kF16, kQueryTma>) ||
+         func == reinterpret_cast<const void*>(&decode_kernel<L, true, kF16, kQueryTma>);
 }
 
 size_t bytes_of(const TensorView& v) {
@@ -119,7 +134,7 @@ Occupancy decode_occupancy(int device) {
       config.attrs = &attr;
       config.numAttrs = 1;
       SMLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(
-          &clusters, decode_kernel<KvLayout::bf16, false, false>, &config));
+          &clusters, decode_kernel<KvLayout::bf16, false, false, false>, &config));
       clusters = std::max(clusters, 0) + 1;  // cached + 1, so that 0 means not yet asked
       cache[device][c].store(clusters, std::memory_order_relaxed);
     }
@@ -139,7 +154,9 @@ size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, i
 }
 
 bool is_decode_kernel(const void* func) {
-  return is_layout_kernel<KvLayout::bf16>(func) || is_layout_kernel<KvLayout::fp8_e4m3>(func) ||
+  return is_layout_kernel<KvLayout::bf16>(func) ||
+         is_layout_kernel<KvLayout::bf16, false, true>(func) ||
+         is_layout_kernel<KvLayout::fp8_e4m3>(func) ||
          is_layout_kernel<KvLayout::fp8_e4m3, true>(func) ||
          is_layout_kernel<KvLayout::fp8_ds_mla>(func);
 }
@@ -210,7 +227,13 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
 
   const auto s = static_cast<cudaStream_t>(stream);
   switch (problem.layout) {
-    case KvLayout::bf16: return launch<KvLayout::bf16, false>(p, plan.ctas, device, s);
+    case KvLayout::bf16:
+      // Measured (docs/kernel.md): the query by TMA helps unsplit plans of 64 heads a CTA (large
+      // batches, H >= 64: -2.3 to -3.1%), not split ones (small batches) nor 16 heads a CTA.
+      if (QueryTmaParams tp{p}; plan.num_splits == 1 && plan.heads_per_cta == kMmaRows &&
+                                query_map(q, problem, &tp.q_map))
+        return launch<KvLayout::bf16, false, true>(tp, plan.ctas, device, s);
+      return launch<KvLayout::bf16, false>(p, plan.ctas, device, s);
     case KvLayout::fp8_e4m3:
       if (q_fp8) return launch<KvLayout::fp8_e4m3, true>(p, plan.ctas, device, s);
       return launch<KvLayout::fp8_e4m3, false>(p, plan.ctas, device, s);

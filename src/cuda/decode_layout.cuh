@@ -79,7 +79,8 @@ struct Smem {  // byte offsets from a 1024-aligned base
   static constexpr int flag = bars + (2 * kMaxStages + 4) * 8;
   static constexpr int counts = flag + 16;                        // per producer warp: top-k
   static constexpr int sinks = counts + 4 * 4;                    // [heads]: decode_epilogue
-  static constexpr int kv = (sinks + kMmaRows * 4 + 1023) / 1024 * 1024;  // stages x 8 chunks
+  static constexpr int query_bars = sinks + kMmaRows * 4;         // per consumer: a TMA query
+  static constexpr int kv = (query_bars + 2 * 8 + 1023) / 1024 * 1024;  // stages x 8 chunks
   template <KvLayout L>
   static constexpr int raw = kv + kStages<L> * kTileBytes;        // RawTile buffers
   template <KvLayout L>

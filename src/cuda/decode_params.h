@@ -1,6 +1,9 @@
 // POD parameters of the decode kernel, filled on the host from a validated DecodeProblem.
 #pragma once
+#include <cuda.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace smla::cuda {
 
@@ -52,5 +55,13 @@ struct DecodeParams {
   float* partials;                   // split-KV partial outputs and (m, l), see decode_plan.h
   int32_t* counters;                 // one per (token, head block), zero between launches
 };
+
+// The kernels that read a bf16 query by TMA take its tensor map too (8-head x 64-dim boxes);
+// the others keep DecodeParams as it is, so their code does not move.
+struct QueryTmaParams : DecodeParams {
+  CUtensorMap q_map;
+};
+template <bool kQueryTma>
+using KernelParams = std::conditional_t<kQueryTma, QueryTmaParams, DecodeParams>;
 
 }  // namespace smla::cuda

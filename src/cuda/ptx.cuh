@@ -2,6 +2,8 @@
 // proxy fences, named and cluster barriers, distributed shared memory, register reallocation
 // and wgmma.
 #pragma once
+#include <cuda.h>
+
 #include <cstdint>
 
 namespace smla::cuda::ptx {
@@ -30,6 +32,33 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "@!done bra WAIT_%=;\n"
       "}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
+      : "memory");
+}
+
+// Expects `bytes` more of the current phase's asynchronous copies, and arrives.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// ---- tensor memory access -------------------------------------------------------------------
+// The box of `map` at coordinates (x, y[, z]) into shared memory at `dst`, swizzled as the map
+// says (by dst's address bits), completing its bytes on `bar`'s transaction count.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int x, int y,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+      "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int x, int y,
+                                            int z, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+      "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar))
       : "memory");
 }
 

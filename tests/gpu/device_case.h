@@ -7,6 +7,7 @@
 #include <map>
 #include <vector>
 
+#include "cuda/backend.h"
 #include "host_case.h"
 #include "smla/decode.h"
 
@@ -37,6 +38,14 @@ class DeviceMemory {
  private:
   void* ptr_ = nullptr;
   size_t bytes_;
+};
+
+// Split rows go through the counters alone while in scope (the planner's clusters off).
+struct CountersOnly {
+  CountersOnly() { cuda::use_cluster_reduction(false); }
+  ~CountersOnly() { cuda::use_cluster_reduction(true); }
+  CountersOnly(const CountersOnly&) = delete;
+  CountersOnly& operator=(const CountersOnly&) = delete;
 };
 
 struct DeviceCase {

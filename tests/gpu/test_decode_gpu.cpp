@@ -33,13 +33,14 @@ Reference reference_of(const DecodeCase& c) {
 }
 
 // The GPU's result for `c` (poisoned outputs and unattended rows), checked against the
-// oracle and the CPU backend.
-void check_against_oracle_and_cpu(const CaseSpec& spec) {
+// oracle and the CPU backend; split buffers as DeviceCase takes them.
+void check_against_oracle_and_cpu(const CaseSpec& spec, size_t counter_bytes = SIZE_MAX,
+                                  size_t ws_bytes = SIZE_MAX) {
   DecodeCase gpu = make_case(spec, fresh_seed());
   poison_unattended_rows(gpu);
   DecodeCase cpu = gpu;
   sparse_mla_decode(cpu.args());
-  DeviceCase d(gpu);
+  DeviceCase d(gpu, counter_bytes, ws_bytes);
   sparse_mla_decode(d.args);
   ASSERT_CUDA(cudaDeviceSynchronize());
   d.fetch(gpu);
@@ -47,14 +48,6 @@ void check_against_oracle_and_cpu(const CaseSpec& spec) {
   EXPECT_TRUE(matches(gpu, reference_of(cpu), Tolerance::device(spec.layout))) << "vs CPU backend";
   EXPECT_TRUE(all_zero(d.counter_values())) << "counters not returned to zero; " << gpu.summary;
 }
-
-// Split rows go through the counters alone while in scope (the planner's clusters off).
-struct CountersOnly {
-  CountersOnly() { cuda::use_cluster_reduction(false); }
-  ~CountersOnly() { cuda::use_cluster_reduction(true); }
-  CountersOnly(const CountersOnly&) = delete;
-  CountersOnly& operator=(const CountersOnly&) = delete;
-};
 
 // Every other case reduces its split rows through the counters instead of clusters.
 TEST(GpuDecode, RandomCasesAgainstOracleAndCpu) {
@@ -100,6 +93,20 @@ TEST(GpuDecode, ClusterSplitsOfEverySize) {
       }
   EXPECT_GE(sizes.size(), 6u) << "cluster sizes covered: " << sizes.size();
   EXPECT_GE(plans.size(), 12u) << "(cluster size, heads a CTA) pairs covered: " << plans.size();
+}
+
+// Plans without splits (no clusters, no split buffers: SPEC §3's fallback), where bf16 caches
+// read the query by TMA: every head count, padded output heads, against the oracle and the CPU.
+TEST(GpuDecode, UnsplitPlansAgainstOracleAndCpu) {
+  SKIP_WITHOUT_GPU();
+  const CountersOnly counters_only;
+  for (int h : {1, 8, 16, 32, 64, 100, 128})
+    for (int width : {64, 512}) {
+      CaseSpec spec{.heads = h, .requests = 3, .max_q = 3, .compressed_width = width};
+      spec.out_heads = width == 64 ? (h + 15) / 16 * 16 + 8 : 0;
+      check_against_oracle_and_cpu(spec, 0, 0);
+      if (HasFailure()) return;
+    }
 }
 
 // A row split over many CTAs reuses one counter buffer 1000 times without a reset between

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -69,6 +70,11 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
       }
     }
     const int64_t T = c.num_tokens();
+    // Every third trial: plans without splits (no clusters, no split buffers), where the bf16
+    // kernels read the query by TMA.
+    const bool unsplit = trial % 3 == 2;
+    std::optional<CountersOnly> counters_only;
+    if (unsplit) counters_only.emplace();
     DeviceMirror gpu;
     const std::vector<AttentionLayer> layers = gpu(c.layers);
     for (size_t i = 0; i < c.layers.size(); ++i) {
@@ -91,7 +97,7 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
       const int64_t K = full.out.sparse_indices.size(1);
       for (DecodeArgs* d : {&table, &topk}) {
         d->lse = gpu.output(DType::f32, {T, H}, 0xff);
-        add_split_buffers(*d, gpu, T, H, K);
+        if (!unsplit) add_split_buffers(*d, gpu, T, H, K);
         sparse_mla_decode(*d);
       }
       CUDA_THROW(cudaDeviceSynchronize());

@@ -1,0 +1,31 @@
+#include "cuda/tensor_map.h"
+
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include "cuda/check.h"
+#include "smla/error.h"
+
+namespace smla::cuda {
+
+bool bf16_tensor_map(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
+                     const uint64_t* byte_strides, const uint32_t* box) {
+  // The driver's encoder, found once (the runtime does not link libcuda's symbols).
+  static const auto encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    SMLA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                     cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || !fn)
+      throw Error(ErrorKind::runtime, "device", "a driver with cuTensorMapEncodeTiled",
+                  "none found");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  const cuuint32_t unit[5] = {1, 1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(rank), const_cast<void*>(base),
+                dims, byte_strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace smla::cuda
