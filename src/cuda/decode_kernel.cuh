@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::griddep_launch_dependents();
   ptx::griddep_wait();  // the previous kernel (a table build, a layer) may write what we read
   if constexpr (kQueryTma)
-    if (threadIdx.x >= 128 && threadIdx.x % 128 < 32) ConsumerOf<L, kF16>::request_query(p, smem);
+    if (threadIdx.x >= 128 && threadIdx.x % 128 == 0) ConsumerOf<L, kF16>::request_query(p, smem);
   // The producer's first indices load alongside the row's metadata.
   const int first_tile = cta_split(p) * p.tiles_per_split;
   const int token = cta_token(p);

@@ -229,7 +229,7 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   switch (problem.layout) {
     case KvLayout::bf16:
       // Measured (docs/kernel.md): the query by TMA helps unsplit plans of 64 heads a CTA (large
-      // batches, H >= 64: -2.3 to -3.1%), not split ones (small batches) nor 16 heads a CTA.
+      // batches, H >= 64), not split ones (small batches) nor 16 heads a CTA.
       if (QueryTmaParams tp{p}; plan.num_splits == 1 && plan.heads_per_cta == kMmaRows &&
                                 query_map(q, problem, &tp.q_map))
         return launch<KvLayout::bf16, false, true>(tp, plan.ctas, device, s);
