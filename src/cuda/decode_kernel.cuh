@@ -65,7 +65,7 @@ constexpr int kConsumerRegs =
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ KernelParams<kQueryTma> p) {
-  static_assert(!kQueryTma || !kF16, "the TMA query is bf16");
+  static_assert(!kQueryTma || (L == KvLayout::bf16 && !kF16), "kQueryTma kernels are bf16's");
   extern __shared__ uint8_t smem_raw[];
   // Offsetting the __shared__ array (not an integer cast) keeps shared-memory instructions.
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
