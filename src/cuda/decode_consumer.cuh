@@ -44,14 +44,17 @@ struct ConsumerCore {
   // alone. wait_query<true> completes it. Sixteen lanes issuing a box each measured 1.1-2.5%
   // faster (bf16 128 x 2), but racecheck flags their copies against lane 0's expect_tx across
   // __syncwarp (docs/kernel.md).
+  static __device__ __forceinline__ uint64_t* query_bar(uint8_t* smem, int half) {
+    return reinterpret_cast<uint64_t*>(smem + Smem::query_bars) + half;
+  }
   static __device__ __forceinline__ void request_query(const QueryTmaParams& p, uint8_t* smem) {
     const int half = threadIdx.x / 128 - 1;
     constexpr int kGroups = kMmaRows / 8;
-    uint64_t* bar = reinterpret_cast<uint64_t*>(smem + Smem::query_bars) + half;
+    uint64_t* bar = query_bar(smem, half);
     ptx::mbar_init(bar, 1);
     ptx::mbar_init_fence();
     ptx::mbar_arrive_expect_tx(bar, kGroups * 4 * 1024);
-    const int head0 = blockIdx.x / p.num_splits % p.head_blocks * p.heads_per_cta;
+    const int head0 = cta_head_block(p) * p.heads_per_cta;
     const int token = cta_token(p);
 #pragma unroll
     for (int group = 0; group < kGroups; ++group) {
@@ -93,7 +96,7 @@ struct ConsumerCore {
   template <bool kQueryTma>  // request_query's, else load_query's
   __device__ __forceinline__ void wait_query(uint8_t* smem) {
     if constexpr (kQueryTma)
-      ptx::mbar_wait(reinterpret_cast<uint64_t*>(smem + Smem::query_bars) + half, 0);
+      ptx::mbar_wait(query_bar(smem, half), 0);
     else
       ptx::cp_async_wait<0>();
     ptx::fence_proxy_async();

@@ -135,6 +135,9 @@ __device__ __forceinline__ int topk_length(const DecodeParams& p, const Work& w,
 __device__ __forceinline__ int cta_split(const DecodeParams& p) {
   return blockIdx.x % p.num_splits;
 }
+__device__ __forceinline__ int cta_head_block(const DecodeParams& p) {
+  return blockIdx.x / p.num_splits % p.head_blocks;
+}
 __device__ __forceinline__ int cta_token(const DecodeParams& p) {
   return blockIdx.x / (p.num_splits * p.head_blocks);
 }
@@ -142,7 +145,7 @@ __device__ __forceinline__ int cta_token(const DecodeParams& p) {
 __device__ __forceinline__ Work locate_work(const DecodeParams& p) {
   Work w;
   w.split = cta_split(p);
-  w.head_block = blockIdx.x / p.num_splits % p.head_blocks;
+  w.head_block = cta_head_block(p);
   w.token = cta_token(p);
   w.head0 = w.head_block * p.heads_per_cta;
   w.live_heads = min(p.heads_per_cta, p.num_heads - w.head0);
