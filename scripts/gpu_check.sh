@@ -41,12 +41,13 @@ run_step() {  # name, log, command...   (steps may share a log: each appends its
 for step in $steps; do
   case $step in
     tests) run_step tests tests.log timeout -s KILL 300 "$BUILD/tests/smla_gpu_tests" ;;
-    sanitize)  # small bf16 and fp8 decodes, index builders, quantizer, a 3-layer forked step
-      # and the decodes reading their top-k (handed over through shared memory)
-      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.Fp8GraphReplayEqualsEagerBitwise:GpuIndex.*:GpuQuantize.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups:GpuTopkColumns.*-GpuIndex.ManyRequestsMatchTheCpu'  # gtest: positives, then -negatives
-      run_step memcheck tests.log timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    sanitize)  # small bf16 and fp8 decodes (split and unsplit plans, the query by TMA and its
+      # fallback), index builders, quantizer, a 3-layer forked step and the decodes reading
+      # their top-k (handed over through shared memory)
+      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.Fp8GraphReplayEqualsEagerBitwise:GpuDecode.UnsplitPlansAgainstOracleAndCpu:GpuDecode.ReversedAndBroadcastQueryViews:GpuIndex.*:GpuQuantize.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups:GpuTopkColumns.*-GpuIndex.ManyRequestsMatchTheCpu'  # gtest: positives, then -negatives
+      run_step memcheck tests.log timeout 260 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter
-      run_step racecheck tests.log timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      run_step racecheck tests.log timeout 260 compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter ;;
     bench) run_step bench bench.log timeout -s KILL 300 "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
     probe) run_step probe bench.log timeout -s KILL 120 "$BUILD/smla_copy_probe" ;;
