@@ -3,7 +3,7 @@
 // an e4m3 cache with an e4m3 query), a few tiles ahead (cp.async for bf16 caches; fp8 records
 // are copied raw, then converted); warpgroups 1 and 2 compute the scores, the online softmax
 // and P.V with wgmma, each accumulating half of the output dims: in lockstep over every tile
-// (bf16 caches) or as a seesaw over alternate tiles (fp8 caches). Splits of a row are reduced
+// (bf16 split plans) or as a seesaw over alternate tiles (fp8 caches, bf16 unsplit plans). Splits of a row are reduced
 // in the same launch: through distributed shared memory by the row's cluster, or by the last CTA
 // to arrive on the row's counter (SPEC §3).
 #pragma once
@@ -15,15 +15,18 @@
 
 namespace smla::cuda {
 
-// bf16 caches run the lockstep consumer, fp8 ones the seesaw, as measured (docs/kernel.md): the
-// seesaw holds each stage longer, and only the fp8 layouts' raw tiles keep rows in flight then.
-template <KvLayout L, bool kF16>
-using ConsumerOf = std::conditional_t<L == KvLayout::bf16, LockstepConsumer<kStages<L>, kF16>,
-                                      SeesawConsumer<kStages<L>, kF16>>;
+// The seesaw for fp8 caches and for bf16 ones in unsplit plans of 64 heads a CTA (kQueryTma:
+// large batches), the lockstep for bf16 split plans (small batches), as measured
+// (docs/kernel.md): the seesaw holds each stage longer, which the fp8 layouts' raw tiles and a
+// large batch's stream of tiles absorb, and a small batch's few tiles do not.
+template <KvLayout L, bool kF16, bool kQueryTma>
+using ConsumerOf =
+    std::conditional_t<L == KvLayout::bf16 && !kQueryTma, LockstepConsumer<kStages<L>, kF16>,
+                       SeesawConsumer<kStages<L>, kF16>>;
 
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, uint8_t* smem) {
-  ConsumerOf<L, kF16> c;
+  ConsumerOf<L, kF16, kQueryTma> c;
   c.init(smem);
   if constexpr (!kQueryTma) c.load_query(p, w, smem);
   stage_sinks(p, w, smem, threadIdx.x - 128);
@@ -72,7 +75,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::griddep_launch_dependents();
   ptx::griddep_wait();  // the previous kernel (a table build, a layer) may write what we read
   if constexpr (kQueryTma)
-    if (threadIdx.x >= 128 && threadIdx.x % 128 == 0) ConsumerOf<L, kF16>::request_query(p, smem);
+    if (threadIdx.x >= 128 && threadIdx.x % 128 == 0)
+      ConsumerOf<L, kF16, kQueryTma>::request_query(p, smem);
   // The producer's first indices load alongside the row's metadata.
   const int first_tile = cta_split(p) * p.tiles_per_split;
   const int token = cta_token(p);
@@ -92,7 +96,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbar_init(&bars[s], 128 + 32);          // full: 128 producer threads + 32 flag writers
       ptx::mbar_init(&bars[kStages<L> + s], 256);  // empty: every consumer thread
     }
-    ConsumerOf<L, kF16>::init_barriers(bars);
+    ConsumerOf<L, kF16, kQueryTma>::init_barriers(bars);
     ptx::mbar_init_fence();
   }
   __syncthreads();

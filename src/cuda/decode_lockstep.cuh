@@ -1,4 +1,4 @@
-// The lockstep consumer (bf16 caches): warpgroups 1 and 2 each own 256 of the 512 dims. For
+// The lockstep consumer (bf16 split plans): warpgroups 1 and 2 each own 256 of the 512 dims. For
 // every tile each computes partial scores over its half and they exchange them; each runs the
 // online softmax of half the rows and hands its P to the other; both accumulate P.V for their
 // half of the output. The stages are released as soon as both P.V are done, which keeps the

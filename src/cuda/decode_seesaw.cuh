@@ -1,9 +1,10 @@
-// The seesaw consumer (fp8 caches): warpgroup 1 computes the full scores and the online softmax
-// of the even tiles, warpgroup 2 of the odd ones, so one's softmax runs while the other's wgmma
-// keep the tensor cores busy; each accumulates P.V of every tile over its 256 output dims, the
-// partner's tiles with the P it hands over. A stage lives longer than in the lockstep (the
-// partner's P.V comes a softmax later), which the fp8 layouts' raw tiles absorb and bf16's
-// cp.async stages do not (docs/kernel.md).
+// The seesaw consumer (fp8 caches, bf16 unsplit plans): warpgroup 1 computes the full scores
+// and the online softmax of the even tiles, warpgroup 2 of the odd ones, so one's softmax runs
+// while the other's wgmma keep the tensor cores busy; each accumulates P.V of every tile over
+// its 256 output dims, the partner's tiles with the P it hands over. A stage lives longer than
+// in the lockstep (the partner's P.V comes a softmax later), which the fp8 layouts' raw tiles and
+// a large batch's stream of bf16 tiles absorb, and a small batch's few bf16 tiles do not
+// (docs/kernel.md).
 #pragma once
 #include "cuda/decode_consumer.cuh"
 
