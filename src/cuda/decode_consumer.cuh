@@ -41,13 +41,14 @@ struct ConsumerCore {
   // Instead of load_query, for 64 heads a CTA: the first thread of each consumer warpgroup
   // requests its 256 dims of the CTA's heads by TMA, 8 heads x 64 dims a box (heads past H
   // arrive as zeros), at the kernel's start: the load/store unit is then the first tile's
-  // alone. wait_query<true> completes it. Sixteen lanes issuing a box each measured 1.1-2.5%
-  // faster (bf16 128 x 2), but racecheck flags their copies against lane 0's expect_tx across
-  // __syncwarp (docs/kernel.md).
+  // alone. wait_query<true> completes it. More issuing threads measured at most 1-2.5% faster
+  // and racecheck flags them unless they are in different warps, where they gain nothing
+  // (docs/kernel.md).
   static __device__ __forceinline__ uint64_t* query_bar(uint8_t* smem, int half) {
     return reinterpret_cast<uint64_t*>(smem + Smem::query_bars) + half;
   }
   static __device__ __forceinline__ void request_query(const QueryTmaParams& p, uint8_t* smem) {
+    static_assert(kWholeQuery, "kQueryTma kernels run the seesaw consumer");
     const int half = threadIdx.x / 128 - 1;
     constexpr int kGroups = kMmaRows / 8;
     uint64_t* bar = query_bar(smem, half);
@@ -58,10 +59,9 @@ struct ConsumerCore {
     const int token = cta_token(p);
 #pragma unroll
     for (int group = 0; group < kGroups; ++group) {
-      const int row0 = 8 * (kWholeQuery ? group : group ^ half);  // see LockstepXch
 #pragma unroll
       for (int chunk = half * 4; chunk < half * 4 + 4; ++chunk)
-        ptx::tma_load_3d(ptx::smem_addr(smem + Smem::q + chunk * kQChunkBytes + row0 * 128),
+        ptx::tma_load_3d(ptx::smem_addr(smem + Smem::q + chunk * kQChunkBytes + group * 8 * 128),
                          &p.q_map, chunk * 64, head0 + 8 * group, token, bar);
     }
   }
