@@ -3,9 +3,9 @@
 // an e4m3 cache with an e4m3 query), a few tiles ahead (cp.async for bf16 caches; fp8 records
 // are copied raw, then converted); warpgroups 1 and 2 compute the scores, the online softmax
 // and P.V with wgmma, each accumulating half of the output dims: in lockstep over every tile
-// (bf16 split plans) or as a seesaw over alternate tiles (fp8 caches, bf16 unsplit plans). Splits of a row are reduced
-// in the same launch: through distributed shared memory by the row's cluster, or by the last CTA
-// to arrive on the row's counter (SPEC §3).
+// (bf16 split plans) or as a seesaw over alternate tiles (fp8 caches, bf16 unsplit plans).
+// Splits of a row are reduced in the same launch: through distributed shared memory by the
+// row's cluster, or by the last CTA to arrive on the row's counter (SPEC §3).
 #pragma once
 #include <type_traits>
 
