@@ -66,11 +66,11 @@ bool query_map(const TensorView& q, const DecodeProblem& problem, CUtensorMap* m
   const auto stride = [&](int dim) {
     return uint64_t(q.size(dim) == 1 ? 1024 : q.stride(dim) * 2);
   };
-  // TMA strides are unsigned and below 2^40 bytes (the launcher checked their 16-byte
-  // multiples): other views take the cp.async kernels without asking the driver, whose refusal
-  // compute-sanitizer would report as an error.
+  // TMA strides are below 2^40 bytes (the launcher checked their 16-byte multiples; a negative
+  // one, read unsigned, is above): other views take the cp.async kernels without asking the
+  // driver, whose refusal compute-sanitizer would report as an error.
   for (int dim : {0, 1})
-    if (q.size(dim) > 1 && (q.stride(dim) < 0 || stride(dim) >= (uint64_t(1) << 40))) return false;
+    if (stride(dim) >= (uint64_t(1) << 40)) return false;
   const uint64_t dims[3] = {512, uint64_t(problem.num_heads), uint64_t(problem.num_tokens)};
   const uint64_t strides[2] = {stride(1), stride(0)};
   const uint32_t box[3] = {64, 8, 1};

@@ -139,11 +139,12 @@ TEST(GpuDecode, ReversedAndBroadcastQueryViews) {
       sparse_mla_decode(cpu.args());
       DeviceCase d(gpu, 0, 0);
       // The same logical query: heads stored last to first, or one row a token.
-      std::vector<uint16_t> rows(reversed ? T * h * 512 : T * 512);
+      const int stored_heads = reversed ? h : 1;
+      std::vector<uint16_t> rows(T * stored_heads * 512);
       for (int64_t t = 0; t < T; ++t)
-        for (int head = 0; head < (reversed ? h : 1); ++head)
+        for (int head = 0; head < stored_heads; ++head)
           for (int d = 0; d < 512; ++d)
-            rows[(t * (reversed ? h : 1) + (reversed ? h - 1 - head : 0)) * 512 + d] =
+            rows[(t * stored_heads + stored_heads - 1 - head) * 512 + d] =
                 q.get<uint16_t>(t * ts + head * 512 + d);
       DeviceMemory stored(rows.size() * 2);
       ASSERT_CUDA(cudaMemcpy(stored.get(), rows.data(), rows.size() * 2, cudaMemcpyHostToDevice));
