@@ -233,8 +233,9 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   const auto s = static_cast<cudaStream_t>(stream);
   switch (problem.layout) {
     case KvLayout::bf16:
-      // Measured (docs/kernel.md): the query by TMA helps unsplit plans of 64 heads a CTA (large
-      // batches, H >= 64), not split ones (small batches) nor 16 heads a CTA.
+      // Measured (docs/kernel.md): the query by TMA and the seesaw consumer help unsplit plans
+      // of 64 heads a CTA (large batches), not split ones (small batches) nor 16 heads a CTA. A
+      // query view no TMA map holds runs the cp.async lockstep kernel of the same plan.
       if (QueryTmaParams tp{p}; plan.num_splits == 1 && plan.heads_per_cta == kMmaRows &&
                                 query_map(q, problem, &tp.q_map))
         return launch<KvLayout::bf16, false, true>(tp, plan.ctas, device, s);

@@ -8,8 +8,8 @@ namespace smla::cuda {
 
 // A bf16 tensor of `rank` (2..5) dims, innermost first and contiguous, `byte_strides` of dims
 // 1..rank-1, read in `box` boxes (innermost 64: one 128-byte swizzle row); elements past
-// `dims` arrive as zeros. False where TMA cannot take the tensor (strides not 16-byte
-// multiples, a zero stride).
+// `dims` arrive as zeros. False where the driver refuses the tensor (strides not 16-byte
+// multiples or of 2^40 bytes and more; a zero stride is taken: measured, docs/kernel.md).
 bool bf16_tensor_map(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
                      const uint64_t* byte_strides, const uint32_t* box);
 
