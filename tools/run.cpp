@@ -18,7 +18,11 @@ namespace smla::cli {
 namespace {
 
 // Relative to the row's largest value: bf16 output rounding is 2^-9, float32 sums add little.
-constexpr double kTolerance = 1e-2;
+// Per-tensor fp8 on CUDA computes its scores with e4m3 wgmma, which accumulate with about 14
+// bits: up to 9.6e-3 measured (docs/decode.md).
+double tolerance(KvLayout kv, const Device& device) {
+  return kv == KvLayout::fp8_e4m3 && device.kind == DeviceKind::cuda ? 2e-2 : 1e-2;
+}
 constexpr int kGraphReplays = 30;
 
 // The GPU when it can run this step, else the CPU (with a note, unless cuda was asked for).
@@ -55,7 +59,7 @@ int run_step(const RunOptions& o) {
   RunReport report{.options = o,
                    .num_tokens = step.num_tokens,
                    .kv_bytes = step.kv_bytes,
-                   .tolerance = kTolerance};
+                   .tolerance = tolerance(o.kv, device)};
   if (device.kind == DeviceKind::cpu) {
     report.device = "cpu (" + std::to_string(cpu::num_threads()) + " threads)";
   } else {
@@ -99,7 +103,7 @@ int run_step(const RunOptions& o) {
     report.graph_replays = kGraphReplays;
   }
   print_report(report);
-  const bool check_failed = report.check && report.check->max_relative_error > kTolerance;
+  const bool check_failed = report.check && report.check->max_relative_error > report.tolerance;
   const bool graph_wrong = report.graphs && !graph_problem_lines(*report.graphs).empty();
   return check_failed || graph_wrong ? 1 : 0;
 }

@@ -1,7 +1,9 @@
 // What the decode kernel's two consumer designs share (decode_lockstep.cuh, decode_seesaw.cuh):
 // their registers and shared-memory handles, P's packing, the wgmma issues and the query load.
 #pragma once
-#include "cuda/decode_producer.cuh"  // e4m3x8_to
+#include <cuda_fp16.h>
+
+#include "cuda/decode_layout.cuh"
 
 namespace smla::cuda {
 
@@ -9,13 +11,15 @@ namespace smla::cuda {
 // then P <= 2^8 stays exact enough in bf16 and the 128-register rescale of O is skipped.
 constexpr float kRescaleThreshold = 8.f;
 
-// kF16: the stages hold f16 (an e4m3 cache read with an e4m3 query), so P is f16 too.
+// kF16: an e4m3 cache read with an e4m3 query: the scores are e4m3 wgmma over the query and the
+// raw tiles as they are (the seesaw's alone: kWholeQuery), the stages hold V as f16, so P is f16.
 // kWholeQuery: a warpgroup's scores read all 512 dims (else the 256 of its half, its Q rows r and
 // r ^ 8 swapped in warpgroup 2, see LockstepXch). Either way it accumulates P.V over its half.
 template <int kStages, bool kF16, bool kWholeQuery>
 struct ConsumerCore {
   static constexpr int kPSteps = kTileColumns / 16;  // k16 steps of P.V
-  static constexpr int kScoreSteps = (kWholeQuery ? 512 : 256) / 16;
+  static_assert(!kF16 || kWholeQuery, "e4m3 scores read the whole query");
+  static constexpr int kScoreSteps = (kWholeQuery ? 512 : 256) / (kF16 ? 32 : 16);
   int half, tid, warp, lane;
   uint64_t q_desc, k_desc, v_desc;  // Q, K and V of stage 0 as this warpgroup reads them
   uint64_t *full, *empty;
@@ -30,7 +34,10 @@ struct ConsumerCore {
     const uint32_t kv_half = ptx::smem_addr(smem + Smem::kv) + half * 4 * kKvChunkBytes;
     q_desc = ptx::sw128_desc(
         ptx::smem_addr(smem + Smem::q + (kWholeQuery ? 0 : half * 4 * kQChunkBytes)), 16, 1024);
-    k_desc = ptx::sw128_desc(kv_half - (kWholeQuery ? half * 4 * kKvChunkBytes : 0), 16, 1024);
+    // kF16: the raw tiles' base; issue_scores adds the tile's raw_offset.
+    k_desc = ptx::sw128_desc(kF16 ? ptx::smem_addr(smem)
+                                  : kv_half - (kWholeQuery ? half * 4 * kKvChunkBytes : 0),
+                             16, 1024);
     v_desc = ptx::sw128_desc(kv_half, kKvChunkBytes, 1024);
     full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
     empty = full + kStages;
@@ -66,11 +73,28 @@ struct ConsumerCore {
     }
   }
 
-  // This warpgroup's 256 dims of the query's 64 rows as bf16 (an e4m3 query: f16, exactly);
-  // rows past the live heads are zeros, stored plainly: zero-fill copies would hold the
-  // load/store unit that issues the first tile's copies (2 x 2 H=64: -1%). wait_query completes
-  // it.
+  // This warpgroup's 256 dims of the query's 64 rows as bf16 (an e4m3 query: as it is, the
+  // scores' e4m3 wgmma read it); rows past the live heads are zeros, stored plainly: zero-fill
+  // copies would hold the load/store unit that issues the first tile's copies (2 x 2 H=64: -1%).
+  // wait_query completes it.
   __device__ __forceinline__ void load_query(const DecodeParams& p, const Work& w, uint8_t* smem) {
+    if constexpr (kF16) {  // 64 rows x 512 e4m3 in four chunks of 128 dims, 8 bytes a copy
+      for (int i = tid; i < kMmaRows * 32; i += 128) {
+        const int row = i / 32, piece = half * 32 + i % 32, unit = piece / 2;
+        uint8_t* dst = smem + Smem::q + (unit / 8) * kQChunkBytes + swizzle(row, unit % 8) +
+                       8 * (piece % 2);
+        if (row < w.live_heads)
+          ptx::cp_async_8(ptx::smem_addr(dst),
+                          static_cast<const uint8_t*>(p.query) +
+                              int64_t(w.token) * p.q_token_stride +
+                              int64_t(w.head0 + row) * p.q_head_stride + piece * 8,
+                          true);
+        else
+          *reinterpret_cast<uint2*>(dst) = make_uint2(0, 0);
+      }
+      ptx::cp_async_commit();
+      return;
+    }
     uint8_t* q_half = smem + Smem::q + half * 4 * kQChunkBytes;
     for (int i = tid; i < kMmaRows * 32; i += 128) {
       const int row = i / 32, unit = i % 32;
@@ -79,12 +103,7 @@ struct ConsumerCore {
       const int64_t at = int64_t(w.token) * p.q_token_stride +
                          int64_t(w.head0 + head_row) * p.q_head_stride + half * 256 + unit * 8;
       uint8_t* dst = q_half + (unit / 8) * kQChunkBytes + swizzle(row, unit % 8);
-      if constexpr (kF16) {
-        const uint2 v =
-            live ? __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.query) + at))
-                 : make_uint2(0, 0);
-        *reinterpret_cast<uint4*>(dst) = e4m3x8_to<true>(v.x, v.y, 1.f);
-      } else if (live) {
+      if (live) {
         ptx::cp_async_16(ptx::smem_addr(dst), static_cast<const __nv_bfloat16*>(p.query) + at,
                          true);
       } else {
@@ -122,16 +141,22 @@ struct ConsumerCore {
     }
   }
 
-  // Issues the scores of the tile in `stage` (this warpgroup's dims).
-  __device__ __forceinline__ void issue_scores(float (&s)[kScores], int stage) {
-    const uint64_t k_stage = k_desc + ptx::desc_offset(stage * kTileBytes);
+  // Issues the scores of the tile in `buffer`, a stage (kF16: a raw buffer), over this
+  // warpgroup's dims. A k step is 32 bytes of a 128-byte swizzled row either way.
+  __device__ __forceinline__ void issue_scores(float (&s)[kScores], int buffer) {
+    const uint64_t k_tile =
+        k_desc + ptx::desc_offset(kF16 ? raw_offset<KvLayout::fp8_e4m3, true>(buffer)
+                                       : buffer * kTileBytes);
     ptx::fence_operands(s);
     ptx::wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kScoreSteps; ++k) {
       const uint64_t a = q_desc + ptx::desc_offset((k / 4) * kQChunkBytes + (k % 4) * 32);
-      const uint64_t b = k_stage + ptx::desc_offset((k / 4) * kKvChunkBytes + (k % 4) * 32);
-      ptx::wgmma_m64n32k16_ss<kF16>(s, a, b, k > 0);
+      const uint64_t b = k_tile + ptx::desc_offset((k / 4) * kKvChunkBytes + (k % 4) * 32);
+      if constexpr (kF16)
+        ptx::wgmma_m64n32k32_ss_e4m3(s, a, b, k > 0);
+      else
+        ptx::wgmma_m64n32k16_ss(s, a, b, k > 0);
     }
     ptx::wgmma_commit();
   }

@@ -1,9 +1,10 @@
 // The sm_90a sparse MLA decode kernel. One CTA = up to 64 heads of one token x one slice of
 // its columns. Warpgroup 0 gathers KV rows into 128B-swizzled shared memory as bf16 (f16 for
-// an e4m3 cache with an e4m3 query), a few tiles ahead (cp.async for bf16 caches; fp8 records
-// are copied raw, then converted); warpgroups 1 and 2 compute the scores, the online softmax
-// and P.V with wgmma, each accumulating half of the output dims: in lockstep over every tile
-// (bf16 split plans) or as a seesaw over alternate tiles (fp8 caches, bf16 unsplit plans).
+// an e4m3 cache with an e4m3 query, whose scores read the raw records), a few tiles ahead
+// (cp.async for bf16 caches; fp8 records are copied raw, then converted); warpgroups 1 and 2
+// compute the scores, the online softmax and P.V with wgmma, each accumulating half of the
+// output dims: in lockstep over every tile (bf16 split plans) or as a seesaw over alternate tiles
+// (fp8 caches, bf16 unsplit plans).
 // Splits of a row are reduced in the same launch: through distributed shared memory by the
 // row's cluster, or by the last CTA to arrive on the row's counter (SPEC §3).
 #pragma once
@@ -11,6 +12,7 @@
 
 #include "cuda/decode_epilogue.cuh"
 #include "cuda/decode_lockstep.cuh"
+#include "cuda/decode_producer.cuh"
 #include "cuda/decode_seesaw.cuh"
 
 namespace smla::cuda {
@@ -62,7 +64,8 @@ constexpr int kConsumerRegs =
 
 // kTopk: the launch reads TopkColumns. Only the consumers' staging is compiled per source; the
 // producer tests p.topk at run time (compiling it out too measured slower: docs/kernel.md).
-// kF16: an e4m3 cache with an e4m3 query, computed in f16 (one conversion per two values).
+// kF16: an e4m3 cache with an e4m3 query: scores by e4m3 wgmma, P.V in f16 (one conversion per
+// two values).
 // kQueryTma: a bf16 query by TMA from p.q_map, and no split reduction compiled in: dispatched
 // for unsplit plans of 64 heads a CTA, where it measured faster (docs/kernel.md).
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
@@ -97,6 +100,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbar_init(&bars[kStages<L> + s], 256);  // empty: every consumer thread
     }
     ConsumerOf<L, kF16, kQueryTma>::init_barriers(bars);
+    if constexpr (kF16)
+      for (int i = 0; i < RawTile<L, true>::kBuffers; ++i)
+        ptx::mbar_init(&raw_bars<L>(smem)[i], 128);
     ptx::mbar_init_fence();
   }
   __syncthreads();

@@ -32,13 +32,17 @@ static_assert(kStages<KvLayout::bf16> <= kMaxStages && kStages<KvLayout::fp8_e4m
 
 // A tile of fp8 rows as copied from the pool: 32 records 576 B apart (64 mod 128, so a warp's
 // 16-byte reads of 8 rows x 4 lanes spread over all bank groups), then fp8_ds_mla's scale
-// bytes, one 8-byte copy per lane.
-template <KvLayout L>
+// bytes, one 8-byte copy per lane. kF16 (an e4m3 cache with an e4m3 query): the scores' wgmma
+// read the records where they land, so a raw tile is 128B-swizzled like a stage (four chunks of
+// 32 rows x 128 dims) and lives until its scores are done: four buffers (raw_offset).
+template <KvLayout L, bool kF16 = false>
 struct RawTile {
-  static constexpr int kBuffers = L == KvLayout::bf16 ? 0 : 2;
+  static constexpr int kBuffers = L == KvLayout::bf16 ? 0 : kF16 ? 4 : 2;
   static constexpr int kPitch = kDsMlaRecordBytes;
   static constexpr int kScales = kTileColumns * kPitch;  // offset of the scale copies
-  static constexpr int kBytes = kScales + (L == KvLayout::fp8_ds_mla ? kTileColumns * 4 * 8 : 0);
+  static constexpr int kBytes =
+      kF16 ? 4 * kKvChunkBytes
+           : kScales + (L == KvLayout::fp8_ds_mla ? kTileColumns * 4 * 8 : 0);
 };
 
 // Where the lockstep consumer's warpgroups exchange a tile's rows (offsets into Smem::xch). A
@@ -86,6 +90,28 @@ struct Smem {  // byte offsets from a 1024-aligned base
   template <KvLayout L>
   static constexpr int end = raw<L> + RawTile<L>::kBuffers * RawTile<L>::kBytes;
 };
+// Raw buffer i of the tile loop. kF16: buffers 0 and 1 where the others' two go, then that
+// region's barriers (raw_bars), buffers 2 and 3 in the upper half of the query's space, which an
+// e4m3 query (32 KiB) leaves free.
+template <KvLayout L, bool kF16>
+__device__ __forceinline__ int raw_offset(int i) {
+  constexpr int kBytes = RawTile<L, kF16>::kBytes;
+  if constexpr (kF16)
+    return i < 2 ? Smem::raw<L> + i * kBytes : Smem::q + 4 * kQChunkBytes + (i - 2) * kBytes;
+  else
+    return Smem::raw<L> + i * kBytes;
+}
+// kF16: raw buffer i is free again once its tile's scores are done (128 arrivals: the
+// warpgroup that computed them).
+template <KvLayout L>
+__device__ __forceinline__ uint64_t* raw_bars(uint8_t* smem) {
+  return reinterpret_cast<uint64_t*>(smem + Smem::raw<L> + 2 * RawTile<L, true>::kBytes);
+}
+static_assert(2 * RawTile<KvLayout::fp8_e4m3, true>::kBytes + 4 * 8 <=
+                  RawTile<KvLayout::fp8_e4m3>::kBuffers * RawTile<KvLayout::fp8_e4m3>::kBytes,
+              "kF16's first two raw buffers and their barriers fit in the raw region");
+static_assert(4 * kQChunkBytes + 2 * RawTile<KvLayout::fp8_e4m3, true>::kBytes == Smem::xch,
+              "kF16's last two raw buffers fill the query's upper half");
 static_assert(Smem::xch_bytes + kMaxTopk * 4 <= Smem::combine_bytes,
               "the staged top-k offsets fit where the combine goes");
 // The epilogue stages bf16 O rows from Smem::kv on (decode_epilogue.cuh); the pad spreads a

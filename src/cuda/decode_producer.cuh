@@ -1,6 +1,6 @@
 // The decode kernel's producer warpgroup: gathers each tile's KV rows into shared memory as
-// bf16 whatever the cache layout (f16 in the kF16 kernels), so the consumers run one 16-bit
-// wgmma path.
+// bf16 whatever the cache layout (f16 in the kF16 kernels, whose scores read the raw e4m3
+// tiles), so the consumers' P.V runs one 16-bit wgmma path.
 #pragma once
 #include <cuda_fp8.h>
 
@@ -163,20 +163,33 @@ __device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi, float scale
 // kChunksPerLane. Chunk c below kFp8Chunks holds dims 16c.. as e4m3 (fp8_ds_mla: scale group
 // c / 4 = k); the rest (fp8_ds_mla) hold the RoPE dims as bf16, 8 per chunk. Each lane reads
 // back only what it copied itself, so cp.async.wait_group is all the synchronisation needed.
-template <KvLayout L>
+// kF16: the raw tile is laid out for the scores' e4m3 wgmma (RawTile), and converted to f16.
+template <KvLayout L, bool kF16>
 struct Fp8Rows {
-  using Raw = RawTile<L>;
+  using Raw = RawTile<L, kF16>;
   static constexpr int kFp8Chunks = (L == KvLayout::fp8_ds_mla ? kNopeDim : kHeadDim) / 16;
   static constexpr int kChunksPerLane = (kFp8Chunks + (kHeadDim - 16 * kFp8Chunks) / 8) / 4;
   static_assert(kFp8Chunks % 4 == 0, "a k's chunks are all e4m3 or all bf16");
 
+  // Where chunk c of `row` lies in a raw tile: chunk_at(row, c) bytes past row_start(row).
+  // (*) copy spells the pitched case out: through chunk_at ptxas allocates the fp8_ds_mla
+  // kernel's registers differently (its SASS then differs from the unchanged code's).
+  static __device__ __forceinline__ int row_start(int row) { return kF16 ? 0 : row * Raw::kPitch; }
+  static __device__ __forceinline__ int chunk_at(int row, int c) {
+    if constexpr (kF16)
+      return (c / 8) * kKvChunkBytes + swizzle(row, c % 8);
+    else
+      return 16 * c;
+  }
+
   // This lane's part of `src`'s record (zeros when not attended) into raw buffer `raw`.
   static __device__ __forceinline__ void copy(const RowSource& src, uint8_t* raw, int row,
                                               int part) {
-    const uint32_t dst = ptx::smem_addr(raw + row * Raw::kPitch);
+    const uint32_t dst = ptx::smem_addr(raw + row_start(row));
 #pragma unroll
     for (int k = 0; k < kChunksPerLane; ++k)
-      ptx::cp_async_16(dst + 16 * (part + 4 * k), src.record + 16 * (part + 4 * k), src.valid);
+      ptx::cp_async_16(dst + (kF16 ? chunk_at(row, part + 4 * k) : 16 * (part + 4 * k)),
+                       src.record + 16 * (part + 4 * k), src.valid);  // (*)
     if constexpr (L == KvLayout::fp8_ds_mla)
       ptx::cp_async_8(ptx::smem_addr(raw + Raw::kScales + (row * 4 + part) * 8), src.scales,
                       src.valid);
@@ -184,17 +197,16 @@ struct Fp8Rows {
 
   // The row as bf16 (kF16: f16) 16-byte units into the 128B-swizzled chunks of the stage at
   // `dst`.
-  template <bool kF16>
   static __device__ __forceinline__ void convert(const uint8_t* raw, uint8_t* dst, int row,
                                                  int part) {
-    const uint8_t* src = raw + row * Raw::kPitch;
+    const uint8_t* src = raw + row_start(row);
     uint2 scales = make_uint2(0, 0);
     if constexpr (L == KvLayout::fp8_ds_mla)
       scales = *reinterpret_cast<const uint2*>(raw + Raw::kScales + (row * 4 + part) * 8);
 #pragma unroll
     for (int k = 0; k < kChunksPerLane; ++k) {
       const int c = part + 4 * k;
-      const uint4 v = *reinterpret_cast<const uint4*>(src + 16 * c);
+      const uint4 v = *reinterpret_cast<const uint4*>(src + chunk_at(row, c));
       if (4 * k < kFp8Chunks) {
         float scale = 1.f;
         if constexpr (L == KvLayout::fp8_ds_mla) {
@@ -264,33 +276,36 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
 }
 
 // fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage.
+// kF16: a raw buffer is copied into again once the consumers' scores of its tile are done.
 template <KvLayout L, bool kF16>
 __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w, uint8_t* smem,
                                             IndexPipe& indices) {
-  constexpr int kStagesL = kStages<L>;
-  using Rows = Fp8Rows<L>;
+  constexpr int kStagesL = kStages<L>, kRaws = RawTile<L, kF16>::kBuffers;
+  using Rows = Fp8Rows<L, kF16>;
   const int row = producer_row(), part = threadIdx.x % 4;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
   uint64_t* empty = full + kStagesL;
-  uint8_t* raw = smem + Smem::raw<L>;
+  const auto raw_buffer = [smem](int i) { return smem + raw_offset<L, kF16>(i); };
   if (w.tile_begin >= w.tile_end) return;
   RowSource src =
       row_source(p, w, w.tile_begin * kTileColumns + row, indices.pop(p, w, smem, w.tile_begin));
-  Rows::copy(src, raw, row, part);
+  Rows::copy(src, raw_buffer(0), row, part);
   ptx::cp_async_commit();
   int n = 0;
   for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
     const bool valid = src.valid;
     if (tile + 1 < w.tile_end) {
       src = row_source(p, w, (tile + 1) * kTileColumns + row, indices.pop(p, w, smem, tile + 1));
-      Rows::copy(src, raw + (n + 1) % 2 * RawTile<L>::kBytes, row, part);
+      if constexpr (kF16)
+        if (n + 1 >= kRaws)
+          ptx::mbar_wait(&raw_bars<L>(smem)[(n + 1) % kRaws], ((n + 1) / kRaws - 1) & 1);
+      Rows::copy(src, raw_buffer((n + 1) % kRaws), row, part);
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // tile n's copies have landed
     const int stage = n % kStagesL;
     if (n >= kStagesL) ptx::mbar_wait(&empty[stage], ((n / kStagesL) - 1) & 1);
-    Rows::template convert<kF16>(raw + n % 2 * RawTile<L>::kBytes,
-                                 smem + Smem::kv + stage * kTileBytes, row, part);
+    Rows::convert(raw_buffer(n % kRaws), smem + Smem::kv + stage * kTileBytes, row, part);
     ptx::fence_proxy_async();  // st.shared, then wgmma reads
     ptx::mbar_arrive(&full[stage]);
     publish_flag(smem, &full[stage], stage, row, part, valid);

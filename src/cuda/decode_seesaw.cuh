@@ -18,6 +18,7 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
   using Core = ConsumerCore<kStages, kF16, true>;
   using Core::empty, Core::full, Core::half, Core::lane, Core::mask, Core::o, Core::pack,
       Core::row_max, Core::row_sum, Core::tid, Core::warp, Core::xch;
+  static constexpr int kRawBuffers = RawTile<KvLayout::fp8_e4m3, true>::kBuffers;  // kF16
   // row_max[r] is the base of o and of row_sum, the sum of this warpgroup's own tiles' P.
   int held = -1;  // my last tile: its stage goes back once its P.V is done
   // The P handover, per writer h: [h] its P is in SeesawXch, [2 + h] the partner has read it.
@@ -65,9 +66,13 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
     if (own) {
       ptx::mbar_wait(&full[n % kStages], (n / kStages) & 1);
       ptx::fence_proxy_async();
-      this->issue_scores(s, n % kStages);
+      this->issue_scores(s, n % (kF16 ? kRawBuffers : kStages));
     }
     ptx::wgmma_wait<0>();
+    if constexpr (kF16)  // the tile's raw buffer is free for the producer (full is Smem::bars)
+      if (own)
+        ptx::mbar_arrive(&raw_bars<KvLayout::fp8_e4m3>(reinterpret_cast<uint8_t*>(full) -
+                                                       Smem::bars)[n % kRawBuffers]);
 
     // The partner's P of tile n - 1, and the base it is relative to.
     uint32_t their_pa[Core::kPSteps][4];

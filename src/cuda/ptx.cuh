@@ -202,20 +202,29 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
     STMT("bf16");                   \
   }
 
-// D[64x32] (+)= A[64x16] * B[32x16]^T, A and B K-major in shared memory.
-template <bool kF16>
+// D[64x32] (+)= A[64x16] * B[32x16]^T in bf16, A and B K-major in shared memory.
 __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t a, uint64_t b,
                                                    bool accumulate) {
-#define SMLA_STMT(T)                                                                \
-  asm volatile(                                                                     \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                  \
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32." T "." T " "                     \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "    \
-      "%16, %17, p, 1, 1, 0, 0;\n}\n"                                               \
-      : SMLA_F16(0)                                                                 \
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)))
-  SMLA_WGMMA_TYPE(kF16, SMLA_STMT)
-#undef SMLA_STMT
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : SMLA_F16(0)
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+// D[64x32] (+)= A[64x32] * B[32x32]^T in e4m3, A and B K-major in shared memory (fp8 wgmma
+// take no other major-ness).
+__device__ __forceinline__ void wgmma_m64n32k32_ss_e4m3(float (&d)[16], uint64_t a, uint64_t b,
+                                                        bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1;\n}\n"
+      : SMLA_F16(0)
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
 }
 
 // D[64x256] += A[64x16] * B[16x256], A in registers (two elements per word), B N-major in

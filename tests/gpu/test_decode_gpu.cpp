@@ -97,7 +97,8 @@ TEST(GpuDecode, ClusterSplitsOfEverySize) {
 
 // Plans without splits (no clusters, no split buffers: SPEC §3's fallback), where bf16 caches
 // read the query by TMA: every head count, padded output heads, rows attending nothing, against
-// the oracle and the CPU.
+// the oracle and the CPU. fp8 caches too: a CTA's 20 tiles cycle the e4m3 kernel's four raw
+// buffers five times (their scores read them in place).
 TEST(GpuDecode, UnsplitPlansAgainstOracleAndCpu) {
   SKIP_WITHOUT_GPU();
   const CountersOnly counters_only;
@@ -114,6 +115,15 @@ TEST(GpuDecode, UnsplitPlansAgainstOracleAndCpu) {
     check_against_oracle_and_cpu(spec, 0, 0);
     if (HasFailure()) return;
   }
+  const std::pair<KvLayout, DType> fp8[] = {{KvLayout::fp8_e4m3, DType::f8e4m3},
+                                            {KvLayout::fp8_ds_mla, DType::bf16}};
+  for (const auto& [layout, query] : fp8)
+    for (int h : {16, 64, 128}) {
+      check_against_oracle_and_cpu({.layout = layout, .query_dtype = query, .heads = h,
+                                    .requests = 3, .max_q = 3, .compressed_width = 512},
+                                   0, 0);
+      if (HasFailure()) return;
+    }
 }
 
 // Query views a TMA map cannot describe (heads in reverse order: a negative head stride) or
