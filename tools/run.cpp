@@ -19,9 +19,9 @@ namespace {
 
 // Relative to the row's largest value: bf16 output rounding is 2^-9, float32 sums add little.
 // Per-tensor fp8 on CUDA computes its scores with e4m3 wgmma, which accumulate with about 14
-// bits: up to 9.6e-3 measured (docs/decode.md).
+// bits: up to 1.25e-2 measured (docs/decode.md); the GPU tests' fp8 tolerance, 3e-2, then.
 double tolerance(KvLayout kv, const Device& device) {
-  return kv == KvLayout::fp8_e4m3 && device.kind == DeviceKind::cuda ? 2e-2 : 1e-2;
+  return kv == KvLayout::fp8_e4m3 && device.kind == DeviceKind::cuda ? 3e-2 : 1e-2;
 }
 constexpr int kGraphReplays = 30;
 
