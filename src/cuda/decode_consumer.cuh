@@ -21,7 +21,8 @@ struct ConsumerCore {
   static_assert(!kF16 || kWholeQuery, "e4m3 scores read the whole query");
   static constexpr int kScoreSteps = (kWholeQuery ? 512 : 256) / (kF16 ? 32 : 16);
   int half, tid, warp, lane;
-  uint64_t q_desc, k_desc, v_desc;  // Q, K and V of stage 0 as this warpgroup reads them
+  // Q, K and V of stage 0 as this warpgroup reads them (kF16: K from the shared-memory base).
+  uint64_t q_desc, k_desc, v_desc;
   uint64_t *full, *empty;
   uint8_t* xch;
   const uint8_t* mask;
