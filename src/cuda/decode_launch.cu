@@ -31,7 +31,7 @@ PoolParams pool_params(const KvPool& pool, const char* name) {
   p.token_stride_bytes = pool.token_stride_bytes;
   p.block_stride_bytes = pool.block_stride_bytes;
   p.rows = uint32_t(std::min<int64_t>(pool.rows(), INT32_MAX));  // offsets are int32
-  p.span = uint32_t(pool.span);
+  p.span = FastDiv(uint32_t(pool.span));
   p.block_size = uint32_t(pool.block_size);
   require(pool.block_size * kDsMlaRecordBytes <= UINT32_MAX, name,
           "pages of at most 2^32 bytes on CUDA", std::to_string(pool.block_size) + " rows a page");

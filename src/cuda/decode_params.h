@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/fast_div.h"
+
 namespace smla::cuda {
 
 // Row geometry of one KV pool (see core/problem.h KvPool); 32-bit where offsets are int32.
@@ -13,7 +15,7 @@ struct PoolParams {
   int64_t token_stride_bytes;
   int64_t block_stride_bytes;
   uint32_t rows;        // num_blocks * span, clamped to 2^31
-  uint32_t span;
+  FastDiv span;
   uint32_t block_size;
   uint32_t scales_offset_bytes;  // fp8_ds_mla: where a page's scale records start
 };

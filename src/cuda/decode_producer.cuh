@@ -68,7 +68,7 @@ __device__ __forceinline__ void stage_topk(const DecodeParams& p, int token, int
           x[b] < 0  ? x[b]
           : !paged ? -1
                    : rules::page_offset(page_id[b], uint32_t(x[b]) % entries, entries,
-                                        p.compressed.span);
+                                        p.compressed.span.divisor);
     }
   }
   ptx::named_arrive(kStageBarrier, kThreads);
@@ -124,24 +124,22 @@ __device__ __forceinline__ RowSource row_source(const DecodeParams& p, const Wor
   const bool swa = col < p.window;
   const PoolParams& pool = swa ? p.swa : p.compressed;
   RowSource r;
+  const uint32_t page_id = pool.span.div(uint32_t(offset));
+  const uint32_t slot = uint32_t(offset) - page_id * pool.span.divisor;
   r.valid = col < w.topk_len && (!swa || col < w.swa_len) && offset >= 0 &&
-            uint32_t(offset) < pool.rows && uint32_t(offset) % pool.span < pool.block_size;
+            uint32_t(offset) < pool.rows && slot < pool.block_size;
   r.record = r.scales = pool.base;
   if (r.valid) {
-    const int64_t page = int64_t(uint32_t(offset) / pool.span) * pool.block_stride_bytes;
-    const uint32_t slot = uint32_t(offset) % pool.span;
+    const int64_t page = int64_t(page_id) * pool.block_stride_bytes;
     r.record += page + int64_t(slot) * pool.token_stride_bytes;
     r.scales += page + pool.scales_offset_bytes + slot * kDsMlaScaleBytes;
   }
   return r;
 }
 
-// Eight e4m3 values (two words) -> eight f16 (kF16; exact), or times a power of two -> eight
-// bf16 (16 bytes): exact unless the product leaves bf16's range: above it inf, below 2^-133
-// (UE8M0 bytes 0..2 with e4m3 subnormals) rounded to a bf16 subnormal or 0, where the CPU's
-// float64 keeps the value.
+// Eight e4m3 values (two words) -> eight f16 (kF16; exact) or eight bf16 (16 bytes).
 template <bool kF16>
-__device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi, float scale) {
+__device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi) {
   uint32_t out[4];
   const uint32_t words[2] = {lo, hi};
 #pragma unroll
@@ -152,9 +150,45 @@ __device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi, float scale
       out[i] = uint32_t(h.x) | uint32_t(h.y) << 16;
     } else {
       const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-      __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+      __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
       out[i] = *reinterpret_cast<uint32_t*>(&b);
     }
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// A UE8M0 byte u as the bf16 factor of e4m3x8_scaled: 2^(u - 7), or where that is past bf16
+// (u > kOneFactor) 2^127 and then `second` = 2^(u - 134) (inf for u = 255, as ue8m0_to_float).
+constexpr uint32_t kOneFactor = 134;
+struct Bf16Scale {
+  uint32_t first, second;  // bf16x2 bits, the factor in both halves
+};
+__device__ __forceinline__ Bf16Scale bf16_scale(uint32_t u) {
+  const bool big = u > kOneFactor;
+  const uint32_t both = 0x00800080u;  // 1 in both halves' exponent fields
+  return {big ? 0x7f007f00u : (u + 120) * both,
+          !big ? 0x3f803f80u : u == 255 ? 0x7f807f80u : (u - 7) * both};
+}
+
+// Eight e4m3 values (two words) times 2^(u - 127) -> eight bf16, in bf16 arithmetic: a byte's
+// sign and low seven bits moved to bits 15 and 4..10 of a half are the bf16 of its value times
+// 2^-120 (subnormals included), so one bf16 multiply rounds value * 2^(u - 127) once, as
+// rounding the exact float product would: exact unless it leaves bf16's range (above it inf;
+// below 2^-133, UE8M0 bytes 0..2 with e4m3 subnormals, a bf16 subnormal or 0, where the CPU's
+// float64 keeps the value). The NaN codes 0x7F / 0xFF read as +-480 (on the CPU NaN); the
+// quantizers never write them.
+template <bool kTwice>
+__device__ __forceinline__ uint4 e4m3x8_scaled(uint32_t lo, uint32_t hi, const Bf16Scale& s) {
+  uint32_t out[4];
+  const uint32_t words[2] = {lo, hi};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t x = __byte_perm(words[i / 2], 0, i % 2 ? 0x4342 : 0x4140);  // 0 b 0 a
+    const uint32_t bits = (x + 15 * (x & 0x00800080u)) << 4;  // sign from bit 7 to bit 15
+    __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits),
+                               *reinterpret_cast<const __nv_bfloat162*>(&s.first));
+    if constexpr (kTwice) v = __hmul2(v, *reinterpret_cast<const __nv_bfloat162*>(&s.second));
+    out[i] = *reinterpret_cast<uint32_t*>(&v);
   }
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
@@ -199,25 +233,43 @@ struct Fp8Rows {
   // `dst`.
   static __device__ __forceinline__ void convert(const uint8_t* raw, uint8_t* dst, int row,
                                                  int part) {
+    if constexpr (L == KvLayout::fp8_ds_mla) {
+      const uint2 scales =
+          *reinterpret_cast<const uint2*>(raw + Raw::kScales + (row * 4 + part) * 8);
+      constexpr uint32_t kLimit = kOneFactor * 0x01010101u;
+      const bool big =
+          (__vcmpgtu4(scales.x, kLimit) | (__vcmpgtu4(scales.y, kLimit) & 0xffffffu)) != 0;
+      // Rare: the warp takes a second copy of the code with two multiplies a value, so that
+      // the usual one stays straight-line.
+      if (__any_sync(~0u, big))
+        convert_as<true>(raw, dst, row, part, scales);
+      else
+        convert_as<false>(raw, dst, row, part, scales);
+    } else {
+      convert_as<false>(raw, dst, row, part, make_uint2(0, 0));
+    }
+  }
+
+  template <bool kTwice>
+  static __device__ __forceinline__ void convert_as(const uint8_t* raw, uint8_t* dst, int row,
+                                                    int part, uint2 scales) {
     const uint8_t* src = raw + row_start(row);
-    uint2 scales = make_uint2(0, 0);
-    if constexpr (L == KvLayout::fp8_ds_mla)
-      scales = *reinterpret_cast<const uint2*>(raw + Raw::kScales + (row * 4 + part) * 8);
 #pragma unroll
     for (int k = 0; k < kChunksPerLane; ++k) {
       const int c = part + 4 * k;
       const uint4 v = *reinterpret_cast<const uint4*>(src + chunk_at(row, c));
       if (4 * k < kFp8Chunks) {
-        float scale = 1.f;
-        if constexpr (L == KvLayout::fp8_ds_mla) {
-          scale = ue8m0_to_float(uint8_t((k < 4 ? scales.x : scales.y) >> (8 * (k % 4))));
-        }
         const int unit = 2 * c;
         uint8_t* chunk = dst + (unit / 8) * kKvChunkBytes;
-        *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8)) =
-            e4m3x8_to<kF16>(v.x, v.y, scale);
-        *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8 + 1)) =
-            e4m3x8_to<kF16>(v.z, v.w, scale);
+        uint4 a, b;
+        if constexpr (L == KvLayout::fp8_ds_mla) {
+          const Bf16Scale s = bf16_scale((k < 4 ? scales.x : scales.y) >> (8 * (k % 4)) & 0xff);
+          a = e4m3x8_scaled<kTwice>(v.x, v.y, s), b = e4m3x8_scaled<kTwice>(v.z, v.w, s);
+        } else {
+          a = e4m3x8_to<kF16>(v.x, v.y), b = e4m3x8_to<kF16>(v.z, v.w);
+        }
+        *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8)) = a;
+        *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8 + 1)) = b;
       } else {
         const int unit = 2 * kFp8Chunks + (c - kFp8Chunks);
         *reinterpret_cast<uint4*>(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8)) = v;
