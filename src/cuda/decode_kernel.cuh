@@ -53,7 +53,7 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
 
 // The producer needs a few more registers when it converts fp8 rows.
 template <KvLayout L>
-constexpr int kProducerRegs = L == KvLayout::bf16 ? 40 : 56;
+constexpr int kProducerRegs = L == KvLayout::bf16 ? 40 : L == KvLayout::fp8_e4m3 ? 56 : 80;
 // setmaxnreg only moves registers within the CTA's launch allocation (168 a thread at 384
 // threads): a consumer asking for more than the producer gave back waits forever.
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
