@@ -137,7 +137,7 @@ __device__ __forceinline__ RowSource row_source(const DecodeParams& p, const Wor
   return r;
 }
 
-// Eight e4m3 values (two words) -> eight f16 (kF16; exact) or eight bf16 (16 bytes).
+// Eight per-tensor e4m3 values (two words) -> eight f16 (kF16) or eight bf16 (16 bytes), exact.
 template <bool kF16>
 __device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi) {
   uint32_t out[4];
@@ -158,8 +158,9 @@ __device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi) {
 }
 
 // A UE8M0 byte u as the bf16 factor of e4m3x8_scaled: 2^(u - 7), or where that is past bf16
-// (u > kOneFactor) 2^127 and then `second` = 2^(u - 134) (inf for u = 255, as ue8m0_to_float).
-constexpr uint32_t kOneFactor = 134;
+// (u > kOneFactor, the largest u whose 2^(u - 7) is a bf16) 2^127 and then `second` =
+// 2^(u - 134) (inf for u = 255, as ue8m0_to_float).
+constexpr uint32_t kOneFactor = 127 + 7;
 struct Bf16Scale {
   uint32_t first, second;  // bf16x2 bits, the factor in both halves
 };
