@@ -2,10 +2,11 @@
 # Everything GPU-side in one call on the GPU machine: GPU tests, compute-sanitizer on small
 # cases, the decode benchmark and the copy probe, the main job on CUDA, the step benchmark, the
 # Python package; a short table last. Full logs go to $OUT (or ./gpu-out), at most 8 files:
-# build.log, tests.log (tests and sanitizers), bench.log (benchmark and probe), bench.csv,
-# run.log, step.log, step.csv, python.log. Uses a carried build dir (default build-cuda) or
-# builds one.
-#   scripts/gpu_check.sh [tests] [sanitize] [bench] [probe] [run] [step] [python]   (default: all)
+# build.log, tests.log (tests and sanitizers), bench.log (benchmark, probe and profile),
+# bench.csv, run.log, step.log, step.csv, python.log. Uses a carried build dir (default
+# build-cuda) or builds one.
+#   scripts/gpu_check.sh [tests] [sanitize] [bench] [probe] [profile] [run] [step] [python]
+#   (default: all but profile)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${SMLA_BUILD:-build-cuda}
@@ -51,6 +52,14 @@ for step in $steps; do
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter ;;
     bench) run_step bench bench.log timeout -s KILL 300 "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
     probe) run_step probe bench.log timeout -s KILL 120 "$BUILD/smla_copy_probe" ;;
+    profile)  # Nsight Compute's warp samples per instruction, one launch a layout at 128 x 2
+      for kv in bf16 fp8_ds_mla fp8_e4m3; do
+        run_step "ncu $kv" bench.log bash -c "ncu --clock-control none -k regex:decode_kernel \
+          --launch-skip 4 --launch-count 1 --section SourceCounters --section WarpStateStats \
+          -o '$OUT/profile' -f '$BUILD/smla_bench' --kv $kv --shape 64:128:2:512 >/dev/null &&
+          ncu -i '$OUT/profile.ncu-rep' --page source --csv --print-source sass >'$OUT/profile.csv' &&
+          scripts/ncu_stalls.py '$OUT/profile.csv'; rc=\$?; rm -f '$OUT'/profile.*; exit \$rc"
+      done ;;
     run)
       run_step info run.log "$BUILD/smla" info
       run_step run run.log "$BUILD/smla" run --device cuda --requests 64 --mtp 2 --context 16384 --check 4
@@ -61,7 +70,7 @@ for step in $steps; do
       run_step step step.log "$BUILD/smla_step_bench" --csv "$OUT/step.csv" ;;
     python)  # builds the package with CUDA here (wheels it lacks come from a carried .whl/)
       run_step python python.log env SMLA_PYTHON_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 scripts/python_test.sh ;;
-    *) echo "unknown step '$step' (tests sanitize bench probe run step python)"; exit 2 ;;
+    *) echo "unknown step '$step' (tests sanitize bench probe profile run step python)"; exit 2 ;;
   esac
 done
 
