@@ -13,9 +13,9 @@ struct FastDiv {
   uint32_t shift = 0;
 
   FastDiv() = default;
-  // magic = ceil(2^(31 + l) / d), l = ceil(log2 d): exact for every x < 2^31 (the rounding
-  // error of magic, under d / 2^(31 + l) <= 2^-31 per unit of x, never reaches the next
-  // multiple of d).
+  // magic = ceil(2^(31 + l) / d), l = ceil(log2 d): exact for every x < 2^31. magic exceeds
+  // 2^(31 + l) / d by less than 1, so x * magic / 2^(31 + l) exceeds x / d by less than
+  // x / 2^(31 + l) < 2^-l <= 1 / d, which never carries past the next integer.
   explicit FastDiv(uint32_t d) : divisor(d) {
     if (d <= 1) return;
     uint32_t l = 0;
