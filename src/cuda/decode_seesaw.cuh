@@ -52,6 +52,66 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
     for (int n = half; tiles > 0 && n <= tiles; n += 2) step(n, tiles, p);
   }
 
+  // The partner's P of its tile n - 1 (A-operand words) and the bases it is relative to.
+  __device__ __forceinline__ void take_partner_p(int n, uint32_t (&their_pa)[Core::kPSteps][4],
+                                                 float (&theirs)[2]) {
+    ptx::mbar_wait(&handover[1 - half], ((n - 1) / 2) & 1);  // its ((n - 1) / 2)-th tile
+    const uint4* slot =
+        reinterpret_cast<const uint4*>(xch + SeesawXch::p) + ((1 - half) * 128 + tid) * 2;
+    const uint4 a = slot[0], b = slot[1];
+    const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) their_pa[i / 4][i % 4] = words[i];
+    const float2 t = reinterpret_cast<const float2*>(xch + SeesawXch::base)[(1 - half) * 128 + tid];
+    theirs[0] = t.x, theirs[1] = t.y;
+    ptx::mbar_arrive(&handover[2 + 1 - half]);
+  }
+
+  // My tile n's scores in log2 units, masked columns -inf (their rows are zeros); each row's max.
+  __device__ __forceinline__ void mask_scores(int n, float (&s)[kScores], float (&tile_max)[2],
+                                              const DecodeParams& p) const {
+    ptx::fence_operands(s);
+    const uint8_t* flags = mask + (n % kStages) * kTileColumns + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint16_t valid = *reinterpret_cast<const uint16_t*>(flags + 8 * j);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float& x = s[4 * j + i];
+        x = (valid >> (8 * (i & 1))) & 1 ? x * p.scale_log2 : -INFINITY;
+        tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(~0u, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(~0u, tile_max[r], 2));
+    }
+  }
+
+  // My tile n's P at my base, added to my sums and handed to the partner through SeesawXch.
+  __device__ __forceinline__ void hand_over_p(int n, const float (&s)[kScores],
+                                              uint32_t (&pa)[Core::kPSteps][4]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float base = row_max[r] == -INFINITY ? 0.f : row_max[r];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float p0 = ptx::exp2_approx(s[4 * j + 2 * r] - base);
+        const float p1 = ptx::exp2_approx(s[4 * j + 2 * r + 1] - base);
+        row_sum[r] += p0 + p1;
+        pa[j / 2][(j % 2) * 2 + r] = pack(p0, p1);
+      }
+    }
+    if (n >= 2) ptx::mbar_wait(&handover[2 + half], (n / 2 - 1) & 1);  // my last P was read
+    uint4* mine = reinterpret_cast<uint4*>(xch + SeesawXch::p) + (half * 128 + tid) * 2;
+    mine[0] = make_uint4(pa[0][0], pa[0][1], pa[0][2], pa[0][3]);
+    mine[1] = make_uint4(pa[1][0], pa[1][1], pa[1][2], pa[1][3]);
+    reinterpret_cast<float2*>(xch + SeesawXch::base)[half * 128 + tid] =
+        make_float2(row_max[0], row_max[1]);
+    ptx::mbar_arrive(&handover[half]);
+  }
+
   // My tile n's scores (if n < tiles), the partner's tile n - 1's P.V (if n > 0), my P handed
   // over while that runs, then my P.V: P.V in tile order, and the partner gets my P before its
   // next scores are done (docs/kernel.md). The waits before a rescale are unconditional: ptxas
@@ -75,45 +135,11 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
       if (own)
         ptx::mbar_arrive(&raw_bars<KvLayout::fp8_e4m3>(reinterpret_cast<uint8_t*>(full) -
                                                        Smem::bars)[n % kRawBuffers]);
-
-    // The partner's P of tile n - 1, and the base it is relative to.
     uint32_t their_pa[Core::kPSteps][4];
     float theirs[2] = {-INFINITY, -INFINITY};
-    if (partner) {  // the partner's ((n - 1) / 2)-th tile
-      ptx::mbar_wait(&handover[1 - half], ((n - 1) / 2) & 1);
-      const uint4* slot =
-          reinterpret_cast<const uint4*>(xch + SeesawXch::p) + ((1 - half) * 128 + tid) * 2;
-      const uint4 a = slot[0], b = slot[1];
-      const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) their_pa[i / 4][i % 4] = words[i];
-      const float2 t =
-          reinterpret_cast<const float2*>(xch + SeesawXch::base)[(1 - half) * 128 + tid];
-      theirs[0] = t.x, theirs[1] = t.y;
-      ptx::mbar_arrive(&handover[2 + 1 - half]);
-    }
-
-    // My tile's scores in log2 units; masked columns are -inf (their rows are zeros).
+    if (partner) take_partner_p(n, their_pa, theirs);
     float tile_max[2] = {-INFINITY, -INFINITY};
-    if (own) {
-      ptx::fence_operands(s);
-      const uint8_t* flags = mask + (n % kStages) * kTileColumns + 2 * (lane % 4);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint16_t valid = *reinterpret_cast<const uint16_t*>(flags + 8 * j);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float& x = s[4 * j + i];
-          x = (valid >> (8 * (i & 1))) & 1 ? x * p.scale_log2 : -INFINITY;
-          tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(~0u, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(~0u, tile_max[r], 2));
-      }
-    }
+    if (own) mask_scores(n, s, tile_max, p);
 
     // The new base: the partner's if above mine (so the two stay equal), then my tile's max if
     // above that by the threshold (also the first attended tile).
@@ -129,8 +155,8 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
     }
     this->rescale_o(alpha);
 
-    // The partner's P.V, then my P to the partner through SeesawXch while it runs (handing P
-    // over after that P.V made bf16 128 x 2 H=128 7% slower).
+    // The partner's P.V, then my P to the partner while it runs (handing P over after that P.V
+    // made bf16 128 x 2 H=128 7% slower).
     if (partner) {
       if (__any_sync(~0u, factor[0] != 1.f || factor[1] != 1.f)) {
 #pragma unroll
@@ -144,26 +170,7 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
       this->issue_pv(their_pa, (n - 1) % kStages);
     }
     uint32_t pa[Core::kPSteps][4];
-    if (own) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float base = row_max[r] == -INFINITY ? 0.f : row_max[r];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float p0 = ptx::exp2_approx(s[4 * j + 2 * r] - base);
-          const float p1 = ptx::exp2_approx(s[4 * j + 2 * r + 1] - base);
-          row_sum[r] += p0 + p1;
-          pa[j / 2][(j % 2) * 2 + r] = pack(p0, p1);
-        }
-      }
-      if (n >= 2) ptx::mbar_wait(&handover[2 + half], (n / 2 - 1) & 1);  // my last P was read
-      uint4* mine = reinterpret_cast<uint4*>(xch + SeesawXch::p) + (half * 128 + tid) * 2;
-      mine[0] = make_uint4(pa[0][0], pa[0][1], pa[0][2], pa[0][3]);
-      mine[1] = make_uint4(pa[1][0], pa[1][1], pa[1][2], pa[1][3]);
-      reinterpret_cast<float2*>(xch + SeesawXch::base)[half * 128 + tid] =
-          make_float2(row_max[0], row_max[1]);
-      ptx::mbar_arrive(&handover[half]);
-    }
+    if (own) hand_over_p(n, s, pa);
     if (partner) {
       ptx::wgmma_wait<0>();  // the partner's stage goes back at once
       ptx::fence_operands(o);
