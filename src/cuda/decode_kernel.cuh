@@ -76,23 +76,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Offsetting the __shared__ array (not an integer cast) keeps shared-memory instructions.
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   ptx::griddep_launch_dependents();
-  ptx::griddep_wait();  // the previous kernel (a table build, a layer) may write what we read
-  if constexpr (kQueryTma)
-    if (threadIdx.x >= 128 && threadIdx.x % 128 == 0)
-      ConsumerOf<L, kF16, kQueryTma>::request_query(p, smem);
-  // The producer's first indices load alongside the row's metadata.
+  // Before the wait, what needs only the launch's parameters and this CTA's shared memory: it
+  // overlaps the previous grid's tail.
   const int first_tile = cta_split(p) * p.tiles_per_split;
   const int token = cta_token(p);
-  IndexPipe indices;
-  if (threadIdx.x < 128)
-    for (int k = 0; k < IndexPipe::kAhead; ++k) indices.q[k] = load_index(p, token, first_tile + k);
-  const bool topk = p.topk.indices != nullptr;
-  Work w = locate_work(p);
-  int* topk_counts = reinterpret_cast<int*>(smem + Smem::counts);
-  if (topk && threadIdx.x < 128) {  // the row's entries >= 0, for its length
-    const int count = __reduce_add_sync(~0u, count_topk(p, token, threadIdx.x));
-    if (threadIdx.x % 32 == 0) topk_counts[threadIdx.x / 32] = count;
-  }
   if (threadIdx.x == 0) {
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::bars);
     for (int s = 0; s < kStages<L>; ++s) {
@@ -104,6 +91,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < RawTile<L, true>::kBuffers; ++i)
         ptx::mbar_init(&raw_bars<L>(smem)[i], 128);
     ptx::mbar_init_fence();
+  }
+  ptx::griddep_wait();  // the previous kernel (a table build, a layer) may write what we read
+  if constexpr (kQueryTma)
+    if (threadIdx.x >= 128 && threadIdx.x % 128 == 0)
+      ConsumerOf<L, kF16, kQueryTma>::request_query(p, smem);
+  // The producer's first indices load alongside the row's metadata.
+  IndexPipe indices;
+  if (threadIdx.x < 128)
+    for (int k = 0; k < IndexPipe::kAhead; ++k) indices.q[k] = load_index(p, token, first_tile + k);
+  const bool topk = p.topk.indices != nullptr;
+  Work w = locate_work(p);
+  int* topk_counts = reinterpret_cast<int*>(smem + Smem::counts);
+  if (topk && threadIdx.x < 128) {  // the row's entries >= 0, for its length
+    const int count = __reduce_add_sync(~0u, count_topk(p, token, threadIdx.x));
+    if (threadIdx.x % 32 == 0) topk_counts[threadIdx.x / 32] = count;
   }
   __syncthreads();
   int count = 0;
