@@ -2,7 +2,7 @@
 // bf16 whatever the cache layout (f16 in the kF16 kernels, whose scores read the raw e4m3
 // tiles), so the consumers' P.V runs one 16-bit wgmma path.
 #pragma once
-#include <cuda_fp8.h>
+#include <cuda_fp16.h>
 
 #include "core/numeric.h"
 #include "cuda/decode_layout.cuh"
@@ -141,13 +141,12 @@ __device__ __forceinline__ RowSource row_source(const DecodeParams& p, const Wor
 template <bool kF16>
 __device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi) {
   uint32_t out[4];
-  const uint32_t words[2] = {lo, hi};
+  const uint2 halves[2] = {ptx::e4m3x4_to_f16x4(lo), ptx::e4m3x4_to_f16x4(hi)};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+    const uint32_t h = i % 2 ? halves[i / 2].y : halves[i / 2].x;
     if constexpr (kF16) {
-      out[i] = uint32_t(h.x) | uint32_t(h.y) << 16;
+      out[i] = h;
     } else {
       const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
       __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
@@ -184,8 +183,9 @@ __device__ __forceinline__ uint4 e4m3x8_scaled(uint32_t lo, uint32_t hi, const B
   const uint32_t words[2] = {lo, hi};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t x = __byte_perm(words[i / 2], 0, i % 2 ? 0x4342 : 0x4140);  // 0 b 0 a
-    const uint32_t bits = (x + 15 * (x & 0x00800080u)) << 4;  // sign from bit 7 to bit 15
+    // each half: its byte over its sign replicated (bits 15..8), then bits 4..10 and the sign
+    const uint32_t x = ptx::prmt(words[i / 2], 0, i % 2 ? 0xb3a2 : 0x9180);
+    const uint32_t bits = (x << 4) & 0x87f087f0u;
     __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits),
                                *reinterpret_cast<const __nv_bfloat162*>(&s.first));
     if constexpr (kTwice) v = __hmul2(v, *reinterpret_cast<const __nv_bfloat162*>(&s.second));

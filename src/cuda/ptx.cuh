@@ -12,6 +12,25 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// prmt.b32 with the whole selector: a nibble's bit 3 fills its byte with the selected byte's
+// sign bit (__byte_perm reads only bits 0-2 of each nibble).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+  return d;
+}
+
+// Four e4m3 (one word) -> two f16x2 (bytes 0-1, bytes 2-3), exact. Splitting the word in PTX
+// lets the second conversion read the upper half in place (no shift first).
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t w) {
+  uint2 h;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, lo;\ncvt.rn.f16x2.e4m3x2 %1, hi;\n}"
+      : "=r"(h.x), "=r"(h.y)
+      : "r"(w));
+  return h;
+}
+
 // ---- mbarrier -------------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
