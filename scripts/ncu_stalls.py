@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Where a kernel's warps wait, from Nsight Compute's source page exported as CSV
 (ncu -i REPORT --page source --csv --print-source sass): the stall reasons over all warp
-samples, the mbarrier wait loops (a try_wait and the branch that retries it, summed over every
-branch to the same loop) and the hottest instructions.
+samples, the producer warpgroup's share of them (its code runs from the register deallocation
+to the next unconditional EXIT), the mbarrier wait loops (a try_wait and the branch that
+retries it, summed over every branch to the same loop) and the hottest instructions.
 
     scripts/ncu_stalls.py SOURCE.csv [TOP]
 """
@@ -29,6 +30,20 @@ def main(path, top):
         by_reason.update({n[6:]: count(r, n) for n in reasons})
     print('stall reasons: ' + ', '.join(f'{n} {100 * v / total:.1f}%'
                                          for n, v in by_reason.most_common(8) if v))
+
+    sources = [r[col['Source']].strip() for r in body]
+    start = next((i for i, x in enumerate(sources) if 'USETMAXREG.DEALLOC' in x), None)
+    if start is not None:
+        end = next((i for i in range(start, len(body)) if sources[i].startswith('EXIT')),
+                   len(body) - 1)
+        producer = body[start:end + 1]
+        mine = sum(count(r, SAMPLES) for r in producer)
+        why = collections.Counter()
+        for r in producer:
+            why.update({n[6:]: count(r, n) for n in reasons})
+        print(f'producer ({end + 1 - start} instructions from {start}): '
+              f'{100 * mine / total:.1f}% of samples; '
+              + ', '.join(f'{n} {100 * v / (mine or 1):.0f}%' for n, v in why.most_common(6) if v))
 
     # A wait loop: SYNCS.PHASECHK ... TRYWAIT then "@!P BRA target"; the out-of-line retry
     # copy branches to the same target, so sum the branches by target.
