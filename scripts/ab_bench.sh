@@ -8,8 +8,11 @@ set -uo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 BENCH_A BENCH_B [SHAPE ...]"; exit 2; }
 a=$1 b=$2; shift 2
 shapes=${*:-64:128:2:512 128:128:2:1024 64:2:2:512 128:2:2:1024}
-us() {  # the us column of the bench's one result row
-  "$1" --kv "$2" --shape "$3" | awk -v kv="$2" '$1 == kv { print $8 }'
+csv=$(mktemp)
+trap 'rm -f "$csv"' EXIT
+us() {  # the us column of the bench's one result row, to two decimals (from its CSV)
+  "$1" --kv "$2" --shape "$3" --csv "$csv" >/dev/null &&
+    awk -F, -v kv="$2" '$1 == kv { print $8 }' "$csv"
 }
 printf '%-10s %-16s %8s %8s %8s %8s %7s\n' kv shape A1 B1 A2 B2 'B/A'
 for kv in ${SMLA_AB_KV:-bf16 fp8_ds_mla fp8_e4m3}; do
