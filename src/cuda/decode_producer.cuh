@@ -183,7 +183,8 @@ __device__ __forceinline__ uint4 e4m3x8_scaled(uint32_t lo, uint32_t hi, const B
   const uint32_t words[2] = {lo, hi};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    // each half: its byte over its sign replicated (bits 15..8), then bits 4..10 and the sign
+    // Each half holds its byte under a byte of copies of the byte's sign bit (prmt's sign
+    // mode); shifted by 4 and masked, the sign is bit 15 and the low seven bits are 4..10.
     const uint32_t x = ptx::prmt(words[i / 2], 0, i % 2 ? 0xb3a2 : 0x9180);
     const uint32_t bits = (x << 4) & 0x87f087f0u;
     __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits),

@@ -1,6 +1,6 @@
-// Thin wrappers over the sm_90a instructions the kernels use: mbarriers, cp.async,
-// proxy fences, named and cluster barriers, distributed shared memory, register reallocation
-// and wgmma.
+// Thin wrappers over the sm_90a instructions the kernels use: byte permutes and e4m3
+// conversions, mbarriers, cp.async, proxy fences, named and cluster barriers, distributed shared
+// memory, register reallocation and wgmma.
 #pragma once
 #include <cuda.h>
 
