@@ -2,10 +2,10 @@
 // bf16 whatever the cache layout (f16 in the kF16 kernels, whose scores read the raw e4m3
 // tiles), so the consumers' P.V runs one 16-bit wgmma path.
 #pragma once
-#include <cuda_fp16.h>
-
 #include "core/numeric.h"
 #include "cuda/decode_layout.cuh"
+#include "cuda/decode_topk.cuh"
+#include "cuda/fp8_convert.cuh"
 
 namespace smla::cuda {
 
@@ -18,60 +18,6 @@ __device__ __forceinline__ int producer_row() {
 }
 __device__ __forceinline__ bool topk_column(const DecodeParams& p, int col) {
   return p.topk.indices && col >= p.window;
-}
-
-// TopkColumns. The producer warpgroup counts the token's top-k entries before the CTA's
-// barrier (the row's length needs them all); the consumer warpgroups translate them into
-// storage offsets in shared memory while their query loads, and the producer meets them at
-// kStageBarrier before its first tile with top-k columns. Thread i of n takes entries i + n k,
-// four at a time (each batch one top-k load and one block-table load deep).
-constexpr int kTopkBatch = 4;
-constexpr uint32_t kStageBarrier = 6;
-
-// How many of producer thread i's entries are >= 0.
-__device__ __forceinline__ int count_topk(const DecodeParams& p, int token, int i) {
-  const int32_t* row = p.topk.indices + int64_t(token) * p.topk.stride;
-  int count = 0;
-  for (int base = i; base < p.topk.top_k; base += kTopkBatch * 128) {
-    int32_t x[kTopkBatch];
-#pragma unroll
-    for (int b = 0; b < kTopkBatch; ++b)
-      x[b] = base + b * 128 < p.topk.top_k ? __ldg(row + base + b * 128) : -1;
-#pragma unroll
-    for (int b = 0; b < kTopkBatch; ++b) count += x[b] >= 0;
-  }
-  return count;
-}
-
-// Consumer thread i's entries as the table build would write them (SPEC §4) into `staged`.
-__device__ __forceinline__ void stage_topk(const DecodeParams& p, int token, int request, int i,
-                                           int32_t* staged) {
-  const TopkParams& k = p.topk;
-  const uint32_t entries = p.compressed.block_size;
-  const int32_t* row = k.indices + int64_t(token) * k.stride;
-  const int32_t* table = k.block_table + int64_t(request) * k.table_stride;
-  for (int base = i; base < k.top_k; base += kTopkBatch * 256) {
-    int32_t x[kTopkBatch], page_id[kTopkBatch];
-#pragma unroll
-    for (int b = 0; b < kTopkBatch; ++b)
-      x[b] = base + b * 256 < k.top_k ? __ldg(row + base + b * 256) : -1;
-#pragma unroll
-    for (int b = 0; b < kTopkBatch; ++b) {
-      const bool paged = x[b] >= 0 && uint32_t(x[b]) / entries < uint32_t(k.pages);
-      page_id[b] = paged ? __ldg(table + uint32_t(x[b]) / entries) : -1;
-    }
-#pragma unroll
-    for (int b = 0; b < kTopkBatch; ++b) {
-      if (base + b * 256 >= k.top_k) continue;
-      const bool paged = x[b] >= 0 && uint32_t(x[b]) / entries < uint32_t(k.pages);
-      staged[base + b * 256] =
-          x[b] < 0  ? x[b]
-          : !paged ? -1
-                   : rules::page_offset(page_id[b], uint32_t(x[b]) % entries, entries,
-                                        p.compressed.span.divisor);
-    }
-  }
-  ptx::named_arrive(kStageBarrier, kThreads);
 }
 
 // The table's offset of this lane's column of `tile` (-1 for a staged top-k column).
@@ -135,64 +81,6 @@ __device__ __forceinline__ RowSource row_source(const DecodeParams& p, const Wor
     r.scales += page + pool.scales_offset_bytes + slot * kDsMlaScaleBytes;
   }
   return r;
-}
-
-// Eight per-tensor e4m3 values (two words) -> eight f16 (kF16) or eight bf16 (16 bytes), exact.
-template <bool kF16>
-__device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi) {
-  uint32_t out[4];
-  const uint2 halves[2] = {ptx::e4m3x4_to_f16x4(lo), ptx::e4m3x4_to_f16x4(hi)};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t h = i % 2 ? halves[i / 2].y : halves[i / 2].x;
-    if constexpr (kF16) {
-      out[i] = h;
-    } else {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-      __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-      out[i] = *reinterpret_cast<uint32_t*>(&b);
-    }
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
-// A UE8M0 byte u as the bf16 factor of e4m3x8_scaled: 2^(u - 7), or where that is past bf16
-// (u > kOneFactor, the largest u whose 2^(u - 7) is a bf16) 2^127 and then `second` =
-// 2^(u - 134) (inf for u = 255, as ue8m0_to_float).
-constexpr uint32_t kOneFactor = 127 + 7;
-struct Bf16Scale {
-  uint32_t first, second;  // bf16x2 bits, the factor in both halves
-};
-__device__ __forceinline__ Bf16Scale bf16_scale(uint32_t u) {
-  const bool big = u > kOneFactor;
-  const uint32_t both = 0x00800080u;  // 1 in both halves' exponent fields
-  return {big ? 0x7f007f00u : (u + 120) * both,
-          !big ? 0x3f803f80u : u == 255 ? 0x7f807f80u : (u - 7) * both};
-}
-
-// Eight e4m3 values (two words) times 2^(u - 127) -> eight bf16, in bf16 arithmetic: a byte's
-// sign and low seven bits moved to bits 15 and 4..10 of a half are the bf16 of its value times
-// 2^-120 (subnormals included), so one bf16 multiply rounds value * 2^(u - 127) once, as
-// rounding the exact float product would: exact unless it leaves bf16's range (above it inf;
-// below 2^-133, UE8M0 bytes 0..2 with e4m3 subnormals, a bf16 subnormal or 0, where the CPU's
-// float64 keeps the value). The NaN codes 0x7F / 0xFF read as +-480 (on the CPU NaN); the
-// quantizers never write them.
-template <bool kTwice>
-__device__ __forceinline__ uint4 e4m3x8_scaled(uint32_t lo, uint32_t hi, const Bf16Scale& s) {
-  uint32_t out[4];
-  const uint32_t words[2] = {lo, hi};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    // Each half holds its byte under a byte of copies of the byte's sign bit (prmt's sign
-    // mode); shifted by 4 and masked, the sign is bit 15 and the low seven bits are 4..10.
-    const uint32_t x = ptx::prmt(words[i / 2], 0, i % 2 ? 0xb3a2 : 0x9180);
-    const uint32_t bits = (x << 4) & 0x87f087f0u;
-    __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits),
-                               *reinterpret_cast<const __nv_bfloat162*>(&s.first));
-    if constexpr (kTwice) v = __hmul2(v, *reinterpret_cast<const __nv_bfloat162*>(&s.second));
-    out[i] = *reinterpret_cast<uint32_t*>(&v);
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 // fp8 rows in 16-byte chunks: lane `part` copies and converts chunks part + 4k, k <

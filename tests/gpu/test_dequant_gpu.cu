@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/numeric.h"
-#include "cuda/decode_producer.cuh"
+#include "cuda/fp8_convert.cuh"
 #include "device_case.h"
 
 namespace smla::test {
