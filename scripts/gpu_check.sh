@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything GPU-side in one call on the GPU machine: GPU tests, compute-sanitizer on small
-# cases, the decode benchmark and the copy probe, the main job on CUDA, the step benchmark, the
+# cases, the decode benchmark and the copy and wgmma probes, the main job on CUDA, the step benchmark, the
 # Python package; a short table last. Full logs go to $OUT (or ./gpu-out), at most 8 files:
 # build.log, tests.log (tests and sanitizers), bench.log (benchmark, probe and profile),
 # bench.csv, run.log, step.log, step.csv, python.log. Uses a carried build dir (default
@@ -18,7 +18,7 @@ status=()
 declare -A begun  # logs written by this call: the first step to use one truncates it
 
 if [ ! -x "$BUILD/tests/smla_gpu_tests" ] || [ ! -x "$BUILD/smla_step_bench" ] ||
-  [ ! -x "$BUILD/smla_copy_probe" ]; then
+  [ ! -x "$BUILD/smla_copy_probe" ] || [ ! -x "$BUILD/smla_wgmma_probe" ]; then
   echo "== building in $BUILD"
   cmake -S . -B "$BUILD" -G Ninja >"$OUT/build.log" 2>&1 && cmake --build "$BUILD" -j 16 >>"$OUT/build.log" 2>&1 ||
     { tail -30 "$OUT/build.log"; exit 1; }
@@ -51,7 +51,9 @@ for step in $steps; do
       run_step racecheck tests.log timeout 260 compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter ;;
     bench) run_step bench bench.log timeout -s KILL 300 "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
-    probe) run_step probe bench.log timeout -s KILL 120 "$BUILD/smla_copy_probe" ;;
+    probe)
+      run_step probe bench.log timeout -s KILL 120 "$BUILD/smla_copy_probe"
+      run_step wgmma bench.log timeout -s KILL 120 "$BUILD/smla_wgmma_probe" ;;
     profile)  # Nsight Compute's warp samples per instruction, one launch a layout at 128 x 2
       for kv in bf16 fp8_ds_mla fp8_e4m3; do
         run_step "ncu $kv" bench.log bash -c "ncu --clock-control none -k regex:decode_kernel \

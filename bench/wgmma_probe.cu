@@ -1,0 +1,238 @@
+// How fast the tensor pipe runs the decode kernel's wgmma shapes with nothing else in the way:
+// each active consumer warpgroup of a 384-thread CTA (one a SM, 132 CTAs) repeats a fixed
+// sequence of wgmma from and into shared memory the layout's way, commits and waits. It prints
+// SM cycles per iteration (median over CTAs) against the MAC cycles of the sequence (2048 bf16
+// MAC a cycle and SM), so that what a wgmma group costs beyond its MACs is measured, not guessed.
+//   smla_wgmma_probe       prints one line per sequence and number of active warpgroups
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/ptx.cuh"
+
+namespace {
+using namespace smla::cuda;
+
+constexpr int kCtas = 132, kIters = 2000, kChunk = 8192;  // K/V chunks: 64 rows x 64 dims
+constexpr int kQ = 0, kKv = 8 * kChunk, kSmem = 16 * kChunk + 1024;
+
+enum Seq {
+  kS32, kS32Groups, kS64, kPv32, kTile32, kTile32Wait, kTile64, kTile64Wait,
+  kRsK, kSsT, kSsK, kSeqs
+};
+const char* const kSeqNames[] = {
+    "scores n32 (32 x m64n32k16)",           "scores n32, 4 groups of 8 + waits",
+    "scores n64 (32 x m64n64k16)",           "P.V 2 tiles (4 x m64n256k16 RS)",
+    "n32 step: scores, P.V 2 tiles",         "n32 step, wait between",
+    "n64 step: scores, P.V 2 x 64 rows",     "n64 step, wait between",
+    "4 x m64n256k16 RS, B K-major",          "4 x m64n256k16 SS, B N-major",
+    "4 x m64n256k16 SS, B K-major"};
+constexpr double kMacs[] = {32.0 * 64 * 32 * 16, 32.0 * 64 * 32 * 16, 32.0 * 64 * 64 * 16,
+                            4.0 * 64 * 256 * 16, 32.0 * 64 * 32 * 16 + 4.0 * 64 * 256 * 16,
+                            32.0 * 64 * 32 * 16 + 4.0 * 64 * 256 * 16,
+                            32.0 * 64 * 64 * 16 + 8.0 * 64 * 256 * 16,
+                            32.0 * 64 * 64 * 16 + 8.0 * 64 * 256 * 16,
+                            4.0 * 64 * 256 * 16, 4.0 * 64 * 256 * 16, 4.0 * 64 * 256 * 16};
+
+#define F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define F16(i) F4(i), F4(i + 4), F4(i + 8), F4(i + 12)
+__device__ __forceinline__ void m64n64k16_ss(float (&d)[32], uint64_t a, uint64_t b, bool acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : F16(0), F16(16)
+      : "l"(a), "l"(b), "r"(static_cast<int>(acc)));
+}
+#define F64(i) F16(i), F16(i + 16), F16(i + 32), F16(i + 48)
+#define OUTS                                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                   \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "          \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "          \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "          \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "          \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "          \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "    \
+  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "      \
+  "%125, %126, %127}, "
+template <int kTnsp>  // B N-major (transposed) or K-major
+__device__ __forceinline__ void m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " OUTS
+               "{%128, %129, %130, %131}, %132, 1, 1, 1, %133;\n"
+               : F64(0), F64(64)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTnsp));
+}
+template <int kTnsp>
+__device__ __forceinline__ void m64n256k16_ss(float (&d)[128], uint64_t a, uint64_t b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " OUTS
+               "%128, %129, 1, 1, 1, 0, %130;\n"
+               : F64(0), F64(64)
+               : "l"(a), "l"(b), "n"(kTnsp));
+}
+#undef OUTS
+#undef F64
+#undef F4
+#undef F16
+
+struct Regs {
+  float s32[16], s64[32], o[128];
+  uint32_t p[4];
+};
+
+// Scores of 32 (or 64) KV rows over all 512 dims: A = Q, B = K, both K-major. They accumulate
+// across iterations: a chain restarted each iteration is dead but for the last, and ptxas drops
+// the dead copies of a loop it unrolls.
+template <int kN>
+__device__ __forceinline__ void scores(Regs& r, uint64_t q, uint64_t k, int first, int count) {
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int i = first; i < first + count; ++i) {
+    const uint64_t a = q + ptx::desc_offset((i / 4) * kChunk + (i % 4) * 32);
+    const uint64_t b = k + ptx::desc_offset((i / 4) * kChunk + (i % 4) * 32);
+    if constexpr (kN == 32)
+      ptx::wgmma_m64n32k16_ss(r.s32, a, b, true);
+    else
+      m64n64k16_ss(r.s64, a, b, true);
+  }
+  ptx::wgmma_commit();
+}
+
+// P.V over 256 dims, `steps` k16 steps of V read N-major.
+__device__ __forceinline__ void pv(Regs& r, uint64_t v, int steps) {
+  ptx::fence_operands(r.o);
+  ptx::wgmma_fence();
+  for (int k = 0; k < steps; ++k)  // not unrolled: one code path, the pipe is the subject
+    ptx::wgmma_m64n256k16_rs<false>(r.o, r.p, v + ptx::desc_offset((k % 4) * 16 * 128));
+  ptx::wgmma_commit();
+}
+
+template <Seq kSeq>
+__global__ void __launch_bounds__(384, 1) probe(int active, unsigned long long* cycles,
+                                                unsigned long long* ns, float* sink) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
+  for (int i = threadIdx.x; i < 16 * kChunk / 4; i += blockDim.x)  // small bf16 pairs, not 0
+    reinterpret_cast<uint32_t*>(smem)[i] = ((i * 2654435761u) >> 3 & 0x007F007Fu) | 0x3C003C00u;
+  ptx::fence_proxy_async();
+  __syncthreads();
+  const int wg = threadIdx.x / 128 - 1, tid = threadIdx.x % 128;
+  if (wg < 0) {
+    ptx::reg_dealloc<40>();
+    return;
+  }
+  ptx::reg_alloc<232>();
+  if (wg >= active) return;
+  Regs r;
+  for (int i = 0; i < 16; ++i) r.s32[i] = 0.f;
+  for (int i = 0; i < 32; ++i) r.s64[i] = 0.f;
+  for (int i = 0; i < 128; ++i) r.o[i] = 0.f;
+  for (int i = 0; i < 4; ++i) r.p[i] = 0x3C003C00u + tid;
+  const uint64_t q = ptx::sw128_desc(ptx::smem_addr(smem + kQ), 16, 1024);
+  const uint64_t k = ptx::sw128_desc(ptx::smem_addr(smem + kKv), 16, 1024);
+  const uint64_t v = ptx::sw128_desc(ptx::smem_addr(smem + kKv + wg * 4 * kChunk), kChunk, 1024);
+  ptx::named_sync(1, 128 * active);
+  unsigned long long t0, t1, g0, g1;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(g0));
+  t0 = clock64();
+  for (int it = 0; it < kIters; ++it) {
+    if constexpr (kSeq == kS32) {
+      scores<32>(r, q, k, 0, 32);
+    } else if constexpr (kSeq == kS32Groups) {
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        scores<32>(r, q, k, 8 * g, 8);
+        ptx::wgmma_wait<0>();
+      }
+    } else if constexpr (kSeq == kS64) {
+      scores<64>(r, q, k, 0, 32);
+    } else if constexpr (kSeq == kPv32) {
+      pv(r, v, 4);
+    } else if constexpr (kSeq == kTile32 || kSeq == kTile32Wait) {
+      scores<32>(r, q, k, 0, 32);
+      if constexpr (kSeq == kTile32Wait) ptx::wgmma_wait<0>();
+      pv(r, v, 4);
+    } else if constexpr (kSeq == kRsK || kSeq == kSsT || kSeq == kSsK) {
+      ptx::fence_operands(r.o);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (kSeq == kRsK)
+          m64n256k16_rs<0>(r.o, r.p, k + ptx::desc_offset(i * 32));
+        else if constexpr (kSeq == kSsT)
+          m64n256k16_ss<1>(r.o, q + ptx::desc_offset(i * 32), v + ptx::desc_offset(i * 16 * 128));
+        else
+          m64n256k16_ss<0>(r.o, q + ptx::desc_offset(i * 32), k + ptx::desc_offset(i * 32));
+      }
+      ptx::wgmma_commit();
+    } else {
+      scores<64>(r, q, k, 0, 32);
+      if constexpr (kSeq == kTile64Wait) ptx::wgmma_wait<0>();
+      pv(r, v, 8);
+    }
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(r.s32);
+    ptx::fence_operands(r.s64);
+    ptx::fence_operands(r.o);
+  }
+  t1 = clock64();
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(g1));
+  float acc = 0.f;
+  for (int i = 0; i < 16; ++i) acc += r.s32[i];
+  for (int i = 0; i < 32; ++i) acc += r.s64[i];
+  for (int i = 0; i < 128; ++i) acc += r.o[i];
+  if (acc == 1234.5f) sink[0] = acc;  // keeps the results live
+  if (tid == 0) {
+    cycles[blockIdx.x * 2 + wg] = t1 - t0;
+    ns[blockIdx.x * 2 + wg] = g1 - g0;
+  }
+}
+
+template <Seq kSeq>
+void run(unsigned long long* cycles, unsigned long long* ns, float* sink) {
+  SMLA_CUDA_CHECK(cudaFuncSetAttribute(probe<kSeq>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kSmem));
+  for (int active = 1; active <= 2; ++active) {
+    std::vector<unsigned long long> c(kCtas * 2), t(kCtas * 2);
+    for (int rep = 0; rep < 2; ++rep) {  // the first warms the clocks up
+      probe<kSeq><<<kCtas, 384, kSmem>>>(active, cycles, ns, sink);
+      SMLA_CUDA_CHECK(cudaGetLastError());
+      SMLA_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    SMLA_CUDA_CHECK(cudaMemcpy(c.data(), cycles, c.size() * 8, cudaMemcpyDeviceToHost));
+    SMLA_CUDA_CHECK(cudaMemcpy(t.data(), ns, t.size() * 8, cudaMemcpyDeviceToHost));
+    std::vector<unsigned long long> cc, tt;
+    for (int i = 0; i < kCtas; ++i) cc.push_back(c[i * 2]), tt.push_back(t[i * 2]);
+    std::sort(cc.begin(), cc.end());
+    std::sort(tt.begin(), tt.end());
+    const double per_iter = double(cc[kCtas / 2]) / kIters;
+    const double mac_cycles = kMacs[kSeq] * active / 2048.0;
+    const double tflops = kMacs[kSeq] * active * 2 * kCtas * kIters / (tt[kCtas / 2] * 1e3);
+    std::printf("%-36s %d WG  %8.1f cycles/iter  MAC cycles %7.1f  pipe %5.1f%%  %.2f GHz"
+                "  %6.1f TFLOP/s\n",
+                kSeqNames[kSeq], active, per_iter, mac_cycles, 100.0 * mac_cycles / per_iter,
+                double(cc[kCtas / 2]) / double(tt[kCtas / 2]), tflops);
+  }
+}
+
+template <int... kS>
+void run_all(std::integer_sequence<int, kS...>, unsigned long long* c, unsigned long long* n,
+             float* s) {
+  (run<static_cast<Seq>(kS)>(c, n, s), ...);
+}
+
+}  // namespace
+
+int main() {
+  unsigned long long *cycles, *ns;
+  float* sink;
+  SMLA_CUDA_CHECK(cudaMalloc(&cycles, kCtas * 2 * sizeof(unsigned long long)));
+  SMLA_CUDA_CHECK(cudaMalloc(&ns, kCtas * 2 * sizeof(unsigned long long)));
+  SMLA_CUDA_CHECK(cudaMalloc(&sink, sizeof(float)));
+  run_all(std::make_integer_sequence<int, kSeqs>{}, cycles, ns, sink);
+  return 0;
+}
