@@ -48,8 +48,15 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
     return pack(f.x * factor, f.y * factor);
   }
 
+  // Warpgroup 1's first step has no partner tile, the last step of the warpgroup whose turn
+  // comes at n = tiles no tile of its own: separate instances, so that no wgmma is issued or
+  // waited for under a condition while another is in flight (ptxas would serialize them all).
   __device__ __forceinline__ void run(int tiles, const DecodeParams& p) {
-    for (int n = half; tiles > 0 && n <= tiles; n += 2) step(n, tiles, p);
+    if (tiles <= 0) return;
+    int n = half;
+    if (n == 0) step<true, false>(n, p), n = 2;
+    for (; n < tiles; n += 2) step<true, true>(n, p);
+    if (n == tiles) step<false, true>(n, p);
   }
 
   // The partner's P of its tile n - 1 (A-operand words) and the bases it is relative to.
@@ -114,71 +121,82 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
 
   // My tile n's scores (if n < tiles), the partner's tile n - 1's P.V (if n > 0), my P handed
   // over while that runs, then my P.V: P.V in tile order, and the partner gets my P before its
-  // next scores are done (docs/kernel.md). The waits before a rescale are unconditional: ptxas
-  // serializes every wgmma when o may be in flight at a rescale.
+  // next scores are done (docs/kernel.md). The partner's P.V is queued behind my scores, before
+  // my softmax, so the tensor pipe runs it while the softmax does; a base that my tile raises
+  // is applied to o after that P.V (o is in flight until then). Every wait is unconditional:
+  // ptxas serializes every wgmma when o may be in flight at a rescale.
   // Score fragment element 4j + 2r + e is row r, column 8j + 2 (lane % 4) + e; P's A-operand
   // word [k][i] is row i & 1.
-  __device__ __forceinline__ void step(int n, int tiles, const DecodeParams& p) {
-    const bool own = n < tiles, partner = n > 0;
+  template <bool own, bool partner>
+  __device__ __forceinline__ void step(int n, const DecodeParams& p) {
     ptx::wgmma_wait<0>();
     ptx::fence_operands(o);
     if (held >= 0) release(held);
     held = -1;
     float s[kScores];
-    if (own) {
+    if constexpr (own) {
       ptx::mbar_wait(&full[n % kStages], (n / kStages) & 1);
       ptx::fence_proxy_async();
       this->issue_scores(s, n % (kF16 ? kRawBuffers : kStages));
     }
-    ptx::wgmma_wait<0>();
-    if constexpr (kF16)  // the tile's raw buffer is free for the producer (full is Smem::bars)
-      if (own)
-        ptx::mbar_arrive(&raw_bars<KvLayout::fp8_e4m3>(reinterpret_cast<uint8_t*>(full) -
-                                                       Smem::bars)[n % kRawBuffers]);
+    // The partner's base if above mine (so the two stay equal); o is not in flight.
     uint32_t their_pa[Core::kPSteps][4];
     float theirs[2] = {-INFINITY, -INFINITY};
-    if (partner) take_partner_p(n, their_pa, theirs);
-    float tile_max[2] = {-INFINITY, -INFINITY};
-    if (own) mask_scores(n, s, tile_max, p);
-
-    // The new base: the partner's if above mine (so the two stay equal), then my tile's max if
-    // above that by the threshold (also the first attended tile).
+    if constexpr (partner) take_partner_p(n, their_pa, theirs);
     float alpha[2], factor[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float base = fmaxf(row_max[r], theirs[r]);
-      if (tile_max[r] > base + kRescaleThreshold) base = tile_max[r];
+      const float base = fmaxf(row_max[r], theirs[r]);
       alpha[r] = base == row_max[r] ? 1.f : exp2f(row_max[r] - base);
       factor[r] = theirs[r] == base ? 1.f : theirs[r] == -INFINITY ? 0.f : exp2f(theirs[r] - base);
       row_max[r] = base;
       row_sum[r] *= alpha[r];
     }
     this->rescale_o(alpha);
-
-    // The partner's P.V, then my P to the partner while it runs (handing P over after that P.V
-    // made bf16 128 x 2 H=128 7% slower).
-    if (partner) {
-      if (__any_sync(~0u, factor[0] != 1.f || factor[1] != 1.f)) {
+    if constexpr (partner) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-          their_pa[i / 4][i % 4] = scaled(their_pa[i / 4][i % 4], factor[i & 1]);
-      }
+      for (int i = 0; i < 8; ++i)  // unconditionally: no branch while the scores are in flight
+        their_pa[i / 4][i % 4] = scaled(their_pa[i / 4][i % 4], factor[i & 1]);
       // The stage's rows are visible: the partner waited for them before its handover, which
       // this thread waited for (release and acquire chain). Waiting for `full` again here held
       // 6% of the warp samples (bf16 128 x 2 H=128).
       ptx::fence_proxy_async();
       this->issue_pv(their_pa, (n - 1) % kStages);
+    } else {
+      ptx::wgmma_commit();  // an empty group, so that wait<1> below waits for the scores
     }
+    ptx::wgmma_wait<1>();
+    if constexpr (kF16)  // the tile's raw buffer is free for the producer (full is Smem::bars)
+      if constexpr (own)
+        ptx::mbar_arrive(&raw_bars<KvLayout::fp8_e4m3>(reinterpret_cast<uint8_t*>(full) -
+                                                       Smem::bars)[n % kRawBuffers]);
+    // My tile's max past the threshold (also the first attended tile) raises my base; o moves
+    // to it once the partner's P.V is done.
+    float raise[2] = {1.f, 1.f};
     uint32_t pa[Core::kPSteps][4];
-    if (own) hand_over_p(n, s, pa);
-    if (partner) {
+    if constexpr (own) {
+      float tile_max[2] = {-INFINITY, -INFINITY};
+      mask_scores(n, s, tile_max, p);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (tile_max[r] > row_max[r] + kRescaleThreshold) {
+          raise[r] = row_max[r] == -INFINITY ? 0.f : exp2f(row_max[r] - tile_max[r]);
+          row_sum[r] *= raise[r];
+          row_max[r] = tile_max[r];
+        }
+      }
+      hand_over_p(n, s, pa);
+    }
+    if constexpr (partner) {
       ptx::wgmma_wait<0>();  // the partner's stage goes back at once
       ptx::fence_operands(o);
       release(n - 1);
-      if (!own) return;
     }
-    this->issue_pv(pa, n % kStages);
-    held = n;
+    if constexpr (own) {
+      this->rescale_o(raise);
+      this->issue_pv(pa, n % kStages);
+      held = n;
+    }
   }
 
   // After the last tile: each row's sum over its quad, then the two warpgroups' (base, sum)
