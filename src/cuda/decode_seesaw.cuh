@@ -154,9 +154,11 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
     }
     this->rescale_o(alpha);
     if constexpr (partner) {
+      if (__any_sync(~0u, factor[0] != 1.f || factor[1] != 1.f)) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i)  // unconditionally: no branch while the scores are in flight
-        their_pa[i / 4][i % 4] = scaled(their_pa[i / 4][i % 4], factor[i & 1]);
+        for (int i = 0; i < 8; ++i)
+          their_pa[i / 4][i % 4] = scaled(their_pa[i / 4][i % 4], factor[i & 1]);
+      }
       // The stage's rows are visible: the partner waited for them before its handover, which
       // this thread waited for (release and acquire chain). Waiting for `full` again here held
       // 6% of the warp samples (bf16 128 x 2 H=128).
