@@ -147,8 +147,8 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float base = fmaxf(row_max[r], theirs[r]);
-      alpha[r] = base == row_max[r] ? 1.f : exp2f(row_max[r] - base);
-      factor[r] = theirs[r] == base ? 1.f : theirs[r] == -INFINITY ? 0.f : exp2f(theirs[r] - base);
+      alpha[r] = base == row_max[r] ? 1.f : ptx::exp2_approx(row_max[r] - base);
+      factor[r] = theirs[r] == base ? 1.f : ptx::exp2_approx(theirs[r] - base);  // -inf: 0
       row_max[r] = base;
       row_sum[r] *= alpha[r];
     }
@@ -182,7 +182,7 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if (tile_max[r] > row_max[r] + kRescaleThreshold) {
-          raise[r] = row_max[r] == -INFINITY ? 0.f : exp2f(row_max[r] - tile_max[r]);
+          raise[r] = ptx::exp2_approx(row_max[r] - tile_max[r]);  // -inf: 0
           row_sum[r] *= raise[r];
           row_max[r] = tile_max[r];
         }
