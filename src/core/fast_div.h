@@ -31,7 +31,6 @@ struct FastDiv {
     return magic ? uint32_t((uint64_t(x) * magic) >> 32) >> shift : x;
 #endif
   }
-  SMLA_HOST_DEVICE uint32_t mod(uint32_t x) const { return x - div(x) * divisor; }
 };
 
 }  // namespace smla

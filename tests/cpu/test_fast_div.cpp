@@ -20,7 +20,6 @@ void expect_exact(uint32_t d, std::mt19937& rng) {
   for (uint32_t x : xs) {
     if (x > 0x7fffffffu) continue;
     ASSERT_EQ(f.div(x), x / d) << x << " / " << d;
-    ASSERT_EQ(f.mod(x), x % d) << x << " % " << d;
   }
 }
 
