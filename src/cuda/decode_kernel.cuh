@@ -24,7 +24,7 @@ namespace smla::cuda {
 template <KvLayout L, bool kF16, bool kQueryTma>
 using ConsumerOf =
     std::conditional_t<L == KvLayout::bf16 && !kQueryTma, LockstepConsumer<kStages<L>, kF16>,
-                       SeesawConsumer<kStages<L>, kF16>>;
+                       SeesawConsumer<kStages<L>, kF16, L == KvLayout::bf16 || kF16>>;
 
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, uint8_t* smem) {

@@ -13,7 +13,9 @@ namespace smla::cuda {
 // The named barrier of the final (base, sum) exchange (barrier 1 is the query's).
 constexpr uint32_t kFinishBarrier = 2;
 
-template <int kStages, bool kF16>
+// kCopiedRows: the rows my scores read landed by cp.async (bf16 stages, kF16's raw tiles), which
+// no thread fenced for the wgmma's proxy; the fp8 layouts' producer fences the stages it writes.
+template <int kStages, bool kF16, bool kCopiedRows>
 struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
   using Core = ConsumerCore<kStages, kF16, true>;
   using Core::empty, Core::full, Core::half, Core::lane, Core::mask, Core::o, Core::pack,
@@ -136,7 +138,7 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
     float s[kScores];
     if constexpr (own) {
       ptx::mbar_wait(&full[n % kStages], (n / kStages) & 1);
-      ptx::fence_proxy_async();
+      if constexpr (kCopiedRows) ptx::fence_proxy_async();
       this->issue_scores(s, n % (kF16 ? kRawBuffers : kStages));
     }
     // The partner's base if above mine (so the two stay equal); o is not in flight.
@@ -159,10 +161,10 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
         for (int i = 0; i < 8; ++i)
           their_pa[i / 4][i % 4] = scaled(their_pa[i / 4][i % 4], factor[i & 1]);
       }
-      // The stage's rows are visible: the partner waited for them before its handover, which
-      // this thread waited for (release and acquire chain). Waiting for `full` again here held
-      // 6% of the warp samples (bf16 128 x 2 H=128).
-      ptx::fence_proxy_async();
+      // The stage's rows are visible to this wgmma: the partner waited for them and fenced
+      // the proxies before its handover, which this thread waited for (release and acquire
+      // chain; the fence is cumulative). Waiting for `full` again here held 6% of the warp
+      // samples (bf16 128 x 2 H=128).
       this->issue_pv(their_pa, (n - 1) % kStages);
     } else {
       ptx::wgmma_commit();  // an empty group, so that wait<1> below waits for the scores
