@@ -121,12 +121,12 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
     ptx::mbar_arrive(&handover[half]);
   }
 
-  // My tile n's scores (if n < tiles), the partner's tile n - 1's P.V (if n > 0), my P handed
-  // over while that runs, then my P.V: P.V in tile order, and the partner gets my P before its
-  // next scores are done (docs/kernel.md). The partner's P.V is queued behind my scores, before
-  // my softmax, so the tensor pipe runs it while the softmax does; a base that my tile raises
-  // is applied to o after that P.V (o is in flight until then). Every wait is unconditional:
-  // ptxas serializes every wgmma when o may be in flight at a rescale.
+  // My tile n's scores (own), the partner's tile n - 1's P.V (partner), my P handed over while
+  // that runs, then my P.V: P.V in tile order, and the partner gets my P before its next scores
+  // are done (docs/kernel.md). The partner's P.V is queued behind my scores, before my softmax,
+  // so the tensor pipe runs it while the softmax does; a base that my tile raises is applied to
+  // o after that P.V (o is in flight until then). Every wait is unconditional: ptxas
+  // serializes every wgmma when o may be in flight at a rescale.
   // Score fragment element 4j + 2r + e is row r, column 8j + 2 (lane % 4) + e; P's A-operand
   // word [k][i] is row i & 1.
   template <bool own, bool partner>
@@ -170,10 +170,9 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
       ptx::wgmma_commit();  // an empty group, so that wait<1> below waits for the scores
     }
     ptx::wgmma_wait<1>();
-    if constexpr (kF16)  // the tile's raw buffer is free for the producer (full is Smem::bars)
-      if constexpr (own)
-        ptx::mbar_arrive(&raw_bars<KvLayout::fp8_e4m3>(reinterpret_cast<uint8_t*>(full) -
-                                                       Smem::bars)[n % kRawBuffers]);
+    if constexpr (kF16 && own)  // the tile's raw buffer is free for the producer (full: bars)
+      ptx::mbar_arrive(&raw_bars<KvLayout::fp8_e4m3>(reinterpret_cast<uint8_t*>(full) -
+                                                     Smem::bars)[n % kRawBuffers]);
     // My tile's max past the threshold (also the first attended tile) raises my base; o moves
     // to it once the partner's P.V is done.
     float raise[2] = {1.f, 1.f};
