@@ -20,16 +20,19 @@ constexpr int kCtas = 132, kIters = 2000, kChunk = 8192;  // K/V chunks: 64 rows
 constexpr int kQ = 0, kKv = 8 * kChunk, kSmem = 16 * kChunk + 1024;
 
 enum Seq { kS32, kS32Groups, kS64, kPv32, kTile32, kTile32Wait, kTile64, kTile64Wait, kSeqs };
-const char* const kSeqNames[] = {
-    "scores n32 (32 x m64n32k16)",           "scores n32, 4 groups of 8 + waits",
-    "scores n64 (32 x m64n64k16)",           "P.V 2 tiles (4 x m64n256k16 RS)",
-    "n32 step: scores, P.V 2 tiles",         "n32 step, wait between",
-    "n64 step: scores, P.V 2 x 64 rows",     "n64 step, wait between"};
-constexpr double kMacs[] = {32.0 * 64 * 32 * 16, 32.0 * 64 * 32 * 16, 32.0 * 64 * 64 * 16,
-                            4.0 * 64 * 256 * 16, 32.0 * 64 * 32 * 16 + 4.0 * 64 * 256 * 16,
-                            32.0 * 64 * 32 * 16 + 4.0 * 64 * 256 * 16,
-                            32.0 * 64 * 64 * 16 + 8.0 * 64 * 256 * 16,
-                            32.0 * 64 * 64 * 16 + 8.0 * 64 * 256 * 16};
+struct SeqInfo {
+  const char* name;
+  int score_n, pv_steps;  // 32 score m64n{score_n}k16 (0: none), pv_steps m64n256k16
+  double macs() const { return 32.0 * 64 * score_n * 16 + pv_steps * 64.0 * 256 * 16; }
+};
+constexpr SeqInfo kSeqInfo[] = {{"scores n32 (32 x m64n32k16)", 32, 0},
+                                {"scores n32, 4 groups of 8 + waits", 32, 0},
+                                {"scores n64 (32 x m64n64k16)", 64, 0},
+                                {"P.V 2 tiles (4 x m64n256k16 RS)", 0, 4},
+                                {"n32 step: scores, P.V 2 tiles", 32, 4},
+                                {"n32 step, wait between", 32, 4},
+                                {"n64 step: scores, P.V 2 x 64 rows", 64, 8},
+                                {"n64 step, wait between", 64, 8}};
 
 #define F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define F16(i) F4(i), F4(i + 4), F4(i + 8), F4(i + 12)
@@ -73,7 +76,7 @@ __device__ __forceinline__ void scores(Regs& r, uint64_t q, uint64_t k, int firs
 __device__ __forceinline__ void pv(Regs& r, uint64_t v, int steps) {
   ptx::fence_operands(r.o);
   ptx::wgmma_fence();
-  for (int k = 0; k < steps; ++k)  // not unrolled: one code path, the pipe is the subject
+  for (int k = 0; k < steps; ++k)
     ptx::wgmma_m64n256k16_rs<false>(r.o, r.p, v + ptx::desc_offset((k % 4) * 16 * 128));
   ptx::wgmma_commit();
 }
@@ -110,26 +113,17 @@ __global__ void __launch_bounds__(384, 1) probe(int active, unsigned long long* 
     const uint64_t q = ptx::sw128_desc(at + kQ, 16, 1024);
     const uint64_t k = ptx::sw128_desc(at + kKv, 16, 1024);
     const uint64_t v = ptx::sw128_desc(at + kKv + wg * 4 * kChunk, kChunk, 1024);
-    if constexpr (kSeq == kS32) {
-      scores<32>(r, q, k, 0, 32);
-    } else if constexpr (kSeq == kS32Groups) {
+    constexpr SeqInfo kInfo = kSeqInfo[kSeq];
+    if constexpr (kSeq == kS32Groups) {
 #pragma unroll
       for (int g = 0; g < 4; ++g) {
         scores<32>(r, q, k, 8 * g, 8);
         ptx::wgmma_wait<0>();
       }
-    } else if constexpr (kSeq == kS64) {
-      scores<64>(r, q, k, 0, 32);
-    } else if constexpr (kSeq == kPv32) {
-      pv(r, v, 4);
-    } else if constexpr (kSeq == kTile32 || kSeq == kTile32Wait) {
-      scores<32>(r, q, k, 0, 32);
-      if constexpr (kSeq == kTile32Wait) ptx::wgmma_wait<0>();
-      pv(r, v, 4);
     } else {
-      scores<64>(r, q, k, 0, 32);
-      if constexpr (kSeq == kTile64Wait) ptx::wgmma_wait<0>();
-      pv(r, v, 8);
+      if constexpr (kInfo.score_n > 0) scores<kInfo.score_n>(r, q, k, 0, 32);
+      if constexpr (kSeq == kTile32Wait || kSeq == kTile64Wait) ptx::wgmma_wait<0>();
+      if constexpr (kInfo.pv_steps > 0) pv(r, v, kInfo.pv_steps);
     }
     ptx::wgmma_wait<0>();
     ptx::fence_operands(r.s32);
@@ -167,11 +161,12 @@ void run(unsigned long long* cycles, unsigned long long* ns, float* sink) {
     std::sort(cc.begin(), cc.end());
     std::sort(tt.begin(), tt.end());
     const double per_iter = double(cc[kCtas / 2]) / kIters;
-    const double mac_cycles = kMacs[kSeq] * active / 2048.0;
-    const double tflops = kMacs[kSeq] * active * 2 * kCtas * kIters / (tt[kCtas / 2] * 1e3);
+    const double macs = kSeqInfo[kSeq].macs() * active;
+    const double mac_cycles = macs / 2048.0;
+    const double tflops = macs * 2 * kCtas * kIters / (tt[kCtas / 2] * 1e3);
     std::printf("%-36s %d WG  %8.1f cycles/iter  MAC cycles %7.1f  pipe %5.1f%%  %.2f GHz"
                 "  %6.1f TFLOP/s\n",
-                kSeqNames[kSeq], active, per_iter, mac_cycles, 100.0 * mac_cycles / per_iter,
+                kSeqInfo[kSeq].name, active, per_iter, mac_cycles, 100.0 * mac_cycles / per_iter,
                 double(cc[kCtas / 2]) / double(tt[kCtas / 2]), tflops);
   }
 }

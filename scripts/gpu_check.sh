@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything GPU-side in one call on the GPU machine: GPU tests, compute-sanitizer on small
-# cases, the decode benchmark and the copy and wgmma probes, the main job on CUDA, the step benchmark, the
-# Python package; a short table last. Full logs go to $OUT (or ./gpu-out), at most 8 files:
+# cases, the decode benchmark and the copy and wgmma probes, the main job on CUDA, the step
+# benchmark, the Python package; a short table last. Full logs go to $OUT (or ./gpu-out), at most 8 files:
 # build.log, tests.log (tests and sanitizers), bench.log (benchmark, probe and profile),
 # bench.csv, run.log, step.log, step.csv, python.log. Uses a carried build dir (default
 # build-cuda) or builds one.
