@@ -104,16 +104,22 @@ __device__ __forceinline__ void combine_rows(const DecodeParams& p, const float*
   float4 acc[kVectors];
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  // Loads in batches of at most 16 vectors: 128 accumulators and 128 loaded values do not fit
+  // beside the consumers' other registers.
+  constexpr int kBatch = kVectors < 16 ? kVectors : 16;
   for (int s = 0; s < p.num_splits; ++s) {
     const float4* o = reinterpret_cast<const float4*>(row_partials + s * stride + row * 512) + part;
-    float4 v[kVectors];
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) v[k] = __ldcg(o + k * kThreadsPerRow);
     const float wgt = weights[s * kHeads + row];
 #pragma unroll
-    for (int k = 0; k < kVectors; ++k)
-      acc[k].x += wgt * v[k].x, acc[k].y += wgt * v[k].y, acc[k].z += wgt * v[k].z,
-          acc[k].w += wgt * v[k].w;
+    for (int b = 0; b < kVectors; b += kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) v[k] = __ldcg(o + (b + k) * kThreadsPerRow);
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k)
+        acc[b + k].x += wgt * v[k].x, acc[b + k].y += wgt * v[k].y, acc[b + k].z += wgt * v[k].z,
+            acc[b + k].w += wgt * v[k].w;
+    }
   }
   const float factor = factors[row];
 #pragma unroll

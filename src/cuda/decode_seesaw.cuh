@@ -54,8 +54,11 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
   // comes at n = tiles no tile of its own: separate instances, so that no wgmma is issued or
   // waited for under a condition while another is in flight (ptxas would serialize them all).
   __device__ __forceinline__ void run(int tiles, const DecodeParams& p) {
+    // Broadcasts, as ConsumerCore::init's: a warp-uniform loop keeps its stage indices and the
+    // wgmma descriptors in uniform registers.
+    tiles = __shfl_sync(~0u, tiles, 0);
     if (tiles <= 0) return;
-    int n = half;
+    int n = __shfl_sync(~0u, half, 0);
     if (n == 0) step<true, false>(n, p), n = 2;
     for (; n < tiles; n += 2) step<true, true>(n, p);
     if (n == tiles) step<false, true>(n, p);
