@@ -105,7 +105,7 @@ __device__ __forceinline__ void combine_rows(const DecodeParams& p, const float*
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
   // Loads in batches of at most 16 vectors: 128 accumulators and 128 loaded values do not fit
-  // beside the consumers' other registers.
+  // beside the consumers' other registers (ptxas spilled in the e4m3 kernels).
   constexpr int kBatch = kVectors < 16 ? kVectors : 16;
   for (int s = 0; s < p.num_splits; ++s) {
     const float4* o = reinterpret_cast<const float4*>(row_partials + s * stride + row * 512) + part;
