@@ -90,7 +90,7 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float& x = s[4 * j + i];
-        x = valid & (1u << (8 * (i & 1))) ? x * p.scale_log2 : -INFINITY;
+        x = (valid >> (8 * (i & 1))) & 1 ? x * p.scale_log2 : -INFINITY;
         tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
       }
     }
