@@ -25,7 +25,7 @@ struct ConsumerCore {
   uint64_t q_desc, k_desc, v_desc;
   uint64_t *full, *empty;
   uint8_t* xch;
-  const uint8_t* mask;
+  const float* bias;  // [stage][column]: 0, or -inf for a column not attended
   float o[128];
   float row_max[2], row_sum[2];  // by fragment row
 
@@ -47,7 +47,7 @@ struct ConsumerCore {
     full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
     empty = full + kStages;
     xch = smem + Smem::xch;
-    mask = smem + Smem::mask;
+    bias = reinterpret_cast<const float*>(smem + Smem::bias);
   }
 
   // Instead of load_query, for 64 heads a CTA: the first thread of each consumer warpgroup

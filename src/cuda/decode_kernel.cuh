@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::bars);
     for (int s = 0; s < kStages<L>; ++s) {
-      ptx::mbar_init(&bars[s], 128 + 32);          // full: 128 producer threads + 32 flag writers
+      ptx::mbar_init(&bars[s], 128 + 32);          // full: 128 producer threads + 32 bias writers
       ptx::mbar_init(&bars[kStages<L> + s], 256);  // empty: every consumer thread
     }
     ConsumerOf<L, kF16, kQueryTma>::init_barriers(bars);

@@ -28,7 +28,7 @@ template <KvLayout L>
 constexpr int kStages = L == KvLayout::bf16 ? 4 : 3;
 static_assert(kStages<KvLayout::bf16> <= kMaxStages && kStages<KvLayout::fp8_e4m3> <= kMaxStages &&
                   kStages<KvLayout::fp8_ds_mla> <= kMaxStages,
-              "barriers and column flags are laid out for kMaxStages");
+              "barriers and column biases are laid out for kMaxStages");
 
 // A tile of fp8 rows as copied from the pool: 32 records 576 B apart (64 mod 128, so a warp's
 // 16-byte reads of 8 rows x 4 lanes spread over all bank groups), then fp8_ds_mla's scale
@@ -77,9 +77,9 @@ struct Smem {  // byte offsets from a 1024-aligned base
   // TopkColumns' staged offsets, past the exchange: the combine overwrites them only after the
   // last tile, whose offsets the producer read before it filled the tile.
   static constexpr int topk = xch + xch_bytes;
-  static constexpr int mask = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
+  static constexpr int bias = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
   // full[stages], empty[stages] (kMaxStages each), then the seesaw's P handover (4)
-  static constexpr int bars = mask + kMaxStages * kTileColumns;
+  static constexpr int bars = bias + kMaxStages * kTileColumns * 4;  // float [stage][column]
   static constexpr int flag = bars + (2 * kMaxStages + 4) * 8;
   static constexpr int counts = flag + 16;                        // per producer warp: top-k
   static constexpr int sinks = counts + 4 * 4;                    // [heads]: decode_epilogue

@@ -11,7 +11,7 @@ namespace smla::cuda {
 template <int kStages, bool kF16>
 struct LockstepConsumer : ConsumerCore<kStages, kF16, false> {
   using Core = ConsumerCore<kStages, kF16, false>;
-  using Core::empty, Core::full, Core::half, Core::lane, Core::mask, Core::o, Core::pack,
+  using Core::empty, Core::full, Core::half, Core::lane, Core::bias, Core::o, Core::pack,
       Core::row_max, Core::row_sum, Core::tid, Core::warp, Core::xch;
 
   static __device__ __forceinline__ void init_barriers(uint64_t*) {}
@@ -57,15 +57,15 @@ struct LockstepConsumer : ConsumerCore<kStages, kF16, false> {
     const float theirs[8] = {in0.x, in0.y, in0.z, in0.w, in1.x, in1.y, in1.z, in1.w};
 
     // Online softmax of my row in log2 units; masked columns are -inf (their rows are zeros).
-    const uint8_t* flags = mask + stage * kTileColumns + 2 * (lane % 4);
+    const float* b_col = bias + stage * kTileColumns + 2 * (lane % 4);
     float x[8], tile_max = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint16_t valid = *reinterpret_cast<const uint16_t*>(flags + 8 * j);
+      const float2 b = *reinterpret_cast<const float2*>(b_col + 8 * j);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float full_score = s[4 * j + e] + theirs[2 * j + e];
-        x[2 * j + e] = (valid >> (8 * e)) & 1 ? full_score * p.scale_log2 : -INFINITY;
+        x[2 * j + e] = fmaf(full_score, p.scale_log2, e ? b.y : b.x);
         tile_max = fmaxf(tile_max, x[2 * j + e]);
       }
     }

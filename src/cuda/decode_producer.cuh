@@ -9,7 +9,7 @@
 
 namespace smla::cuda {
 
-// Four lanes own one row of a tile: its column, source and flag (produce_bf16 spreads the
+// Four lanes own one row of a tile: its column, source and bias (produce_bf16 spreads the
 // copies over the warp differently). Columns that are not attended (SPEC §2 rules 1-3) become
 // zero rows that are never read from memory. The lane's row, and the index of its column in
 // `tile` (no dependence on the row's metadata, so the first ones load while that is in flight).
@@ -179,12 +179,14 @@ struct Fp8Rows {
   }
 };
 
-// Whether the row's column is attended, for the consumers' mask: written by the row's first
-// lane and released by a plain arrive on the stage's full barrier.
-__device__ __forceinline__ void publish_flag(uint8_t* smem, uint64_t* full, int stage, int row,
+// The row's column's score bias, 0 if attended and -inf if not (the consumers add it in the
+// multiply that scales the scores: no select): written by the row's first lane and released by
+// a plain arrive on the stage's full barrier.
+__device__ __forceinline__ void publish_bias(uint8_t* smem, uint64_t* full, int stage, int row,
                                              int part, bool valid) {
   if (part != 0) return;
-  smem[Smem::mask + stage * kTileColumns + row] = valid;
+  reinterpret_cast<float*>(smem + Smem::bias)[stage * kTileColumns + row] =
+      valid ? 0.f : -INFINITY;
   ptx::mbar_arrive(full);
 }
 
@@ -224,7 +226,7 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
     if (n >= kStagesL) ptx::mbar_wait(&empty[stage], ((n / kStagesL) - 1) & 1);
     copy_rows_bf16(dst, src);
     ptx::cp_async_arrive(&full[stage]);  // when this thread's copies land
-    publish_flag(smem, &full[stage], stage, row, part, src.valid);
+    publish_bias(smem, &full[stage], stage, row, part, src.valid);
   }
 }
 
@@ -261,7 +263,7 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
     Rows::convert(raw_buffer(n % kRaws), smem + Smem::kv + stage * kTileBytes, row, part);
     ptx::fence_proxy_async();  // st.shared, then wgmma reads
     ptx::mbar_arrive(&full[stage]);
-    publish_flag(smem, &full[stage], stage, row, part, valid);
+    publish_bias(smem, &full[stage], stage, row, part, valid);
   }
 }
 

@@ -18,7 +18,7 @@ constexpr uint32_t kFinishBarrier = 2;
 template <int kStages, bool kF16, bool kCopiedRows>
 struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
   using Core = ConsumerCore<kStages, kF16, true>;
-  using Core::empty, Core::full, Core::half, Core::lane, Core::mask, Core::o, Core::pack,
+  using Core::empty, Core::full, Core::half, Core::lane, Core::bias, Core::o, Core::pack,
       Core::row_max, Core::row_sum, Core::tid, Core::warp, Core::xch;
   static constexpr int kRawBuffers = RawTile<KvLayout::fp8_e4m3, true>::kBuffers;  // kF16
   // row_max[r] is the base of o and of row_sum, the sum of this warpgroup's own tiles' P.
@@ -83,14 +83,14 @@ struct SeesawConsumer : ConsumerCore<kStages, kF16, true> {
   __device__ __forceinline__ void mask_scores(int n, float (&s)[kScores], float (&tile_max)[2],
                                               const DecodeParams& p) const {
     ptx::fence_operands(s);
-    const uint8_t* flags = mask + (n % kStages) * kTileColumns + 2 * (lane % 4);
+    const float* b_col = bias + (n % kStages) * kTileColumns + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint16_t valid = *reinterpret_cast<const uint16_t*>(flags + 8 * j);
+      const float2 b = *reinterpret_cast<const float2*>(b_col + 8 * j);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float& x = s[4 * j + i];
-        x = (valid >> (8 * (i & 1))) & 1 ? x * p.scale_log2 : -INFINITY;
+        x = fmaf(x, p.scale_log2, i & 1 ? b.y : b.x);
         tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
       }
     }
