@@ -77,9 +77,10 @@ struct Smem {  // byte offsets from a 1024-aligned base
   // TopkColumns' staged offsets, past the exchange: the combine overwrites them only after the
   // last tile, whose offsets the producer read before it filled the tile.
   static constexpr int topk = xch + xch_bytes;
+  // Each stage's column biases, float [stage][column] (publish_bias).
   static constexpr int bias = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
   // full[stages], empty[stages] (kMaxStages each), then the seesaw's P handover (4)
-  static constexpr int bars = bias + kMaxStages * kTileColumns * 4;  // float [stage][column]
+  static constexpr int bars = bias + kMaxStages * kTileColumns * int(sizeof(float));
   static constexpr int flag = bars + (2 * kMaxStages + 4) * 8;
   static constexpr int counts = flag + 16;                        // per producer warp: top-k
   static constexpr int sinks = counts + 4 * 4;                    // [heads]: decode_epilogue

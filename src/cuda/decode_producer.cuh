@@ -179,9 +179,9 @@ struct Fp8Rows {
   }
 };
 
-// The row's column's score bias, 0 if attended and -inf if not (the consumers add it in the
-// multiply that scales the scores: no select): written by the row's first lane and released by
-// a plain arrive on the stage's full barrier.
+// The row's column's score bias, 0 if attended and -inf if not (the consumers add it in the fma
+// that scales their scores: no test and select): written by the row's first lane and released
+// by a plain arrive on the stage's full barrier.
 __device__ __forceinline__ void publish_bias(uint8_t* smem, uint64_t* full, int stage, int row,
                                              int part, bool valid) {
   if (part != 0) return;
