@@ -62,8 +62,8 @@ template <KvLayout L>
 constexpr int kConsumerRegs =
     (kWarpgroups * kLaunchRegs - kProducerRegs<L>) / (kWarpgroups - 1) / 8 * 8;
 
-// kTopk: the launch reads TopkColumns. Only the consumers' staging is compiled per source; the
-// producer tests p.topk at run time (compiling it out too measured slower: docs/kernel.md).
+// kTopk: the launch reads TopkColumns. The consumers' staging is compiled per source, the
+// producer's only in the kF16 kernels: elsewhere it measured slower so (docs/kernel.md).
 // kF16: an e4m3 cache with an e4m3 query: scores by e4m3 wgmma, P.V in f16 (one conversion per
 // two values).
 // kQueryTma: a bf16 query by TMA from p.q_map, and no split reduction compiled in: dispatched
@@ -97,9 +97,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x >= 128 && threadIdx.x % 128 == 0)
       ConsumerOf<L, kF16, kQueryTma>::request_query(p, smem);
   // The producer's first indices load alongside the row's metadata.
-  IndexPipe indices;
+  constexpr int kProducerTopk = kF16 ? int(kTopk) : -1;  // see reads_topk
+  IndexPipe<kProducerTopk> indices;
   if (threadIdx.x < 128)
-    for (int k = 0; k < IndexPipe::kAhead; ++k) indices.q[k] = load_index(p, token, first_tile + k);
+    for (int k = 0; k < indices.kAhead; ++k)
+      indices.q[k] = load_index<kProducerTopk>(p, token, first_tile + k);
   const bool topk = p.topk.indices != nullptr;
   Work w = locate_work(p);
   int* topk_counts = reinterpret_cast<int*>(smem + Smem::counts);
@@ -118,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (L == KvLayout::bf16)
       produce_bf16(p, w, smem, indices);
     else
-      produce_fp8<L, kF16>(p, w, smem, indices);
+      produce_fp8<L, kF16, kProducerTopk>(p, w, smem, indices);
     indices.finish(p);
   } else {
     ptx::reg_alloc<kConsumerRegs<L>>();
