@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Everything GPU-side in one call on the GPU machine: GPU tests, compute-sanitizer on small
 # cases, the decode benchmark and the copy and wgmma probes, the main job on CUDA, the step
-# benchmark, the Python package; a short table last. Full logs go to $OUT (or ./gpu-out), at most 8 files:
-# build.log, tests.log (tests and sanitizers), bench.log (benchmark, probe and profile),
-# bench.csv, run.log, step.log, step.csv, python.log. Uses a carried build dir (default
-# build-cuda) or builds one.
+# benchmark, the Python package; a short table last. Full logs go to $OUT (or ./gpu-out), at
+# most 8 files: build.log, tests.log (tests and sanitizers), bench.log (benchmark, probes and
+# profile), bench.csv, run.log, step.log, step.csv, python.log. Uses a carried build dir
+# (default build-cuda) or builds one.
 #   scripts/gpu_check.sh [tests] [sanitize] [bench] [probe] [profile] [run] [step] [python]
 #   (default: all but profile)
 set -uo pipefail
