@@ -12,17 +12,32 @@
 namespace smla::bench {
 namespace {
 
-// One warp per row, 16-byte loads, summed so the loads are not dead.
+// A warp gathers kGatherRows rows with every 16-byte load issued before any is used: one row
+// a warp kept 576- and 512-byte rows from filling the memory pipe (fewer bytes in flight than
+// DRAM latency needs), which set their ceilings, and so the fp8 floors, too low.
+constexpr int kGatherRows = 4;
+constexpr int kMaxRowUnits = 64;  // 1 KiB rows; at least 32 (512 B)
+constexpr int kGatherLoads = kGatherRows * kMaxRowUnits / 32;
+
 __global__ void gather_rows(const uint4* pool, const int32_t* rows, int num_rows, int row_units,
                             uint4* sink) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-  if (warp >= num_rows) return;
-  const uint4* row = pool + int64_t(rows[warp]) * row_units;
-  uint4 acc = make_uint4(0, 0, 0, 0);
-  for (int u = lane; u < row_units; u += 32) {
-    const uint4 v = __ldcs(row + u);
-    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  const int first = warp * kGatherRows;
+  if (first >= num_rows) return;
+  const int64_t my_row = lane < kGatherRows ? rows[first + lane] : 0;
+  uint4 v[kGatherLoads];
+  int r = 0, unit = lane;  // load k reads unit `unit` of the warp's row r (rows >= 32 units)
+#pragma unroll
+  for (int k = 0; k < kGatherLoads; ++k) {
+    const int64_t row = __shfl_sync(~0u, my_row, r % kGatherRows);
+    v[k] = r < kGatherRows ? __ldcs(pool + row * row_units + unit) : make_uint4(0, 0, 0, 0);
+    unit += 32;
+    if (unit >= row_units) unit -= row_units, ++r;
   }
+  uint4 acc = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int k = 0; k < kGatherLoads; ++k)
+    acc.x ^= v[k].x, acc.y ^= v[k].y, acc.z ^= v[k].z, acc.w ^= v[k].w;
   if ((acc.x & 0xFFFFFFF) == 0x1234567) sink[0] = acc;  // practically never
 }
 
@@ -51,6 +66,9 @@ void cublas_check(cublasStatus_t status, const char* call) {
 }  // namespace
 
 double measure_gather_bandwidth(int row_bytes) {
+  if (row_bytes % 16 != 0 || row_bytes < 512 || row_bytes > 16 * kMaxRowUnits)
+    throw Error(ErrorKind::value, "row_bytes", "a multiple of 16 in [512, 1024]",
+                std::to_string(row_bytes));
   const int64_t pool_bytes = int64_t(4) << 30;
   const int pool_rows = int(pool_bytes / row_bytes);
   const int num_rows = 1 << 20;
@@ -65,8 +83,8 @@ double measure_gather_bandwidth(int row_bytes) {
   SMLA_CUDA_CHECK(cudaGetLastError());
   const double ms = median_graph_ms(
       [&](cudaStream_t s) {
-        gather_rows<<<num_rows / 8, 256, 0, s>>>(static_cast<const uint4*>(pool), rows, num_rows,
-                                                  row_bytes / 16, sink);
+        gather_rows<<<num_rows / (8 * kGatherRows), 256, 0, s>>>(
+            static_cast<const uint4*>(pool), rows, num_rows, row_bytes / 16, sink);
       },
       20);
   SMLA_CUDA_CHECK(cudaFree(pool));
