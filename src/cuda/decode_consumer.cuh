@@ -15,7 +15,10 @@ constexpr float kRescaleThreshold = 8.f;
 // raw tiles as they are (the seesaw's alone: kWholeQuery), the stages hold V as f16, so P is f16.
 // kWholeQuery: a warpgroup's scores read all 512 dims (else the 256 of its half, its Q rows r and
 // r ^ 8 swapped in warpgroup 2, see LockstepXch). Either way it accumulates P.V over its half.
-template <int kStages, bool kF16, bool kWholeQuery>
+// kQueryRegSteps: the scores' first k steps take Q from registers (A-operand words, loaded once
+// the query has landed), so that those wgmma read 1 KiB of shared memory, not 3: the score wgmma
+// are bound by their operand reads (docs/kernel.md).
+template <int kStages, bool kF16, bool kWholeQuery, int kQueryRegSteps = 0>
 struct ConsumerCore {
   static constexpr int kPSteps = kTileColumns / 16;  // k16 steps of P.V
   static_assert(!kF16 || kWholeQuery, "e4m3 scores read the whole query");
@@ -28,6 +31,7 @@ struct ConsumerCore {
   const float* bias;  // [stage][column]: 0, or -inf for a column not attended
   float o[128];
   float row_max[2], row_sum[2];  // by fragment row
+  uint32_t qa[kQueryRegSteps > 0 ? kQueryRegSteps : 1][4];
 
   __device__ __forceinline__ void init(uint8_t* smem) {
     half = threadIdx.x / 128 - 1;
@@ -133,6 +137,16 @@ struct ConsumerCore {
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     for (int r = 0; r < 2; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.f;
     ptx::fence_operands(o);  // keep the zeroing out of any wgmma's flight
+    // Word [k][i]: row 16 warp + lane / 4 + 8 (i & 1), dims 16k + 8 (i / 2) + 2 (lane % 4), + 1.
+#pragma unroll
+    for (int k = 0; k < kQueryRegSteps; ++k)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = 16 * warp + lane / 4 + 8 * (i & 1), dim = 16 * k + 8 * (i / 2);
+        qa[k][i] = *reinterpret_cast<const uint32_t*>(
+            smem + Smem::q + (dim / 64) * kQChunkBytes + swizzle(row, dim % 64 / 8) +
+            4 * (lane % 4));
+      }
   }
 
   // Two P values as one A-operand word.
@@ -160,6 +174,8 @@ struct ConsumerCore {
       const uint64_t b = k_tile + ptx::desc_offset((k / 4) * kKvChunkBytes + (k % 4) * 32);
       if constexpr (kF16)
         ptx::wgmma_m64n32k32_ss_e4m3(s, a, b, k > 0);
+      else if (k < kQueryRegSteps)
+        ptx::wgmma_m64n32k16_rs(s, qa[k < kQueryRegSteps ? k : 0], b, k > 0);  // in bounds if 0
       else
         ptx::wgmma_m64n32k16_ss(s, a, b, k > 0);
     }
