@@ -24,13 +24,14 @@ __global__ void gather_rows(const uint4* pool, const int32_t* rows, int num_rows
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
   const int first = warp * kGatherRows;
   if (first >= num_rows) return;
-  const int64_t my_row = lane < kGatherRows ? rows[first + lane] : 0;
+  const int64_t my_row = lane < kGatherRows && first + lane < num_rows ? rows[first + lane] : 0;
   uint4 v[kGatherLoads];
   int r = 0, unit = lane;  // load k reads unit `unit` of the warp's row r (rows >= 32 units)
 #pragma unroll
   for (int k = 0; k < kGatherLoads; ++k) {
     const int64_t row = __shfl_sync(~0u, my_row, r % kGatherRows);
-    v[k] = r < kGatherRows ? __ldcs(pool + row * row_units + unit) : make_uint4(0, 0, 0, 0);
+    v[k] = r < kGatherRows && first + r < num_rows ? __ldcs(pool + row * row_units + unit)
+                                                   : make_uint4(0, 0, 0, 0);
     unit += 32;
     if (unit >= row_units) unit -= row_units, ++r;
   }
@@ -83,7 +84,7 @@ double measure_gather_bandwidth(int row_bytes) {
   SMLA_CUDA_CHECK(cudaGetLastError());
   const double ms = median_graph_ms(
       [&](cudaStream_t s) {
-        gather_rows<<<num_rows / (8 * kGatherRows), 256, 0, s>>>(
+        gather_rows<<<(num_rows + 8 * kGatherRows - 1) / (8 * kGatherRows), 256, 0, s>>>(
             static_cast<const uint4*>(pool), rows, num_rows, row_bytes / 16, sink);
       },
       20);

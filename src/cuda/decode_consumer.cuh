@@ -22,6 +22,7 @@ template <int kStages, bool kF16, bool kWholeQuery, int kQueryRegSteps = 0>
 struct ConsumerCore {
   static constexpr int kPSteps = kTileColumns / 16;  // k16 steps of P.V
   static_assert(!kF16 || kWholeQuery, "e4m3 scores read the whole query");
+  static_assert(!kF16 || kQueryRegSteps == 0, "query registers are bf16 A operands");
   static constexpr int kScoreSteps = (kWholeQuery ? 512 : 256) / (kF16 ? 32 : 16);
   int half, tid, warp, lane;
   // Q, K and V of stage 0 as this warpgroup reads them (kF16: K from the shared-memory base).

@@ -15,13 +15,17 @@ constexpr uint32_t kFinishBarrier = 2;
 
 // kCopiedRows: the rows my scores read landed by cp.async (bf16 stages, kF16's raw tiles), which
 // no thread fenced for the wgmma's proxy; the fp8 layouts' producer fences the stages it writes.
-// bf16 stages (kCopiedRows, !kF16): the scores' first ten k steps read Q from registers, 40 of
-// the 232 (with twelve ptxas serializes the wgmma for want of registers, C7512): bf16 128 x 2
-// H=128 -2.9%, H=64 -0.5%, eight steps -2.2% / -0.6% (twenty-seventh session). The fp8 layouts'
-// consumers have 208 registers and their producer paces them.
+template <bool kF16, bool kCopiedRows>
+constexpr int kSeesawQueryRegSteps = kCopiedRows && !kF16 ? 10 : 0;  // bf16 stages alone
+
+// bf16 stages: the scores' first ten k steps read Q from registers, 40 of the 232 (with twelve
+// ptxas serializes the wgmma for want of registers, C7512): bf16 128 x 2 H=128 -2.9%, H=64
+// -0.5%, eight steps -2.2% / -0.6% (twenty-seventh session). The fp8 layouts' consumers have
+// 208 registers and their producer paces them.
 template <int kStages, bool kF16, bool kCopiedRows>
-struct SeesawConsumer : ConsumerCore<kStages, kF16, true, kCopiedRows && !kF16 ? 10 : 0> {
-  using Core = ConsumerCore<kStages, kF16, true, kCopiedRows && !kF16 ? 10 : 0>;
+struct SeesawConsumer
+    : ConsumerCore<kStages, kF16, true, kSeesawQueryRegSteps<kF16, kCopiedRows>> {
+  using Core = ConsumerCore<kStages, kF16, true, kSeesawQueryRegSteps<kF16, kCopiedRows>>;
   using Core::empty, Core::full, Core::half, Core::lane, Core::bias, Core::o, Core::pack,
       Core::row_max, Core::row_sum, Core::tid, Core::warp, Core::xch;
   static constexpr int kRawBuffers = RawTile<KvLayout::fp8_e4m3, true>::kBuffers;  // kF16
