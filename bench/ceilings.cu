@@ -109,9 +109,9 @@ double measure_bf16_matmul_rate() {
   const double ms = median_graph_ms(
       [&](cudaStream_t s) {
         cublas_check(cublasSetStream(handle, s), "cublasSetStream");
-        cublas_check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n,
-                                  b, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT),
+        cublas_check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF,
+                                  n, b, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "cublasGemmEx");
       },
       10);

@@ -1,7 +1,8 @@
 // A decode step captured as one CUDA graph four ways — the executor as is (CompressedIndex
 // automatic), every compressed layer reading its top-k in the decode, SPEC §5's shared tables,
-// and every layer building its own table: the graph's nodes by kind, its median replay time, and the time
-// of the step's table builds captured alone — what index building costs of the step.
+// and every layer building its own table: the graph's nodes by kind, its median replay time,
+// and the time of the step's table builds captured alone — what index building costs of the
+// step.
 // Shared by `smla run` on CUDA and smla_step_bench.
 #pragma once
 #include <cstdint>

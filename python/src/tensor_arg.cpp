@@ -39,7 +39,8 @@ std::optional<DType> native(nb::dlpack::dtype d) {
 }
 
 template <class Array>
-TensorView view_of(const Array& a, const std::string& name, const std::optional<std::string>& dtype) {
+TensorView view_of(const Array& a, const std::string& name,
+                   const std::optional<std::string>& dtype) {
   TensorView v;
   const nb::dlpack::dtype d = a.dtype();
   if (dtype) {

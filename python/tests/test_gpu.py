@@ -51,7 +51,8 @@ def attended(case):
     num_tokens, num_columns = idx.shape
     pos = positions(case["seq_lens"], case["cum_seq_lens_q"], num_tokens)
     col = torch.arange(num_columns, device=idx.device)
-    mask = (col < lens[:, None].long()) & ((col >= W) | (col < torch.clamp(pos + 1, max=W)[:, None]))
+    in_window = col < torch.clamp(pos + 1, max=W)[:, None]
+    mask = (col < lens[:, None].long()) & ((col >= W) | in_window)
     swa_rows, swa_ok = gather(case["swa64"], case["swa_span"], idx[:, :W])
     comp_rows, comp_ok = gather(case["comp64"], case["comp_span"], idx[:, W:])
     mask &= torch.cat([swa_ok, comp_ok], 1)

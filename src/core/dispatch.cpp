@@ -41,9 +41,12 @@ size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, D
 
 const char* kv_layout_name(KvLayout layout) {
   switch (layout) {
-    case KvLayout::bf16: return "bf16";
-    case KvLayout::fp8_e4m3: return "fp8_e4m3";
-    case KvLayout::fp8_ds_mla: return "fp8_ds_mla";
+    case KvLayout::bf16:
+      return "bf16";
+    case KvLayout::fp8_e4m3:
+      return "fp8_e4m3";
+    case KvLayout::fp8_ds_mla:
+      return "fp8_ds_mla";
   }
   return "?";
 }
@@ -54,12 +57,13 @@ Capability query_capability(int head_size, DType query_dtype, DType kv_dtype, in
                             Device device) {
   if (head_size != kHeadDim)
     return refuse("head size must be 512 (448 NoPE + 64 RoPE), got " + std::to_string(head_size));
-  if (block_size <= 0) return refuse("block size must be positive, got " + std::to_string(block_size));
+  if (block_size <= 0)
+    return refuse("block size must be positive, got " + std::to_string(block_size));
   if (kv_dtype != DType::bf16 && kv_dtype != DType::f8e4m3 && kv_dtype != DType::u8)
     return refuse(std::string("KV cache dtype must be bf16, f8e4m3 or u8 (fp8_ds_mla), got ") +
                   dtype_name(kv_dtype));
-  const bool query_ok = query_dtype == DType::bf16 ||
-                        (query_dtype == DType::f8e4m3 && kv_dtype == DType::f8e4m3);
+  const bool query_ok =
+      query_dtype == DType::bf16 || (query_dtype == DType::f8e4m3 && kv_dtype == DType::f8e4m3);
   if (!query_ok)
     return refuse(std::string("query dtype ") + dtype_name(query_dtype) + " does not go with a " +
                   dtype_name(kv_dtype) + " cache (bf16 query, or f8e4m3 with an f8e4m3 cache)");

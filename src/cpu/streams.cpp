@@ -14,7 +14,9 @@ std::shared_ptr<void> HostStreams::allocate(size_t bytes) {
 
 void HostStreams::zero(void* dst, size_t bytes) { std::memset(dst, 0, bytes); }
 void HostStreams::upload(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-void HostStreams::download(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void HostStreams::download(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
 
 std::unique_ptr<Streams> make_streams() { return std::make_unique<HostStreams>(); }
 

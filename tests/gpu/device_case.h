@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cuda/backend.h"
@@ -15,6 +17,14 @@ namespace smla::test {
 
 #define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 #define CUDA_OK(call) EXPECT_EQ((call), cudaSuccess) << #call
+
+// Throws (a test failure with the call named) when a CUDA call fails: for constructors and
+// helpers that cannot return a gtest failure.
+inline void cuda_ok(cudaError_t status, const char* call) {
+  if (status != cudaSuccess)
+    throw std::runtime_error(std::string(call) + ": " + cudaGetErrorString(status));
+}
+#define CUDA_THROW(call) ::smla::test::cuda_ok((call), #call)
 
 inline bool have_gpu() {
   int count = 0;
@@ -27,7 +37,7 @@ inline bool have_gpu() {
 class DeviceMemory {
  public:
   explicit DeviceMemory(size_t bytes) : bytes_(bytes) {
-    if (cudaMalloc(&ptr_, bytes ? bytes : 16) != cudaSuccess) ptr_ = nullptr;
+    CUDA_THROW(cudaMalloc(&ptr_, bytes ? bytes : 16));
   }
   ~DeviceMemory() { cudaFree(ptr_); }
   DeviceMemory(const DeviceMemory&) = delete;
@@ -58,7 +68,7 @@ struct DeviceCase {
   explicit DeviceCase(DecodeCase& c, size_t counter_bytes = SIZE_MAX, size_t ws_bytes = SIZE_MAX) {
     c.for_each_tensor([&](const char*, HostTensor& t) {
       auto memory = std::make_unique<DeviceMemory>(t.bytes.size());
-      cudaMemcpy(memory->get(), t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice);
+      CUDA_THROW(cudaMemcpy(memory->get(), t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice));
       tensors[&t] = std::move(memory);
     });
     args = c.args(kDevice, [&](const HostTensor& t) { return tensors.at(&t)->get(); });
@@ -68,23 +78,27 @@ struct DeviceCase {
     ws_bytes = std::min(ws_bytes, workspace_bytes(T, H, K, kDevice));
     counters = std::make_unique<DeviceMemory>(counter_bytes);
     workspace = std::make_unique<DeviceMemory>(ws_bytes);
-    cudaMemset(counters->get(), 0, counters->bytes());
-    if (counter_bytes) args.kv_counters = make_view(counters->get(), DType::u8, kDevice, {int64_t(counter_bytes)});
-    if (ws_bytes) args.workspace = make_view(workspace->get(), DType::u8, kDevice, {int64_t(ws_bytes)});
+    CUDA_THROW(cudaMemset(counters->get(), 0, counters->bytes()));
+    if (counter_bytes)
+      args.kv_counters = make_view(counters->get(), DType::u8, kDevice, {int64_t(counter_bytes)});
+    if (ws_bytes)
+      args.workspace = make_view(workspace->get(), DType::u8, kDevice, {int64_t(ws_bytes)});
   }
 
   void* device_ptr(const HostTensor& t) const { return tensors.at(&t)->get(); }
 
   // Copies the outputs back into the case (so the oracle comparison reads them).
   void fetch(DecodeCase& c) const {
-    cudaMemcpy(c.out.bytes.data(), device_ptr(c.out), c.out.bytes.size(), cudaMemcpyDeviceToHost);
+    CUDA_THROW(cudaMemcpy(c.out.bytes.data(), device_ptr(c.out), c.out.bytes.size(),
+                          cudaMemcpyDeviceToHost));
     if (c.lse.defined())
-      cudaMemcpy(c.lse.bytes.data(), device_ptr(c.lse), c.lse.bytes.size(), cudaMemcpyDeviceToHost);
+      CUDA_THROW(cudaMemcpy(c.lse.bytes.data(), device_ptr(c.lse), c.lse.bytes.size(),
+                            cudaMemcpyDeviceToHost));
   }
 
   std::vector<int32_t> counter_values() const {
     std::vector<int32_t> v(counters->bytes() / 4);
-    cudaMemcpy(v.data(), counters->get(), v.size() * 4, cudaMemcpyDeviceToHost);
+    CUDA_THROW(cudaMemcpy(v.data(), counters->get(), v.size() * 4, cudaMemcpyDeviceToHost));
     return v;
   }
 };

@@ -6,8 +6,6 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "device_case.h"
@@ -15,13 +13,6 @@
 #include "step_case.h"
 
 namespace smla::test {
-
-// Throws (a test failure with the call named) when a CUDA call fails.
-inline void cuda_ok(cudaError_t status, const char* call) {
-  if (status != cudaSuccess)
-    throw std::runtime_error(std::string(call) + ": " + cudaGetErrorString(status));
-}
-#define CUDA_THROW(call) ::smla::test::cuda_ok((call), #call)
 
 // Bytes from a view's first element to one past its last (strides may leave gaps).
 inline size_t extent_bytes(const TensorView& v) {
@@ -52,7 +43,7 @@ class DeviceMirror {
     const size_t bytes = extent_bytes(host);
     auto [it, fresh] = copies_.try_emplace(host.data);
     if (fresh) {
-      it->second = memory(bytes);
+      it->second = std::make_unique<DeviceMemory>(bytes);
       CUDA_THROW(cudaMemcpy(it->second->get(), host.data, bytes, cudaMemcpyHostToDevice));
     } else if (it->second->bytes() < bytes) {
       throw std::logic_error("two views of one host buffer with different extents");
@@ -101,19 +92,13 @@ class DeviceMirror {
   // Fresh contiguous device memory of `shape`, every byte `fill` (0xa5: garbage, 0xff: NaN).
   TensorView output(DType dtype, std::initializer_list<int64_t> shape, int fill = 0xa5) {
     TensorView v = make_view(nullptr, dtype, kDevice, shape);
-    outputs_.push_back(memory(extent_bytes(v)));
+    outputs_.push_back(std::make_unique<DeviceMemory>(extent_bytes(v)));
     v.data = outputs_.back()->get();
     CUDA_THROW(cudaMemset(v.data, fill, outputs_.back()->bytes()));
     return v;
   }
 
  private:
-  static std::unique_ptr<DeviceMemory> memory(size_t bytes) {
-    auto m = std::make_unique<DeviceMemory>(bytes);
-    if (!m->get()) throw std::runtime_error("cudaMalloc of " + std::to_string(bytes) + " B failed");
-    return m;
-  }
-
   std::map<const void*, std::unique_ptr<DeviceMemory>> copies_;  // by host buffer
   std::vector<std::unique_ptr<DeviceMemory>> outputs_;
 };

@@ -25,10 +25,12 @@ Reference reference_of(const DecodeCase& c) {
   for (int64_t t = 0; t < r.tokens; ++t)
     for (int h = 0; h < r.out_heads; ++h)
       for (int d = 0; d < 512; ++d)
-        r.out.push_back(ref_bf16(c.out.get<uint16_t>(t * c.out.stride(0) + h * c.out.stride(1) + d)));
+        r.out.push_back(
+            ref_bf16(c.out.get<uint16_t>(t * c.out.stride(0) + h * c.out.stride(1) + d)));
   if (c.lse.defined())
     for (int64_t t = 0; t < r.tokens; ++t)
-      for (int h = 0; h < r.heads; ++h) r.lse.push_back(c.lse.get<float>(t * c.lse.stride(0) + h * c.lse.stride(1)));
+      for (int h = 0; h < r.heads; ++h)
+        r.lse.push_back(c.lse.get<float>(t * c.lse.stride(0) + h * c.lse.stride(1)));
   return r;
 }
 
@@ -241,7 +243,8 @@ void expect_replays_equal_eager(DecodeCase& c, KvLayout layout, int replays, int
 // A captured launch replayed 100 times equals the eager launch bitwise.
 TEST(GpuDecode, GraphReplayEqualsEagerBitwise) {
   SKIP_WITHOUT_GPU();
-  DecodeCase c = make_case({.heads = 128, .requests = 2, .max_q = 3, .compressed_width = 512}, fresh_seed());
+  DecodeCase c = make_case({.heads = 128, .requests = 2, .max_q = 3, .compressed_width = 512},
+                           fresh_seed());
   expect_replays_equal_eager(c, KvLayout::bf16, 100, 25);
 }
 
@@ -249,8 +252,10 @@ TEST(GpuDecode, GraphReplayEqualsEagerBitwise) {
 TEST(GpuDecode, SmallCountersOrWorkspaceFallBack) {
   SKIP_WITHOUT_GPU();
   const CountersOnly counters_only;
-  for (auto [counters, workspace] : {std::pair<size_t, size_t>{0, 0}, {4, SIZE_MAX}, {SIZE_MAX, 1 << 16}}) {
-    DecodeCase c = make_case({.heads = 32, .requests = 2, .max_q = 2, .compressed_width = 1024}, fresh_seed());
+  for (auto [counters, workspace] :
+       {std::pair<size_t, size_t>{0, 0}, {4, SIZE_MAX}, {SIZE_MAX, 1 << 16}}) {
+    DecodeCase c = make_case({.heads = 32, .requests = 2, .max_q = 2, .compressed_width = 1024},
+                             fresh_seed());
     DeviceCase d(c, counters, workspace);
     sparse_mla_decode(d.args);
     ASSERT_CUDA(cudaDeviceSynchronize());

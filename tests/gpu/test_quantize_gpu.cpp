@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <limits>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -44,7 +43,6 @@ struct OnDevice {
   TensorView view;
   explicit OnDevice(const HostTensor& t)
       : memory(t.bytes.size()), view(t.view(memory.get(), kGpu)) {
-    if (!memory.get()) throw std::runtime_error("cudaMalloc failed");
     CUDA_THROW(cudaMemcpy(memory.get(), t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice));
   }
   std::vector<std::byte> bytes() const {

@@ -30,7 +30,8 @@ TEST(GpuStepGraph, SharedAndUnsharedGraphsAreSpecsAndTimed) {
     const cli::SynthStep step(o, model_layers(model_preset(model), o.groups), *streams);
     const cli::StepGraphs graphs =
         cli::measure_step_graphs(step.device, *streams, step.num_tokens, step.max_columns, 5);
-    for (const cli::StepGraph* g : {&graphs.automatic, &graphs.topk, &graphs.shared, &graphs.none}) {
+    for (const cli::StepGraph* g :
+         {&graphs.automatic, &graphs.topk, &graphs.shared, &graphs.none}) {
       const std::string where = std::string(model) + ", tables " + cli::graph_name(*g);
       EXPECT_EQ(cli::graph_problems(*g), std::vector<std::string>{}) << where;
       EXPECT_GT(g->builds_ms, 0) << where;
