@@ -22,7 +22,6 @@ template <int kStages, bool kF16, bool kWholeQuery, int kQueryRegSteps = 0>
 struct ConsumerCore {
   static constexpr int kPSteps = kTileColumns / 16;  // k16 steps of P.V
   static_assert(!kF16 || kWholeQuery, "e4m3 scores read the whole query");
-  static_assert(!kF16 || kQueryRegSteps == 0, "query registers are bf16 A operands");
   static constexpr int kScoreSteps = (kWholeQuery ? 512 : 256) / (kF16 ? 32 : 16);
   int half, tid, warp, lane;
   // Q, K and V of stage 0 as this warpgroup reads them (kF16: K from the shared-memory base).
@@ -138,14 +137,15 @@ struct ConsumerCore {
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     for (int r = 0; r < 2; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.f;
     ptx::fence_operands(o);  // keep the zeroing out of any wgmma's flight
-    // Word [k][i]: row 16 warp + lane / 4 + 8 (i & 1), dims 16k + 8 (i / 2) + 2 (lane % 4), + 1.
+    // Word [k][i]: row 16 warp + lane / 4 + 8 (i & 1), bytes 32k + 16 (i / 2) + 4 (lane % 4) to
+    // + 3 of a query row (bf16: dims 16k + 8 (i / 2) + 2 (lane % 4), + 1; e4m3: 32k + ..., + 3).
 #pragma unroll
     for (int k = 0; k < kQueryRegSteps; ++k)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int row = 16 * warp + lane / 4 + 8 * (i & 1), dim = 16 * k + 8 * (i / 2);
+        const int row = 16 * warp + lane / 4 + 8 * (i & 1), byte = 32 * k + 16 * (i / 2);
         qa[k][i] = *reinterpret_cast<const uint32_t*>(
-            smem + Smem::q + (dim / 64) * kQChunkBytes + swizzle(row, dim % 64 / 8) +
+            smem + Smem::q + (byte / 128) * kQChunkBytes + swizzle(row, byte % 128 / 16) +
             4 * (lane % 4));
       }
   }
@@ -173,12 +173,17 @@ struct ConsumerCore {
     for (int k = 0; k < kScoreSteps; ++k) {
       const uint64_t a = q_desc + ptx::desc_offset((k / 4) * kQChunkBytes + (k % 4) * 32);
       const uint64_t b = k_tile + ptx::desc_offset((k / 4) * kKvChunkBytes + (k % 4) * 32);
-      if constexpr (kF16)
+      const uint32_t(&q)[4] = qa[k < kQueryRegSteps ? k : 0];  // in bounds if none
+      if (k < kQueryRegSteps) {
+        if constexpr (kF16)
+          ptx::wgmma_m64n32k32_rs_e4m3(s, q, b, k > 0);
+        else
+          ptx::wgmma_m64n32k16_rs(s, q, b, k > 0);
+      } else if constexpr (kF16) {
         ptx::wgmma_m64n32k32_ss_e4m3(s, a, b, k > 0);
-      else if (k < kQueryRegSteps)
-        ptx::wgmma_m64n32k16_rs(s, qa[k < kQueryRegSteps ? k : 0], b, k > 0);  // in bounds if 0
-      else
+      } else {
         ptx::wgmma_m64n32k16_ss(s, a, b, k > 0);
+      }
     }
     ptx::wgmma_commit();
   }

@@ -13,15 +13,16 @@ namespace smla::cuda {
 // The named barrier of the final (base, sum) exchange (barrier 1 is the query's).
 constexpr uint32_t kFinishBarrier = 2;
 
+// The scores' first k steps that read Q from registers, as many as each consumer's registers
+// hold without spilling or serializing the wgmma (C7512): bf16 stages 10 of 32 at 232 registers
+// (128 x 2 H=128 -2.9%, H=64 -0.5%), converted fp8 stages 4 of 32 at 208 and kF16 6 of 16 at 224
+// (fp8_ds_mla and e4m3 -0.7% to -1.1% at 128 x 2; 27th and 28th sessions). One more spills or
+// serializes.
 // kCopiedRows: the rows my scores read landed by cp.async (bf16 stages, kF16's raw tiles), which
 // no thread fenced for the wgmma's proxy; the fp8 layouts' producer fences the stages it writes.
 template <bool kF16, bool kCopiedRows>
-constexpr int kSeesawQueryRegSteps = kCopiedRows && !kF16 ? 10 : 0;  // bf16 stages alone
+constexpr int kSeesawQueryRegSteps = kF16 ? 6 : kCopiedRows ? 10 : 4;
 
-// bf16 stages: the scores' first ten k steps read Q from registers, 40 of the 232 (with twelve
-// ptxas serializes the wgmma for want of registers, C7512): bf16 128 x 2 H=128 -2.9%, H=64
-// -0.5%, eight steps -2.2% / -0.6% (twenty-seventh session). The fp8 layouts' consumers have
-// 208 registers and their producer paces them.
 template <int kStages, bool kF16, bool kCopiedRows>
 struct SeesawConsumer
     : ConsumerCore<kStages, kF16, true, kSeesawQueryRegSteps<kF16, kCopiedRows>> {

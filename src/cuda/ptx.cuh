@@ -258,6 +258,18 @@ __device__ __forceinline__ void wgmma_m64n32k32_ss_e4m3(float (&d)[16], uint64_t
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
 }
 
+// The same with A in registers (four elements per word).
+__device__ __forceinline__ void wgmma_m64n32k32_rs_e4m3(float (&d)[16], const uint32_t (&a)[4],
+                                                        uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+      : SMLA_F16(0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
 // D[64x256] += A[64x16] * B[16x256], A in registers (two elements per word), B N-major in
 // shared memory.
 template <bool kF16>
