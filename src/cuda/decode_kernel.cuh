@@ -67,11 +67,12 @@ constexpr int kConsumerRegs =
 // kF16: an e4m3 cache with an e4m3 query: scores by e4m3 wgmma, P.V in f16 (one conversion per
 // two values).
 // kQueryTma: a bf16 query by TMA from p.q_map, and no split reduction compiled in: dispatched
-// for unsplit plans of 64 heads a CTA, where it measured faster (docs/kernel.md).
+// for unsplit plans of 64 heads a CTA (fp8_ds_mla: one head block), where it measured faster
+// (docs/kernel.md).
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ KernelParams<kQueryTma> p) {
-  static_assert(!kQueryTma || (L == KvLayout::bf16 && !kF16), "kQueryTma kernels are bf16's");
+  static_assert(!kQueryTma || L != KvLayout::fp8_e4m3, "kQueryTma kernels: bf16 and fp8_ds_mla");
   extern __shared__ uint8_t smem_raw[];
   // Offsetting the __shared__ array (not an integer cast) keeps shared-memory instructions.
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
