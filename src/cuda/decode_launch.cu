@@ -77,6 +77,13 @@ bool query_map(const TensorView& q, const DecodeProblem& problem, CUtensorMap* m
   return bf16_tensor_map(map, q.data, 3, dims, strides, box);
 }
 
+// Unsplit plans of 64 heads a CTA read the query by TMA where a map holds its view (`tp` then
+// has it); other views take the cp.async kernel of the same plan.
+bool query_by_tma(const DecodePlan& plan, const TensorView& q, const DecodeProblem& problem,
+                  QueryTmaParams& tp) {
+  return plan.num_splits == 1 && plan.heads_per_cta == kMmaRows && query_map(q, problem, &tp.q_map);
+}
+
 // Sets the kernel's shared-memory size once per device (before its first launch or query).
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma = false>
 void allow_large_smem(int device) {
@@ -235,10 +242,9 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   switch (problem.layout) {
     case KvLayout::bf16:
       // Measured (docs/kernel.md): the query by TMA and the seesaw consumer help unsplit plans
-      // of 64 heads a CTA (large batches), not split ones (small batches) nor 16 heads a CTA. A
-      // query view no TMA map holds runs the cp.async lockstep kernel of the same plan.
-      if (QueryTmaParams tp{p}; plan.num_splits == 1 && plan.heads_per_cta == kMmaRows &&
-                                query_map(q, problem, &tp.q_map))
+      // of 64 heads a CTA (large batches), not split ones (small batches) nor 16 heads a CTA.
+      // Other plans and views run the cp.async lockstep kernel.
+      if (QueryTmaParams tp{p}; query_by_tma(plan, q, problem, tp))
         return launch<KvLayout::bf16, false, true>(tp, plan.ctas, device, s);
       return launch<KvLayout::bf16, false>(p, plan.ctas, device, s);
     case KvLayout::fp8_e4m3:
@@ -247,8 +253,7 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
     case KvLayout::fp8_ds_mla:
       // The query by TMA: 128 x 2 H=64 -1.5%, 64 x 2 -2.5%, but +0.7% where two head blocks
       // share each token's rows (H=100 and 128), as measured (docs/kernel.md).
-      if (QueryTmaParams tp{p}; plan.num_splits == 1 && plan.heads_per_cta == kMmaRows &&
-                                plan.head_blocks == 1 && query_map(q, problem, &tp.q_map))
+      if (QueryTmaParams tp{p}; plan.head_blocks == 1 && query_by_tma(plan, q, problem, tp))
         return launch<KvLayout::fp8_ds_mla, false, true>(tp, plan.ctas, device, s);
       return launch<KvLayout::fp8_ds_mla, false>(p, plan.ctas, device, s);
   }
