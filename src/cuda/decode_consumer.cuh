@@ -55,8 +55,8 @@ struct ConsumerCore {
   }
 
   // Instead of load_query, for 64 heads a CTA: the first thread of each consumer warpgroup
-  // requests its 256 dims of the CTA's heads by TMA, 8 heads x 64 dims a box (heads past H
-  // arrive as zeros), at the kernel's start: the load/store unit is then the first tile's
+  // requests half of the CTA's heads' query bytes by TMA, 8 heads x 128 bytes a box (heads past
+  // H arrive as zeros), at the kernel's start: the load/store unit is then the first tile's
   // alone. wait_query<true> completes it. More issuing threads measured at most 1-2.5% faster
   // and racecheck flags them unless they are in different warps, where they gain nothing
   // (docs/kernel.md).
@@ -67,18 +67,19 @@ struct ConsumerCore {
     static_assert(kWholeQuery, "kQueryTma kernels run the seesaw consumer");
     const int half = threadIdx.x / 128 - 1;
     constexpr int kGroups = kMmaRows / 8;
+    constexpr int kChunks = kF16 ? 2 : 4;  // of 128 bytes a row: an e4m3 query has four
     uint64_t* bar = query_bar(smem, half);
     ptx::mbar_init(bar, 1);
     ptx::mbar_init_fence();
-    ptx::mbar_arrive_expect_tx(bar, kGroups * 4 * 1024);
+    ptx::mbar_arrive_expect_tx(bar, kGroups * kChunks * 1024);
     const int head0 = cta_head_block(p) * p.heads_per_cta;
     const int token = cta_token(p);
 #pragma unroll
     for (int group = 0; group < kGroups; ++group) {
 #pragma unroll
-      for (int chunk = half * 4; chunk < half * 4 + 4; ++chunk)
+      for (int chunk = half * kChunks; chunk < (half + 1) * kChunks; ++chunk)
         ptx::tma_load_3d(ptx::smem_addr(smem + Smem::q + chunk * kQChunkBytes + group * 8 * 128),
-                         &p.q_map, chunk * 64, head0 + 8 * group, token, bar);
+                         &p.q_map, chunk * (kF16 ? 128 : 64), head0 + 8 * group, token, bar);
     }
   }
 

@@ -72,7 +72,8 @@ constexpr int kConsumerRegs =
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ KernelParams<kQueryTma> p) {
-  static_assert(!kQueryTma || L != KvLayout::fp8_e4m3, "kQueryTma kernels: bf16 and fp8_ds_mla");
+  static_assert(!kQueryTma || L != KvLayout::fp8_e4m3 || kF16,
+                "kQueryTma kernels: bf16, fp8_ds_mla and kF16");
   extern __shared__ uint8_t smem_raw[];
   // Offsetting the __shared__ array (not an integer cast) keeps shared-memory instructions.
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);

@@ -59,22 +59,26 @@ TopkParams topk_params(const TopkColumns& c, const DecodeProblem& problem) {
   return t;
 }
 
-// A bf16 query [T, H, 512] as a TMA tensor read in 8-head x 64-dim boxes, as the wgmma read
-// it; heads past H arrive as zeros. False where TMA cannot take its strides.
+// The query [T, H, 512] (bf16, or e4m3 for kF16) as a TMA tensor read in boxes of 8 heads x
+// 128 bytes, as the wgmma read it; heads past H arrive as zeros. False where TMA cannot take
+// its strides.
 bool query_map(const TensorView& q, const DecodeProblem& problem, CUtensorMap* map) {
+  const bool e4m3 = problem.query_dtype == DType::f8e4m3;
+  const uint64_t element = e4m3 ? 1 : 2;
   // A dimension of size 1 is read at index 0 alone: any stride serves.
   const auto stride = [&](int dim) {
-    return uint64_t(q.size(dim) == 1 ? 1024 : q.stride(dim) * 2);
+    return uint64_t(q.size(dim) == 1 ? 512 * element : q.stride(dim) * element);
   };
-  // TMA strides are below 2^40 bytes (the launcher checked their 16-byte multiples; a negative
-  // one, read unsigned, is above): other views take the cp.async kernels without asking the
-  // driver, whose refusal compute-sanitizer would report as an error.
+  // TMA strides are 16-byte multiples below 2^40 bytes (the launcher checked 16-byte multiples
+  // for bf16, 8-byte ones for e4m3; a negative stride, read unsigned, is above): other views
+  // take the cp.async kernels without asking the driver, whose refusal compute-sanitizer would
+  // report as an error.
   for (int dim : {0, 1})
-    if (stride(dim) >= (uint64_t(1) << 40)) return false;
+    if (stride(dim) >= (uint64_t(1) << 40) || stride(dim) % 16 != 0) return false;
   const uint64_t dims[3] = {512, uint64_t(problem.num_heads), uint64_t(problem.num_tokens)};
   const uint64_t strides[2] = {stride(1), stride(0)};
-  const uint32_t box[3] = {64, 8, 1};
-  return bf16_tensor_map(map, q.data, 3, dims, strides, box);
+  const uint32_t box[3] = {uint32_t(128 / element), 8, 1};
+  return tensor_map(map, q.data, e4m3, 3, dims, strides, box);
 }
 
 // Unsplit plans of 64 heads a CTA read the query by TMA where a map holds its view (`tp` then
@@ -95,8 +99,8 @@ void allow_large_smem(int device) {
 }
 
 // The kernels: per cache layout, reading a table or (kTopk) a top-k, for an e4m3 cache with an
-// e4m3 query (kF16) the f16 ones, and for a bf16 or fp8_ds_mla cache and an unsplit plan
-// (kQueryTma) those that read the query by TMA: only these twelve are built.
+// e4m3 query (kF16) the f16 ones, and for bf16, fp8_ds_mla and kF16 and an unsplit plan
+// (kQueryTma) those that read the query by TMA: only these fourteen are built.
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 void launch(const KernelParams<kQueryTma>& p, int64_t ctas, int device, cudaStream_t stream) {
   allow_large_smem<L, kTopk, kF16, kQueryTma>(device);
@@ -170,6 +174,7 @@ bool is_decode_kernel(const void* func) {
          is_layout_kernel<KvLayout::bf16, false, true>(func) ||
          is_layout_kernel<KvLayout::fp8_e4m3>(func) ||
          is_layout_kernel<KvLayout::fp8_e4m3, true>(func) ||
+         is_layout_kernel<KvLayout::fp8_e4m3, true, true>(func) ||
          is_layout_kernel<KvLayout::fp8_ds_mla>(func) ||
          is_layout_kernel<KvLayout::fp8_ds_mla, false, true>(func);
 }
@@ -248,6 +253,8 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
         return launch<KvLayout::bf16, false, true>(tp, plan.ctas, device, s);
       return launch<KvLayout::bf16, false>(p, plan.ctas, device, s);
     case KvLayout::fp8_e4m3:
+      if (QueryTmaParams tp{p}; q_fp8 && query_by_tma(plan, q, problem, tp))
+        return launch<KvLayout::fp8_e4m3, true, true>(tp, plan.ctas, device, s);
       if (q_fp8) return launch<KvLayout::fp8_e4m3, true>(p, plan.ctas, device, s);
       return launch<KvLayout::fp8_e4m3, false>(p, plan.ctas, device, s);
     case KvLayout::fp8_ds_mla:

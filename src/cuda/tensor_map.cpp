@@ -8,8 +8,8 @@
 
 namespace smla::cuda {
 
-bool bf16_tensor_map(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
-                     const uint64_t* byte_strides, const uint32_t* box) {
+bool tensor_map(CUtensorMap* map, const void* base, bool bytes, int rank, const uint64_t* dims,
+                const uint64_t* byte_strides, const uint32_t* box) {
   // The driver's encoder, found once (the runtime does not link libcuda's symbols).
   static const auto encode = [] {
     void* fn = nullptr;
@@ -22,7 +22,8 @@ bool bf16_tensor_map(CUtensorMap* map, const void* base, int rank, const uint64_
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   const cuuint32_t unit[5] = {1, 1, 1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(rank), const_cast<void*>(base),
+  return encode(map, bytes ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                cuuint32_t(rank), const_cast<void*>(base),
                 dims, byte_strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;

@@ -128,56 +128,63 @@ TEST(GpuDecode, UnsplitPlansAgainstOracleAndCpu) {
     }
 }
 
+// One query view of a fresh case, stored as elements of type E (the query's dtype): heads last
+// to first (`reversed`) or one row for every head, against the oracle and the CPU backend.
+template <class E>
+void check_query_view(KvLayout layout, DType dtype, int h, bool reversed) {
+  DecodeCase gpu = make_case({.layout = layout, .query_dtype = dtype, .heads = h, .requests = 3,
+                              .max_q = 3, .compressed_width = 512},
+                             fresh_seed());
+  const int64_t T = gpu.query.size(0);
+  HostTensor& q = gpu.query;  // [T, H, 512], heads contiguous
+  const int64_t ts = q.stride(0);
+  if (!reversed)  // the view below reads head 0's row for every head
+    for (int64_t t = 0; t < T; ++t)
+      for (int head = 1; head < h; ++head)
+        for (int d = 0; d < 512; ++d) q.set<E>(t * ts + head * 512 + d, q.get<E>(t * ts + d));
+  poison_unattended_rows(gpu);
+  DecodeCase cpu = gpu;
+  sparse_mla_decode(cpu.args());
+  DeviceCase d(gpu, 0, 0);
+  // The same logical query: heads stored last to first, or one row a token.
+  const int stored_heads = reversed ? h : 1;
+  std::vector<E> rows(T * stored_heads * 512);
+  for (int64_t t = 0; t < T; ++t)
+    for (int head = 0; head < stored_heads; ++head)
+      for (int d = 0; d < 512; ++d)
+        rows[(t * stored_heads + stored_heads - 1 - head) * 512 + d] =
+            q.get<E>(t * ts + head * 512 + d);
+  DeviceMemory stored(rows.size() * sizeof(E));
+  ASSERT_CUDA(cudaMemcpy(stored.get(), rows.data(), rows.size() * sizeof(E),
+                         cudaMemcpyHostToDevice));
+  E* base = static_cast<E*>(stored.get());
+  d.args.query = reversed ? make_view(base + (h - 1) * 512, dtype, DeviceCase::kDevice,
+                                      {T, h, 512}, {h * 512, -512, 1})
+                          : make_view(base, dtype, DeviceCase::kDevice, {T, h, 512}, {512, 0, 1});
+  sparse_mla_decode(d.args);
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  d.fetch(gpu);
+  const Tolerance tol = Tolerance::device(layout);
+  const std::string what = std::string(kv_layout_name(layout)) + ", H=" + std::to_string(h) +
+                           ", reversed " + std::to_string(reversed);
+  EXPECT_TRUE(matches(gpu, oracle(gpu), tol)) << "vs oracle, " << what;
+  EXPECT_TRUE(matches(gpu, reference_of(cpu), tol)) << "vs CPU, " << what;
+}
+
 // Query views a TMA map cannot describe (heads in reverse order: a negative head stride) or
 // describes with a zero stride (every head one row), on unsplit plans of 64 heads a CTA, where
-// bf16 and (one head block) fp8_ds_mla caches read the query by TMA if the driver encodes its
-// map and by cp.async otherwise.
+// bf16, fp8_ds_mla (one head block) and e4m3-query caches read the query by TMA if the driver
+// encodes its map and by cp.async otherwise.
 TEST(GpuDecode, ReversedAndBroadcastQueryViews) {
   SKIP_WITHOUT_GPU();
   const CountersOnly counters_only;
-  for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_ds_mla})
-    for (int h : {64, 128})
-      for (bool reversed : {true, false}) {
-        DecodeCase gpu = make_case(
-            {.layout = layout, .heads = h, .requests = 3, .max_q = 3, .compressed_width = 512},
-            fresh_seed());
-        const int64_t T = gpu.query.size(0);
-        HostTensor& q = gpu.query;  // [T, H, 512], heads contiguous
-        const int64_t ts = q.stride(0);
-        if (!reversed)  // the view below reads head 0's row for every head
-          for (int64_t t = 0; t < T; ++t)
-            for (int head = 1; head < h; ++head)
-              for (int d = 0; d < 512; ++d)
-                q.set<uint16_t>(t * ts + head * 512 + d, q.get<uint16_t>(t * ts + d));
-        poison_unattended_rows(gpu);
-        DecodeCase cpu = gpu;
-        sparse_mla_decode(cpu.args());
-        DeviceCase d(gpu, 0, 0);
-        // The same logical query: heads stored last to first, or one row a token.
-        const int stored_heads = reversed ? h : 1;
-        std::vector<uint16_t> rows(T * stored_heads * 512);
-        for (int64_t t = 0; t < T; ++t)
-          for (int head = 0; head < stored_heads; ++head)
-            for (int d = 0; d < 512; ++d)
-              rows[(t * stored_heads + stored_heads - 1 - head) * 512 + d] =
-                  q.get<uint16_t>(t * ts + head * 512 + d);
-        DeviceMemory stored(rows.size() * 2);
-        ASSERT_CUDA(cudaMemcpy(stored.get(), rows.data(), rows.size() * 2, cudaMemcpyHostToDevice));
-        uint16_t* base = static_cast<uint16_t*>(stored.get());
-        d.args.query = reversed ? make_view(base + (h - 1) * 512, DType::bf16, DeviceCase::kDevice,
-                                            {T, h, 512}, {h * 512, -512, 1})
-                                : make_view(base, DType::bf16, DeviceCase::kDevice, {T, h, 512},
-                                            {512, 0, 1});
-        sparse_mla_decode(d.args);
-        ASSERT_CUDA(cudaDeviceSynchronize());
-        d.fetch(gpu);
-        const Tolerance tol = Tolerance::device(layout);
-        const std::string what = std::string(kv_layout_name(layout)) + ", H=" + std::to_string(h) +
-                                 ", reversed " + std::to_string(reversed);
-        EXPECT_TRUE(matches(gpu, oracle(gpu), tol)) << "vs oracle, " << what;
-        EXPECT_TRUE(matches(gpu, reference_of(cpu), tol)) << "vs CPU, " << what;
-        if (HasFailure()) return;
-      }
+  for (int h : {64, 128})
+    for (bool reversed : {true, false}) {
+      check_query_view<uint16_t>(KvLayout::bf16, DType::bf16, h, reversed);
+      check_query_view<uint16_t>(KvLayout::fp8_ds_mla, DType::bf16, h, reversed);
+      check_query_view<uint8_t>(KvLayout::fp8_e4m3, DType::f8e4m3, h, reversed);
+      if (HasFailure()) return;
+    }
 }
 
 // A row split over many CTAs reuses one counter buffer 1000 times without a reset between
