@@ -66,9 +66,9 @@ constexpr int kConsumerRegs =
 // producer's only in the kF16 kernels: elsewhere it measured slower so (docs/kernel.md).
 // kF16: an e4m3 cache with an e4m3 query: scores by e4m3 wgmma, P.V in f16 (one conversion per
 // two values).
-// kQueryTma: a bf16 query by TMA from p.q_map, and no split reduction compiled in: dispatched
-// for unsplit plans of 64 heads a CTA (fp8_ds_mla: one head block), where it measured faster
-// (docs/kernel.md).
+// kQueryTma: the query (bf16, or e4m3 for kF16) by TMA from p.q_map, and no split reduction
+// compiled in: dispatched for unsplit plans of 64 heads a CTA (fp8_ds_mla: one head block),
+// where it measured faster (docs/kernel.md).
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __grid_constant__ KernelParams<kQueryTma> p) {

@@ -58,7 +58,7 @@ struct DecodeParams {
   int32_t* counters;                 // one per (token, head block), zero between launches
 };
 
-// The kernels that read a bf16 query by TMA take its tensor map too (8-head x 64-dim boxes);
+// The kernels that read the query by TMA take its tensor map too (boxes of 8 heads x 128 bytes);
 // the others keep DecodeParams as it is, so their code does not move.
 struct QueryTmaParams : DecodeParams {
   CUtensorMap q_map;
