@@ -1,4 +1,5 @@
-// TMA tensor maps of bf16 and e4m3 tensors, boxes landing 128B-swizzled as the decode kernel's tiles are.
+// TMA tensor maps of bf16 and e4m3 tensors, boxes landing 128B-swizzled as the decode kernel's
+// tiles are.
 #pragma once
 #include <cuda.h>
 
