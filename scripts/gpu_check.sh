@@ -45,7 +45,7 @@ for step in $steps; do
     sanitize)  # small bf16 and fp8 decodes (split and unsplit plans, the query by TMA and its
       # fallback), index builders, quantizer, a 3-layer forked step and the decodes reading
       # their top-k (handed over through shared memory)
-      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.Fp8GraphReplayEqualsEagerBitwise:GpuDecode.UnsplitPlansAgainstOracleAndCpu:GpuDecode.ReversedAndBroadcastQueryViews:GpuIndex.*:GpuQuantize.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups:GpuTopkColumns.*-GpuIndex.ManyRequestsMatchTheCpu'  # gtest: positives, then -negatives
+      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.Fp8GraphReplayEqualsEagerBitwise:GpuDecode.UnsplitPlansAgainstOracleAndCpu:GpuDecode.ReversedBroadcastAndPaddedQueryViews:GpuIndex.*:GpuQuantize.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups:GpuTopkColumns.*-GpuIndex.ManyRequestsMatchTheCpu'  # gtest: positives, then -negatives
       run_step memcheck tests.log timeout 260 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter
       run_step racecheck tests.log timeout 260 compute-sanitizer --tool racecheck --error-exitcode 9 \

@@ -128,17 +128,22 @@ TEST(GpuDecode, UnsplitPlansAgainstOracleAndCpu) {
     }
 }
 
-// One query view of a fresh case, stored as elements of type E (the query's dtype): heads last
-// to first (`reversed`) or one row for every head, against the oracle and the CPU backend.
+// How check_query_view stores the query: heads last to first (a negative head stride), one row
+// for every head (a zero stride), or heads 520 elements apart, the gaps NaN (1040 bytes for
+// bf16, which a TMA map holds; 520 for e4m3, which it does not: 16-byte multiples only).
+enum class QueryView { reversed, broadcast, padded };
+
+// One query view of a fresh case, stored as elements of type E (the query's dtype), against the
+// oracle and the CPU backend.
 template <class E>
-void check_query_view(KvLayout layout, DType dtype, int h, bool reversed) {
+void check_query_view(KvLayout layout, DType dtype, int h, QueryView view) {
   DecodeCase gpu = make_case({.layout = layout, .query_dtype = dtype, .heads = h, .requests = 3,
                               .max_q = 3, .compressed_width = 512},
                              fresh_seed());
   const int64_t T = gpu.query.size(0);
   HostTensor& q = gpu.query;  // [T, H, 512], heads contiguous
   const int64_t ts = q.stride(0);
-  if (!reversed)  // the view below reads head 0's row for every head
+  if (view == QueryView::broadcast)  // the view below reads head 0's row for every head
     for (int64_t t = 0; t < T; ++t)
       for (int head = 1; head < h; ++head)
         for (int d = 0; d < 512; ++d) q.set<E>(t * ts + head * 512 + d, q.get<E>(t * ts + d));
@@ -146,43 +151,50 @@ void check_query_view(KvLayout layout, DType dtype, int h, bool reversed) {
   DecodeCase cpu = gpu;
   sparse_mla_decode(cpu.args());
   DeviceCase d(gpu, 0, 0);
-  // The same logical query: heads stored last to first, or one row a token.
-  const int stored_heads = reversed ? h : 1;
-  std::vector<E> rows(T * stored_heads * 512);
+  // The same logical query, stored as the view says; all-ones bits (NaN) where no head is.
+  const int stored_heads = view == QueryView::broadcast ? 1 : h;
+  const int64_t pitch = view == QueryView::padded ? 520 : 512;
+  std::vector<E> rows(T * stored_heads * pitch, static_cast<E>(~0u));
   for (int64_t t = 0; t < T; ++t)
-    for (int head = 0; head < stored_heads; ++head)
+    for (int head = 0; head < stored_heads; ++head) {
+      const int slot = view == QueryView::reversed ? stored_heads - 1 - head : head;
       for (int d = 0; d < 512; ++d)
-        rows[(t * stored_heads + stored_heads - 1 - head) * 512 + d] =
-            q.get<E>(t * ts + head * 512 + d);
+        rows[(t * stored_heads + slot) * pitch + d] = q.get<E>(t * ts + head * 512 + d);
+    }
   DeviceMemory stored(rows.size() * sizeof(E));
   ASSERT_CUDA(cudaMemcpy(stored.get(), rows.data(), rows.size() * sizeof(E),
                          cudaMemcpyHostToDevice));
   E* base = static_cast<E*>(stored.get());
-  d.args.query = reversed ? make_view(base + (h - 1) * 512, dtype, DeviceCase::kDevice,
-                                      {T, h, 512}, {h * 512, -512, 1})
-                          : make_view(base, dtype, DeviceCase::kDevice, {T, h, 512}, {512, 0, 1});
+  const Device dev = DeviceCase::kDevice;
+  d.args.query =
+      view == QueryView::reversed
+          ? make_view(base + (h - 1) * 512, dtype, dev, {T, h, 512}, {h * 512, -512, 1})
+      : view == QueryView::broadcast
+          ? make_view(base, dtype, dev, {T, h, 512}, {512, 0, 1})
+          : make_view(base, dtype, dev, {T, h, 512}, {h * pitch, pitch, 1});
   sparse_mla_decode(d.args);
   ASSERT_CUDA(cudaDeviceSynchronize());
   d.fetch(gpu);
   const Tolerance tol = Tolerance::device(layout);
   const std::string what = std::string(kv_layout_name(layout)) + ", H=" + std::to_string(h) +
-                           ", reversed " + std::to_string(reversed);
+                           ", view " + std::to_string(static_cast<int>(view));
   EXPECT_TRUE(matches(gpu, oracle(gpu), tol)) << "vs oracle, " << what;
   EXPECT_TRUE(matches(gpu, reference_of(cpu), tol)) << "vs CPU, " << what;
 }
 
-// Query views a TMA map cannot describe (heads in reverse order: a negative head stride) or
-// describes with a zero stride (every head one row), on unsplit plans of 64 heads a CTA, where
-// bf16, fp8_ds_mla (one head block) and e4m3-query caches read the query by TMA if the driver
-// encodes its map and by cp.async otherwise.
-TEST(GpuDecode, ReversedAndBroadcastQueryViews) {
+// Query views a TMA map cannot describe (heads in reverse order: a negative head stride; an
+// e4m3 query's heads 520 bytes apart) or describes with a zero stride (every head one row) or
+// a padded one (bf16 heads 1040 bytes apart), on unsplit plans of 64 heads a CTA, where bf16,
+// fp8_ds_mla (one head block) and e4m3-query caches read the query by TMA if the driver encodes
+// its map and by cp.async otherwise.
+TEST(GpuDecode, ReversedBroadcastAndPaddedQueryViews) {
   SKIP_WITHOUT_GPU();
   const CountersOnly counters_only;
   for (int h : {64, 128})
-    for (bool reversed : {true, false}) {
-      check_query_view<uint16_t>(KvLayout::bf16, DType::bf16, h, reversed);
-      check_query_view<uint16_t>(KvLayout::fp8_ds_mla, DType::bf16, h, reversed);
-      check_query_view<uint8_t>(KvLayout::fp8_e4m3, DType::f8e4m3, h, reversed);
+    for (QueryView view : {QueryView::reversed, QueryView::broadcast, QueryView::padded}) {
+      check_query_view<uint16_t>(KvLayout::bf16, DType::bf16, h, view);
+      check_query_view<uint16_t>(KvLayout::fp8_ds_mla, DType::bf16, h, view);
+      check_query_view<uint8_t>(KvLayout::fp8_e4m3, DType::f8e4m3, h, view);
       if (HasFailure()) return;
     }
 }
