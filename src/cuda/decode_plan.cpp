@@ -5,17 +5,16 @@
 namespace smla::cuda {
 namespace {
 
-// Cost model in microseconds, fitted to H200 measurements (docs/benchmarks.md): a 32-row
-// tile costs one 64-row wgmma pass whatever the live heads. A row split through the counters
-// pays a fixed publish/arrive cost plus, in its last CTA, one L2 round trip and the bytes of
-// each partial (one SM reads them back at about 50 GB/s). A row split over a cluster pays two
-// cluster barriers and one round trip, and each CTA reads one CTA's bf16 O rows' bytes in all
-// (at about the rate %globaltimer stamps measured; the thirtieth session's refit, which every
-// plan it moved measured faster, docs/kernel.md).
-constexpr double kTileUs = 1.8;
+// Cost model in microseconds, fitted to H200 times of forced plans (docs/kernel.md, "Work
+// decomposition"). A 32-row tile costs one 64-row wgmma pass whatever the live heads, and more
+// the more CTAs stream their tiles at once (they share L2 and HBM bandwidth). A wave's split
+// rows are reduced before the next wave gets their SMs: the reduction is paid once per wave.
+// Through the counters every CTA stores its f32 partial and the row's last CTA reads all of them
+// back; over a cluster, each CTA reads one CTA's bf16 O rows' bytes in all.
+constexpr double kTileUs = 1.3;
 constexpr double kSplitFixedUs = 1.0;
-constexpr double kPartialLatencyUs = 0.6;
-constexpr double kPartialBytesPerUs = 50e3;
+constexpr double kPartialStoreBytesPerUs = 24e3;
+constexpr double kPartialBytesPerUs = 45e3;
 constexpr double kClusterFixedUs = 1.0;
 constexpr double kClusterBytesPerUs = 16e3;
 
@@ -35,7 +34,7 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns,
   double best_cost = -1;
   const auto consider = [&](const DecodePlan& plan, int concurrent, double reduce_us) {
     const int64_t waves = (plan.ctas + concurrent - 1) / concurrent;
-    const double cost = double(waves) * double(plan.tiles_per_split) * kTileUs + reduce_us;
+    const double cost = double(waves) * (double(plan.tiles_per_split) * kTileUs + reduce_us);
     if (best_cost < 0 || cost < best_cost - 1e-9) best_cost = cost, best = plan;
   };
   for (int heads_per_cta = kMmaRows; heads_per_cta >= kMinHeadsPerCta; heads_per_cta /= 2) {
@@ -65,8 +64,8 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns,
       plan.counter_bytes = size_t(rows) * sizeof(int32_t);
       if (plan.workspace_bytes <= workspace_limit && plan.counter_bytes <= counter_limit)
         consider(plan, occupancy.ctas,
-                 kSplitFixedUs +
-                     splits * (kPartialLatencyUs + double(partial_bytes) / kPartialBytesPerUs));
+                 kSplitFixedUs + double(partial_bytes) / kPartialStoreBytesPerUs +
+                     splits * double(partial_bytes) / kPartialBytesPerUs);
     }
   }
   return best;
