@@ -193,8 +193,8 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
         }
       },
       30);
-  const cuda::DecodePlan plan =
-      cuda::plan_decode(T, H, K, cuda::decode_occupancy(dev.id), ws_bytes, counter_bytes);
+  const cuda::DecodePlan plan = cuda::plan_decode(
+      T, H, K, layout.kv, cuda::decode_occupancy(dev.id), ws_bytes, counter_bytes);
 
   Result r{shape, plan.num_splits, plan.cluster, plan.ctas, 0, 0, 0, 0,
            flashmla_anchor_us(shape)};

@@ -203,8 +203,9 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
       !args.kv_counters.defined() || reinterpret_cast<uintptr_t>(args.kv_counters.data) % 4 == 0,
       "kv_counters", "4-byte alignment", "a misaligned pointer");
   // Too small a workspace or counter buffer only limits splitting (SPEC §3: fall back).
-  const DecodePlan plan = plan_decode(problem.num_tokens, problem.num_heads, problem.num_columns,
-                                      decode_occupancy(device), workspace_have, counters_have);
+  const DecodePlan plan =
+      plan_decode(problem.num_tokens, problem.num_heads, problem.num_columns, problem.layout,
+                  decode_occupancy(device), workspace_have, counters_have);
 
   DecodeParams p{};
   p.query = q.data;

@@ -10,8 +10,10 @@ namespace {
 // the more CTAs stream their tiles at once (they share L2 and HBM bandwidth). A wave's split
 // rows are reduced before the next wave gets their SMs: the reduction is paid once per wave.
 // Through the counters every CTA stores its f32 partial and the row's last CTA reads all of them
-// back; over a cluster, each CTA reads one CTA's bf16 O rows' bytes in all.
+// back; over a cluster, each CTA reads one CTA's bf16 O rows' bytes in all. A bf16 cache's
+// unsplit rows of 64 heads run the kQueryTma seesaw, whose tiles measured ~0.8x a split row's.
 constexpr double kTileUs = 1.3;
+constexpr double kSeesawTileUs = 1.05;
 constexpr double kSplitFixedUs = 1.0;
 constexpr double kPartialStoreBytesPerUs = 24e3;
 constexpr double kPartialBytesPerUs = 45e3;
@@ -27,14 +29,17 @@ Occupancy uniform_occupancy(int sm_count, bool clusters) {
   return o;
 }
 
-DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns,
+DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns, KvLayout layout,
                        const Occupancy& occupancy, size_t workspace_limit, size_t counter_limit) {
   const int64_t tiles = std::max<int64_t>(1, (num_columns + kTileColumns - 1) / kTileColumns);
   DecodePlan best;
   double best_cost = -1;
   const auto consider = [&](const DecodePlan& plan, int concurrent, double reduce_us) {
     const int64_t waves = (plan.ctas + concurrent - 1) / concurrent;
-    const double cost = double(waves) * (double(plan.tiles_per_split) * kTileUs + reduce_us);
+    const bool seesaw =
+        layout == KvLayout::bf16 && plan.num_splits == 1 && plan.heads_per_cta == kMmaRows;
+    const double tile_us = seesaw ? kSeesawTileUs : kTileUs;
+    const double cost = double(waves) * (double(plan.tiles_per_split) * tile_us + reduce_us);
     if (best_cost < 0 || cost < best_cost - 1e-9) best_cost = cost, best = plan;
   };
   for (int heads_per_cta = kMmaRows; heads_per_cta >= kMinHeadsPerCta; heads_per_cta /= 2) {
@@ -79,9 +84,10 @@ size_t workspace_bound(int64_t num_tokens, int num_heads, int64_t num_columns,
   size_t most = 0;
   for (int64_t t = 1; t <= num_tokens && t * blocks <= occupancy.ctas; ++t)
     for (int64_t tile = 1; tile <= tiles; ++tile)
-      most = std::max(most,
-                      plan_decode(t, num_heads, tile * kTileColumns, occupancy, SIZE_MAX, SIZE_MAX)
-                          .workspace_bytes);
+      for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla})
+        most = std::max(most, plan_decode(t, num_heads, tile * kTileColumns, layout, occupancy,
+                                          SIZE_MAX, SIZE_MAX)
+                                  .workspace_bytes);
   return most;
 }
 

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "smla/decode.h"
+
 namespace smla::cuda {
 
 constexpr int kMmaRows = 64;          // the wgmma M dimension: query heads a CTA computes
@@ -40,14 +42,15 @@ struct DecodePlan {
   size_t counter_bytes = 0;    // 0 unless split rows go through the counters
 };
 
-// The plan with the lowest modelled time for the shape; it splits a row's columns only while
-// that fills the GPU. `workspace_limit` / `counter_limit` cap what a counter-reduced plan may
-// use (SIZE_MAX = unlimited): a smaller buffer means fewer such splits, never a race.
-DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns,
+// The plan with the lowest modelled time for the shape and cache layout; it splits a row's
+// columns only while that fills the GPU. `workspace_limit` / `counter_limit` cap what a
+// counter-reduced plan may use (SIZE_MAX = unlimited): a smaller buffer means fewer such
+// splits, never a race.
+DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns, KvLayout layout,
                        const Occupancy& occupancy, size_t workspace_limit, size_t counter_limit);
 
 // Workspace enough for every plan of `num_heads` heads with at most `num_tokens` tokens and
-// `num_columns` columns: fewer of either may split more.
+// `num_columns` columns, in any cache layout: fewer of either may split more.
 size_t workspace_bound(int64_t num_tokens, int num_heads, int64_t num_columns,
                        const Occupancy& occupancy);
 

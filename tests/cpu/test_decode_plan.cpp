@@ -13,13 +13,17 @@ namespace {
 constexpr int kSms = 132;
 const Occupancy kGpu = uniform_occupancy(kSms);
 const Occupancy kNoClusters = uniform_occupancy(kSms, false);
+constexpr KvLayout kLayouts[] = {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla};
 
 TEST(DecodePlan, CoversEveryColumnOnceWithoutIdleSplits) {
   for (int64_t tokens : {1, 2, 4, 16, 64, 256, 1024})
     for (int heads : {1, 8, 16, 24, 64, 100, 128})
       for (int64_t columns : {4, 128, 256, 640, 1152, 2176}) {
-        for (const Occupancy& gpu : {kGpu, kNoClusters}) {
-          const DecodePlan plan = plan_decode(tokens, heads, columns, gpu, SIZE_MAX, SIZE_MAX);
+        for (const auto& [gpu, layout] :
+             {std::pair{kGpu, KvLayout::bf16}, std::pair{kNoClusters, KvLayout::bf16},
+              std::pair{kGpu, KvLayout::fp8_ds_mla}, std::pair{kGpu, KvLayout::fp8_e4m3}}) {
+          const DecodePlan plan =
+              plan_decode(tokens, heads, columns, layout, gpu, SIZE_MAX, SIZE_MAX);
           const int64_t tiles = (columns + kTileColumns - 1) / kTileColumns;
           EXPECT_GE(int64_t(plan.num_splits) * plan.tiles_per_split, tiles);
           EXPECT_LT(int64_t(plan.num_splits - 1) * plan.tiles_per_split, tiles);
@@ -40,11 +44,12 @@ TEST(DecodePlan, CoversEveryColumnOnceWithoutIdleSplits) {
 // The shapes of the issues' small batches split over clusters; without clusters, over counters.
 TEST(DecodePlan, SmallBatchesSplitInClustersElseThroughCounters) {
   for (int heads : {64, 128}) {
-    const DecodePlan clustered = plan_decode(4, heads, 128 + 8 * heads, kGpu, SIZE_MAX, SIZE_MAX);
+    const DecodePlan clustered =
+        plan_decode(4, heads, 128 + 8 * heads, KvLayout::bf16, kGpu, SIZE_MAX, SIZE_MAX);
     EXPECT_TRUE(clustered.cluster) << heads;
     EXPECT_GT(clustered.num_splits, 1) << heads;
     const DecodePlan counted =
-        plan_decode(4, heads, 128 + 8 * heads, kNoClusters, SIZE_MAX, SIZE_MAX);
+        plan_decode(4, heads, 128 + 8 * heads, KvLayout::bf16, kNoClusters, SIZE_MAX, SIZE_MAX);
     EXPECT_FALSE(counted.cluster) << heads;
     EXPECT_GT(counted.num_splits, 1) << heads;
     EXPECT_GT(counted.workspace_bytes, 0u) << heads;
@@ -56,24 +61,26 @@ TEST(DecodePlan, SmallBatchesSplitInClustersElseThroughCounters) {
 TEST(DecodePlan, CounterReductionsStayInOneWave) {
   Occupancy h200 = kGpu;  // its clusters of 3..8 CTAs, as cudaOccupancyMaxActiveClusters says
   h200.cluster_ctas = {0, 0, 132, 117, 120, 110, 102, 105, 120};
-  for (int heads : {64, 100, 128})
-    for (int64_t columns : {640, 1152})
-      for (int64_t tokens = 1; tokens * ((heads + kMmaRows - 1) / kMmaRows) <= kSms; ++tokens) {
-        const DecodePlan plan = plan_decode(tokens, heads, columns, h200, SIZE_MAX, SIZE_MAX);
-        if (plan.num_splits > 1 && !plan.cluster)
-          EXPECT_LE(plan.ctas, kSms) << heads << " heads, " << tokens << " tokens, " << columns;
-      }
+  for (KvLayout layout : kLayouts)
+    for (int heads : {64, 100, 128})
+      for (int64_t columns : {640, 1152})
+        for (int64_t tokens = 1; tokens * ((heads + kMmaRows - 1) / kMmaRows) <= kSms; ++tokens) {
+          const DecodePlan plan =
+              plan_decode(tokens, heads, columns, layout, h200, SIZE_MAX, SIZE_MAX);
+          if (plan.num_splits > 1 && !plan.cluster)
+            EXPECT_LE(plan.ctas, kSms) << heads << " heads, " << tokens << " tokens, " << columns;
+        }
 }
 
 TEST(DecodePlan, SmallBuffersMeanFewerSplitsNeverMore) {
   for (size_t limit : {size_t(0), size_t(4), size_t(1) << 16, size_t(1) << 20}) {
     for (const Occupancy& gpu : {kGpu, kNoClusters}) {
-      const DecodePlan plan = plan_decode(2, 64, 640, gpu, limit, limit);
+      const DecodePlan plan = plan_decode(2, 64, 640, KvLayout::bf16, gpu, limit, limit);
       EXPECT_LE(plan.workspace_bytes, limit);
       EXPECT_LE(plan.counter_bytes, limit);
     }
   }
-  EXPECT_EQ(plan_decode(2, 64, 640, kNoClusters, 0, 0).num_splits, 1);
+  EXPECT_EQ(plan_decode(2, 64, 640, KvLayout::bf16, kNoClusters, 0, 0).num_splits, 1);
 }
 
 TEST(DecodePlan, WorkspaceBoundServesEverySmallerLaunch) {
@@ -83,9 +90,11 @@ TEST(DecodePlan, WorkspaceBoundServesEverySmallerLaunch) {
         const size_t bound = workspace_bound(tokens, heads, 1152, gpu);
         for (int64_t t = 1; t <= tokens; ++t)
           for (int64_t columns = 4; columns <= 1152; columns += 4)
-            ASSERT_LE(plan_decode(t, heads, columns, gpu, SIZE_MAX, SIZE_MAX).workspace_bytes,
-                      bound)
-                << heads << " heads, " << t << " tokens, " << columns << " columns";
+            for (KvLayout layout : kLayouts)
+              ASSERT_LE(
+                  plan_decode(t, heads, columns, layout, gpu, SIZE_MAX, SIZE_MAX).workspace_bytes,
+                  bound)
+                  << heads << " heads, " << t << " tokens, " << columns << " columns";
       }
     }
 }

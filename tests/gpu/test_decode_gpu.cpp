@@ -84,8 +84,8 @@ TEST(GpuDecode, ClusterSplitsOfEverySize) {
   for (int tokens : {1, 3, 5, 8, 13, 64})
     for (int heads : {16, 40, 128})
       for (int width = 64; width <= 1024; width += 64) {
-        const cuda::DecodePlan plan =
-            cuda::plan_decode(tokens, heads, kWindow + width, gpu, SIZE_MAX, SIZE_MAX);
+        const cuda::DecodePlan plan = cuda::plan_decode(tokens, heads, kWindow + width,
+                                                        KvLayout::bf16, gpu, SIZE_MAX, SIZE_MAX);
         if (!plan.cluster || !plans.insert({plan.num_splits, plan.heads_per_cta}).second) continue;
         sizes.insert(plan.num_splits);
         CaseSpec spec{.heads = heads, .q_lens = {tokens}, .compressed_width = width};
@@ -327,8 +327,9 @@ TEST(GpuDecode, Fp8GraphReplayEqualsEagerBitwise) {
     DecodeCase c = make_case({.layout = layout, .query_dtype = query, .heads = 64, .requests = 1,
                               .max_q = 2, .compressed_width = 1024},
                              fresh_seed());
-    const cuda::DecodePlan plan = cuda::plan_decode(c.query.size(0), 64, c.sparse_indices.size(1),
-                                                    cuda::decode_occupancy(0), SIZE_MAX, SIZE_MAX);
+    const cuda::DecodePlan plan =
+        cuda::plan_decode(c.query.size(0), 64, c.sparse_indices.size(1), layout,
+                          cuda::decode_occupancy(0), SIZE_MAX, SIZE_MAX);
     ASSERT_GT(plan.num_splits, 1) << "the case must split rows";
     expect_replays_equal_eager(c, layout, 20, 20);
   }
