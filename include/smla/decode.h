@@ -20,6 +20,7 @@ constexpr int kDsMlaGroup = 64;         // fp8_ds_mla: NoPE values under one UE8
 // How a KV pool stores its 512-wide rows; fixed by the pool's dtype
 // (bf16 -> bf16, f8e4m3 -> fp8_e4m3, u8 -> fp8_ds_mla).
 enum class KvLayout { bf16, fp8_e4m3, fp8_ds_mla };
+inline constexpr KvLayout kKvLayouts[] = {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla};
 const char* kv_layout_name(KvLayout layout);
 
 // Compressed columns [W, W + top_k) read straight from an index source's local top-k, exactly as

@@ -83,7 +83,7 @@ size_t workspace_bound(int64_t num_tokens, int num_heads, int64_t num_columns,
   size_t most = 0;
   for (int64_t t = 1; t <= num_tokens && t * blocks <= occupancy.ctas; ++t)
     for (int64_t tile = 1; tile <= tiles; ++tile)
-      for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla})
+      for (KvLayout layout : kKvLayouts)
         most = std::max(most, plan_decode(t, num_heads, tile * kTileColumns, layout, occupancy,
                                           SIZE_MAX, SIZE_MAX)
                                   .workspace_bytes);

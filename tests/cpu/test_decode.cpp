@@ -182,7 +182,7 @@ TEST(Decode, WithoutLse) { check({.heads = 16, .lse = false}); }
 
 TEST(Decode, EveryPoolSharing) {
   for (PoolSharing pools : {PoolSharing::absent, PoolSharing::same, PoolSharing::separate})
-    for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla})
+    for (KvLayout layout : kKvLayouts)
       check({.layout = layout, .heads = 8, .pools = pools});
 }
 
@@ -194,14 +194,14 @@ TEST(Decode, OtherWindowsAndWidths) {
 
 // Empty S(t) by length, by the causal window and by offsets: zero output, lse -inf, no NaN.
 TEST(Decode, AllMaskedRowsGiveZero) {
-  for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla})
+  for (KvLayout layout : kKvLayouts)
     check({.layout = layout, .heads = 8, .sinks = SinkKind::mixed, .all_masked = true});
 }
 
 // NaN/Inf in rows no attended column points to (poisoned by check(); here most columns point
 // at padding, past the pool or packed slots) never reaches the output.
 TEST(Decode, UnattendedNanRowsDoNotLeak) {
-  for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla}) {
+  for (KvLayout layout : kKvLayouts) {
     DecodeCase c = make_case({.layout = layout, .heads = 8, .masked = 0.6}, fresh_seed());
     poison_unattended_rows(c);
     sparse_mla_decode(c.args());

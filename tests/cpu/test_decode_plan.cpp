@@ -13,7 +13,6 @@ namespace {
 constexpr int kSms = 132;
 const Occupancy kGpu = uniform_occupancy(kSms);
 const Occupancy kNoClusters = uniform_occupancy(kSms, false);
-constexpr KvLayout kLayouts[] = {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla};
 
 TEST(DecodePlan, CoversEveryColumnOnceWithoutIdleSplits) {
   for (int64_t tokens : {1, 2, 4, 16, 64, 256, 1024})
@@ -61,7 +60,7 @@ TEST(DecodePlan, SmallBatchesSplitInClustersElseThroughCounters) {
 TEST(DecodePlan, CounterReductionsStayInOneWave) {
   Occupancy h200 = kGpu;  // its clusters of 3..8 CTAs, as cudaOccupancyMaxActiveClusters says
   h200.cluster_ctas = {0, 0, 132, 117, 120, 110, 102, 105, 120};
-  for (KvLayout layout : kLayouts)
+  for (KvLayout layout : kKvLayouts)
     for (int heads : {64, 100, 128})
       for (int64_t columns : {640, 1152})
         for (int64_t tokens = 1; tokens * ((heads + kMmaRows - 1) / kMmaRows) <= kSms; ++tokens) {
@@ -90,7 +89,7 @@ TEST(DecodePlan, WorkspaceBoundServesEverySmallerLaunch) {
         const size_t bound = workspace_bound(tokens, heads, 1152, gpu);
         for (int64_t t = 1; t <= tokens; ++t)
           for (int64_t columns = 4; columns <= 1152; columns += 4)
-            for (KvLayout layout : kLayouts)
+            for (KvLayout layout : kKvLayouts)
               ASSERT_LE(
                   plan_decode(t, heads, columns, layout, gpu, SIZE_MAX, SIZE_MAX).workspace_bytes,
                   bound)

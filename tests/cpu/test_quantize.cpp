@@ -21,7 +21,6 @@ namespace smla::test {
 namespace {
 
 constexpr uint16_t kInf = 0x7f80, kNegInf = 0xff80, kNan = 0x7fc0, kNegNan = 0xffc0;
-constexpr KvLayout kLayouts[] = {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla};
 
 RefLayout ref_layout(KvLayout layout) {
   return layout == KvLayout::bf16       ? RefLayout::bf16
@@ -279,7 +278,7 @@ TEST(Quantize, EveryUe8m0ExponentDsMla) {
 // shuffled subset of the slots with padding slots between them: exactly the rows' bytes land,
 // nothing else changes.
 TEST(Quantize, PackedPagesAndPaddingSlots) {
-  for (KvLayout layout : kLayouts)
+  for (KvLayout layout : kKvLayouts)
     for (int round = 0; round < 6; ++round) {
       const uint64_t seed = fresh_seed();
       Rng rng(seed);
@@ -304,7 +303,7 @@ double half_step(double v) {
 // Quantized and decoded (by oracle.h's decoder), every finite value is within half an e4m3
 // step of itself, at its scale; RoPE values and bf16 pools come back exactly.
 TEST(Quantize, RoundTripWithinHalfAStep) {
-  for (KvLayout layout : kLayouts) {
+  for (KvLayout layout : kKvLayouts) {
     const uint64_t seed = fresh_seed();
     Rng rng(seed);
     const float kv_scale =

@@ -25,7 +25,6 @@ namespace {
 
 constexpr Device kGpu{DeviceKind::cuda, 0};
 constexpr std::byte kPoison{0xab};
-constexpr KvLayout kLayouts[] = {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla};
 
 HostTensor poisoned_pool(const PoolShape& shape) { return filled_pool(shape, kPoison); }
 
@@ -163,7 +162,7 @@ TEST(GpuQuantize, EveryBf16ValueMatchesTheCpu) {
   std::shuffle(codes.begin(), codes.end(), rng.engine());  // fp8_ds_mla: mixed groups
   for (int64_t i = 0; i < 128; ++i) std::copy_n(codes.begin() + i * 512, 512, rows.row(i));
   const float random_scale = static_cast<float>(std::exp(rng.real(-20, 20)));
-  for (KvLayout layout : kLayouts) {
+  for (KvLayout layout : kKvLayouts) {
     const HostTensor pool = poisoned_pool(pages_for(layout, 128));
     const std::vector<int32_t> slots = shuffled_slots(128, rng);
     for (float kv_scale : {1.0f, 0.5f, 3.0f, 1.0f / 448, 7.5e5f, 1e-30f, 1e30f, random_scale}) {
@@ -202,7 +201,7 @@ TEST(GpuQuantize, EveryUe8m0ExponentMatchesTheCpu) {
 // tails and other rows included, is the CPU's.
 TEST(GpuQuantize, RandomPagesAndPaddingSlotsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  for (KvLayout layout : kLayouts)
+  for (KvLayout layout : kKvLayouts)
     for (int round = 0; round < 8; ++round) {
       const uint64_t seed = fresh_seed();
       Rng rng(seed);
@@ -222,7 +221,7 @@ TEST(GpuQuantize, RandomPagesAndPaddingSlotsMatchTheCpu) {
 // cannot see them and skips their rows, writing what the CPU writes with those slots as padding.
 TEST(GpuQuantize, SlotsPastThePoolAreSkipped) {
   SKIP_WITHOUT_GPU();
-  for (KvLayout layout : kLayouts) {
+  for (KvLayout layout : kKvLayouts) {
     const uint64_t seed = fresh_seed();
     Rng rng(seed);
     PoolShape shape = random_pool_shape(rng, layout);
