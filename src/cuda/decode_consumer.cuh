@@ -1,5 +1,5 @@
-// What the decode kernel's two consumer designs share (decode_lockstep.cuh, decode_seesaw.cuh):
-// their registers and shared-memory handles, P's packing, the wgmma issues and the query load.
+// The consumer's core (decode_seesaw.cuh schedules it): its registers and shared-memory handles,
+// P's packing, the wgmma issues and the query load.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -12,17 +12,15 @@ namespace smla::cuda {
 constexpr float kRescaleThreshold = 8.f;
 
 // kF16: an e4m3 cache read with an e4m3 query: the scores are e4m3 wgmma over the query and the
-// raw tiles as they are (the seesaw's alone: kWholeQuery), the stages hold V as f16, so P is f16.
-// kWholeQuery: a warpgroup's scores read all 512 dims (else the 256 of its half, its Q rows r and
-// r ^ 8 swapped in warpgroup 2, see LockstepXch). Either way it accumulates P.V over its half.
+// raw tiles as they are, the stages hold V as f16, so P is f16. A warpgroup's scores read all
+// 512 dims; it accumulates P.V over its half.
 // kQueryRegSteps: the scores' first k steps take Q from registers (A-operand words, loaded once
 // the query has landed), so that those wgmma read 1 KiB of shared memory, not 3: the score wgmma
 // are bound by their operand reads (docs/kernel.md).
-template <int kStages, bool kF16, bool kWholeQuery, int kQueryRegSteps = 0>
+template <int kStages, bool kF16, int kQueryRegSteps>
 struct ConsumerCore {
   static constexpr int kPSteps = kTileColumns / 16;  // k16 steps of P.V
-  static_assert(!kF16 || kWholeQuery, "e4m3 scores read the whole query");
-  static constexpr int kScoreSteps = (kWholeQuery ? 512 : 256) / (kF16 ? 32 : 16);
+  static constexpr int kScoreSteps = 512 / (kF16 ? 32 : 16);
   int half, tid, warp, lane;
   // Q, K and V of stage 0 as this warpgroup reads them (kF16: K from the shared-memory base).
   uint64_t q_desc, k_desc, v_desc;
@@ -31,22 +29,18 @@ struct ConsumerCore {
   const float* bias;  // [stage][column]: 0, or -inf for a column not attended
   float o[128];
   float row_max[2], row_sum[2];  // by fragment row
-  uint32_t qa[kQueryRegSteps > 0 ? kQueryRegSteps : 1][4];
+  uint32_t qa[kQueryRegSteps][4];
 
   __device__ __forceinline__ void init(uint8_t* smem) {
     half = threadIdx.x / 128 - 1;
     tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-    // The seesaw's broadcast, so that ptxas knows it is warp-uniform: its descriptors then live
-    // in uniform registers, not converted for each wgmma (bf16 128 x 2 H=128 -2.6%); the
-    // lockstep's small batches measured 1% slower so (docs/kernel.md).
-    const int wg = kWholeQuery ? __shfl_sync(~0u, half, 0) : half;
+    // The broadcast, so that ptxas knows it is warp-uniform: the descriptors then live in
+    // uniform registers, not converted for each wgmma (bf16 128 x 2 H=128 -2.6%).
+    const int wg = __shfl_sync(~0u, half, 0);
     const uint32_t kv_half = ptx::smem_addr(smem + Smem::kv) + wg * 4 * kKvChunkBytes;
-    q_desc = ptx::sw128_desc(
-        ptx::smem_addr(smem + Smem::q + (kWholeQuery ? 0 : wg * 4 * kQChunkBytes)), 16, 1024);
+    q_desc = ptx::sw128_desc(ptx::smem_addr(smem + Smem::q), 16, 1024);
     // kF16: the raw tiles' base; issue_scores adds the tile's raw_offset.
-    k_desc = ptx::sw128_desc(kF16 ? ptx::smem_addr(smem)
-                                  : kv_half - (kWholeQuery ? wg * 4 * kKvChunkBytes : 0),
-                             16, 1024);
+    k_desc = ptx::sw128_desc(ptx::smem_addr(kF16 ? smem : smem + Smem::kv), 16, 1024);
     v_desc = ptx::sw128_desc(kv_half, kKvChunkBytes, 1024);
     full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
     empty = full + kStages;
@@ -64,7 +58,6 @@ struct ConsumerCore {
     return reinterpret_cast<uint64_t*>(smem + Smem::query_bars) + half;
   }
   static __device__ __forceinline__ void request_query(const QueryTmaParams& p, uint8_t* smem) {
-    static_assert(kWholeQuery, "kQueryTma kernels run the seesaw consumer");
     const int half = threadIdx.x / 128 - 1;
     constexpr int kGroups = kMmaRows / 8;
     constexpr int kChunks = kF16 ? 2 : 4;  // of 128 bytes a row: an e4m3 query has four
@@ -108,10 +101,9 @@ struct ConsumerCore {
     uint8_t* q_half = smem + Smem::q + half * 4 * kQChunkBytes;
     for (int i = tid; i < kMmaRows * 32; i += 128) {
       const int row = i / 32, unit = i % 32;
-      const int head_row = kWholeQuery ? row : row ^ (8 * half);
-      const bool live = head_row < w.live_heads;
+      const bool live = row < w.live_heads;
       const int64_t at = int64_t(w.token) * p.q_token_stride +
-                         int64_t(w.head0 + head_row) * p.q_head_stride + half * 256 + unit * 8;
+                         int64_t(w.head0 + row) * p.q_head_stride + half * 256 + unit * 8;
       uint8_t* dst = q_half + (unit / 8) * kQChunkBytes + swizzle(row, unit % 8);
       if (live) {
         ptx::cp_async_16(ptx::smem_addr(dst), static_cast<const __nv_bfloat16*>(p.query) + at,
@@ -129,10 +121,7 @@ struct ConsumerCore {
     else
       ptx::cp_async_wait<0>();
     ptx::fence_proxy_async();
-    if constexpr (kWholeQuery)
-      ptx::named_sync(1, 256);
-    else
-      ptx::named_sync(1 + half, 128);
+    ptx::named_sync(1, 256);
     // The rows start empty (here, not in init: o live across the query load costs spills).
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
@@ -174,7 +163,7 @@ struct ConsumerCore {
     for (int k = 0; k < kScoreSteps; ++k) {
       const uint64_t a = q_desc + ptx::desc_offset((k / 4) * kQChunkBytes + (k % 4) * 32);
       const uint64_t b = k_tile + ptx::desc_offset((k / 4) * kKvChunkBytes + (k % 4) * 32);
-      const uint32_t(&q)[4] = qa[k < kQueryRegSteps ? k : 0];  // in bounds if none
+      const uint32_t(&q)[4] = qa[k < kQueryRegSteps ? k : 0];
       if (k < kQueryRegSteps) {
         if constexpr (kF16)
           ptx::wgmma_m64n32k32_rs_e4m3(s, q, b, k > 0);

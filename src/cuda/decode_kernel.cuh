@@ -2,29 +2,19 @@
 // its columns. Warpgroup 0 gathers KV rows into 128B-swizzled shared memory as bf16 (f16 for
 // an e4m3 cache with an e4m3 query, whose scores read the raw records), a few tiles ahead
 // (cp.async for bf16 caches; fp8 records are copied raw, then converted); warpgroups 1 and 2
-// compute the scores, the online softmax and P.V with wgmma, each accumulating half of the
-// output dims: in lockstep over every tile (bf16 split plans) or as a seesaw over alternate tiles
-// (fp8 caches, bf16 unsplit plans).
+// compute the scores, the online softmax and P.V with wgmma as a seesaw over alternate tiles, each
+// accumulating half of the output dims.
 // Splits of a row are reduced in the same launch: through distributed shared memory by the
 // row's cluster, or by the last CTA to arrive on the row's counter (SPEC §3).
 #pragma once
-#include <type_traits>
-
 #include "cuda/decode_epilogue.cuh"
-#include "cuda/decode_lockstep.cuh"
 #include "cuda/decode_producer.cuh"
 #include "cuda/decode_seesaw.cuh"
 
 namespace smla::cuda {
 
-// The seesaw for fp8 caches and for bf16 ones in unsplit plans of 64 heads a CTA (kQueryTma:
-// large batches), the lockstep for bf16 split plans (small batches), as measured
-// (docs/kernel.md): the seesaw holds each stage longer, which the fp8 layouts' raw tiles and a
-// large batch's stream of tiles absorb, and a small batch's few tiles do not.
 template <KvLayout L, bool kF16, bool kQueryTma>
-using ConsumerOf =
-    std::conditional_t<L == KvLayout::bf16 && !kQueryTma, LockstepConsumer<kStages<L>, kF16>,
-                       SeesawConsumer<kStages<L>, kF16, L == KvLayout::bf16 || kF16>>;
+using ConsumerOf = SeesawConsumer<kStages<L>, kF16, L == KvLayout::bf16 || kF16, kQueryTma>;
 
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, uint8_t* smem) {

@@ -247,9 +247,8 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   const auto s = static_cast<cudaStream_t>(stream);
   switch (problem.layout) {
     case KvLayout::bf16:
-      // Measured (docs/kernel.md): the query by TMA and the seesaw consumer help unsplit plans
-      // of 64 heads a CTA (large batches), not split ones (small batches) nor 16 heads a CTA.
-      // Other plans and views run the cp.async lockstep kernel.
+      // Measured (docs/kernel.md): the query by TMA helps unsplit plans of 64 heads a CTA
+      // (large batches), not split ones (small batches) nor 16 heads a CTA.
       if (QueryTmaParams tp{p}; query_by_tma(plan, q, problem, tp))
         return launch<KvLayout::bf16, false, true>(tp, plan.ctas, device, s);
       return launch<KvLayout::bf16, false>(p, plan.ctas, device, s);

@@ -45,18 +45,6 @@ struct RawTile {
            : kScales + (L == KvLayout::fp8_ds_mla ? kTileColumns * 4 * 8 : 0);
 };
 
-// Where the lockstep consumer's warpgroups exchange a tile's rows (offsets into Smem::xch). A
-// thread holds two fragment rows, r = 0 and 1, of its warp's 16: heads lane / 4 and lane / 4 + 8
-// in warpgroup 1, swapped in warpgroup 2 (its Q rows are loaded so), so each finishes its row
-// r = 0: it receives the partner's partial scores of that row, runs its softmax and hands P (and
-// the rescale factor) to the partner, whose row r = 1 it is. Indices stay compile-time constants.
-struct LockstepXch {
-  static constexpr int partials = 0;              // [writer half][2][128 threads] float4
-  static constexpr int p = 2 * 2 * 128 * 16;      // [writer half][128 threads] 4 x bf16x2
-  static constexpr int alpha = p + 2 * 128 * 16;  // [writer half][128 threads] f32
-  static constexpr int bytes = alpha + 2 * 128 * 4;
-};
-
 // Where the seesaw consumer's warpgroups hand over P. Both hold the same fragment rows, so
 // warpgroup h's thread t writes its P words (the A operand of P.V) and row bases at [h][t], and
 // the partner's thread t reads them there.
@@ -70,8 +58,7 @@ struct SeesawXch {
 struct Smem {  // byte offsets from a 1024-aligned base
   static constexpr int q = 0;                                     // 8 chunks: 64 x 512
   static constexpr int xch = q + 8 * kQChunkBytes;                // exchange, then split combine
-  static constexpr int xch_bytes =
-      LockstepXch::bytes > SeesawXch::bytes ? LockstepXch::bytes : SeesawXch::bytes;
+  static constexpr int xch_bytes = SeesawXch::bytes;
   static constexpr int combine_bytes =
       (3 * kMaxSplits + 1) * kMmaRows * 4;  // (m, l), weights, factors
   // TopkColumns' staged offsets, past the exchange: the combine overwrites them only after the

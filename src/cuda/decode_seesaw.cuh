@@ -1,10 +1,7 @@
-// The seesaw consumer (fp8 caches, bf16 unsplit plans): warpgroup 1 computes the full scores
-// and the online softmax of the even tiles, warpgroup 2 of the odd ones, so one's softmax runs
-// while the other's wgmma keep the tensor cores busy; each accumulates P.V of every tile over
-// its 256 output dims, the partner's tiles with the P it hands over. A stage lives longer than
-// in the lockstep (the partner's P.V comes a softmax later), which the fp8 layouts' raw tiles and
-// a large batch's stream of bf16 tiles absorb, and a small batch's few bf16 tiles do not
-// (docs/kernel.md).
+// The seesaw consumer: warpgroup 1 computes the full scores and the online softmax of the even
+// tiles, warpgroup 2 of the odd ones, so one's softmax runs while the other's wgmma keep the
+// tensor cores busy; each accumulates P.V of every tile over its 256 output dims, the partner's
+// tiles with the P it hands over. Every kernel runs it (docs/kernel.md).
 #pragma once
 #include "cuda/decode_consumer.cuh"
 
@@ -15,18 +12,19 @@ constexpr uint32_t kFinishBarrier = 2;
 
 // The scores' first k steps that read Q from registers, as many as each consumer's registers
 // hold without spilling or serializing the wgmma (C7512): bf16 stages 11 of 32 at 232 registers
-// (128 x 2 H=128 -3.2%, H=64 -0.6%), converted fp8 stages 4 of 32 at 208 and kF16 6 of 16 at 224
-// (fp8_ds_mla and e4m3 -0.7% to -1.1% at 128 x 2; 27th and 28th sessions). One bf16 step more
-// serializes, one fp8_ds_mla step spills; kF16 at 7 compiles but measured 0.4% slower.
+// (128 x 2 H=128 -3.2%, H=64 -0.6%), 10 beside the split reductions (kQueryTma false: 11
+// serialize there), converted fp8 stages 4 of 32 at 208 and kF16 6 of 16 at 224 (fp8_ds_mla and
+// e4m3 -0.7% to -1.1% at 128 x 2; 27th and 28th sessions). One bf16 step more serializes, one
+// fp8_ds_mla step spills; kF16 at 7 compiles but measured 0.4% slower.
 // kCopiedRows: the rows my scores read landed by cp.async (bf16 stages, kF16's raw tiles), which
 // no thread fenced for the wgmma's proxy; the fp8 layouts' producer fences the stages it writes.
-template <bool kF16, bool kCopiedRows>
-constexpr int kSeesawQueryRegSteps = kF16 ? 6 : kCopiedRows ? 11 : 4;
+template <bool kF16, bool kCopiedRows, bool kQueryTma>
+constexpr int kSeesawQueryRegSteps = kF16 ? 6 : !kCopiedRows ? 4 : kQueryTma ? 11 : 10;
 
-template <int kStages, bool kF16, bool kCopiedRows>
+template <int kStages, bool kF16, bool kCopiedRows, bool kQueryTma>
 struct SeesawConsumer
-    : ConsumerCore<kStages, kF16, true, kSeesawQueryRegSteps<kF16, kCopiedRows>> {
-  using Core = ConsumerCore<kStages, kF16, true, kSeesawQueryRegSteps<kF16, kCopiedRows>>;
+    : ConsumerCore<kStages, kF16, kSeesawQueryRegSteps<kF16, kCopiedRows, kQueryTma>> {
+  using Core = ConsumerCore<kStages, kF16, kSeesawQueryRegSteps<kF16, kCopiedRows, kQueryTma>>;
   using Core::empty, Core::full, Core::half, Core::lane, Core::bias, Core::o, Core::pack,
       Core::row_max, Core::row_sum, Core::tid, Core::warp, Core::xch;
   static constexpr int kRawBuffers = RawTile<KvLayout::fp8_e4m3, true>::kBuffers;  // kF16
