@@ -9,9 +9,10 @@ namespace {
 // decomposition"). A 32-row tile costs one 64-row wgmma pass whatever the live heads; a bf16
 // cache's unsplit rows of 64 heads run the kQueryTma kernel, whose tiles measured ~0.8x a split
 // row's on the lockstep consumer (bf16 split rows run the seesaw too now; their price is not
-// refit yet: docs/benchmarks.md, thirty-second session). A wave's split rows are reduced before the next wave gets their SMs: the reduction is
-// paid once per wave. Through the counters every CTA stores its f32 partial and the row's last
-// CTA reads all of them back; over a cluster, each CTA reads one CTA's bf16 O rows' bytes in all.
+// refit yet: docs/benchmarks.md, thirty-second session). A wave's split rows are reduced before
+// the next wave gets their SMs: the reduction is paid once per wave. Through the counters every
+// CTA stores its f32 partial and the row's last CTA reads all of them back; over a cluster, each
+// CTA reads one CTA's bf16 O rows' bytes in all.
 constexpr double kTileUs = 1.3;
 constexpr double kSeesawTileUs = 1.05;
 constexpr double kSplitFixedUs = 1.0;
