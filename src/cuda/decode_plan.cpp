@@ -7,15 +7,15 @@ namespace {
 
 // Cost model in microseconds, fitted to H200 times of forced plans (docs/kernel.md, "Work
 // decomposition"). A 32-row tile costs one 64-row wgmma pass whatever the live heads; a bf16
-// cache's unsplit rows of 64 heads run the kQueryTma kernel, whose tiles measured ~0.8x a split
-// row's on the lockstep consumer (bf16 split rows run the seesaw too now; their price is not
-// refit yet: docs/benchmarks.md, thirty-second session). A wave's split rows are reduced before
-// the next wave gets their SMs: the reduction is paid once per wave. Through the counters every
-// CTA stores its f32 partial and the row's last CTA reads all of them back; over a cluster, each
-// CTA reads one CTA's bf16 O rows' bytes in all.
+// cache's tiles are cheaper (its consumers convert nothing), most of all on unsplit rows of 64
+// heads, which run the kQueryTma kernel. A wave's split rows are reduced before the next wave
+// gets their SMs: the reduction is paid once per wave. Through the counters every CTA stores its
+// f32 partial and the row's last CTA reads all of them back; over a cluster, each CTA reads one
+// CTA's bf16 O rows' bytes in all.
 constexpr double kTileUs = 1.3;
-constexpr double kSeesawTileUs = 1.05;
-constexpr double kSplitFixedUs = 1.0;
+constexpr double kBf16TileUs = 0.9;
+constexpr double kBf16QueryTmaTileUs = 0.8;
+constexpr double kSplitFixedUs = 1.5;
 constexpr double kPartialStoreBytesPerUs = 24e3;
 constexpr double kPartialBytesPerUs = 45e3;
 constexpr double kClusterFixedUs = 1.0;
@@ -37,9 +37,10 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns, K
   double best_cost = -1;
   const auto consider = [&](const DecodePlan& plan, int concurrent, double reduce_us) {
     const int64_t waves = (plan.ctas + concurrent - 1) / concurrent;
-    const bool seesaw =
-        layout == KvLayout::bf16 && plan.num_splits == 1 && plan.heads_per_cta == kMmaRows;
-    const double tile_us = seesaw ? kSeesawTileUs : kTileUs;
+    const bool query_tma = plan.num_splits == 1 && plan.heads_per_cta == kMmaRows;
+    const double tile_us = layout != KvLayout::bf16 ? kTileUs
+                           : query_tma              ? kBf16QueryTmaTileUs
+                                                    : kBf16TileUs;
     const double cost = double(waves) * (double(plan.tiles_per_split) * tile_us + reduce_us);
     if (best_cost < 0 || cost < best_cost - 1e-9) best_cost = cost, best = plan;
   };
