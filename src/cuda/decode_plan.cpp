@@ -7,7 +7,7 @@ namespace {
 
 // Cost model in microseconds, fitted to H200 times of forced plans (docs/kernel.md, "Work
 // decomposition"). A 32-row tile costs one 64-row wgmma pass whatever the live heads; a bf16
-// cache's tiles are cheaper (its consumers convert nothing), most of all on unsplit rows of 64
+// cache's tiles are cheaper (no conversion pass paces them), most of all on unsplit rows of 64
 // heads, which run the kQueryTma kernel. A wave's split rows are reduced before the next wave
 // gets their SMs: the reduction is paid once per wave. Through the counters every CTA stores its
 // f32 partial and the row's last CTA reads all of them back; over a cluster, each CTA reads one
