@@ -122,10 +122,17 @@ CheckResult check_row(const AttentionLayer& layer, const TensorView& query, cons
 }  // namespace
 
 std::vector<Row> sample_rows(const TensorView& query, int count, std::mt19937_64& rng) {
-  std::vector<Row> rows(count);
+  const int64_t tokens = query.shape[0], heads = query.shape[1];
+  std::vector<Row> rows;
+  if (count >= tokens * heads) {  // every row, once
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t h = 0; h < heads; ++h) rows.push_back({t, h});
+    return rows;
+  }
+  rows.resize(count);
   for (Row& r : rows) {
-    r.token = static_cast<int64_t>(rng() % query.shape[0]);
-    r.head = static_cast<int64_t>(rng() % query.shape[1]);
+    r.token = static_cast<int64_t>(rng() % tokens);
+    r.head = static_cast<int64_t>(rng() % heads);
   }
   std::sort(rows.begin(), rows.end());  // each token's attended rows are decoded once
   return rows;

@@ -15,7 +15,8 @@ struct CheckResult {
   double max_relative_error = 0;  // the same, over the row's largest |oracle| value
 };
 
-// `count` random (token, head) rows of a query [T, H, 512], sorted.
+// `count` random (token, head) rows of a query [T, H, 512], sorted; every row once when count
+// >= T * H.
 std::vector<Row> sample_rows(const TensorView& query, int count, std::mt19937_64& rng);
 
 // The rows of layer `index` of `host` (those rows of its out already on the host).

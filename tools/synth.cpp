@@ -15,9 +15,9 @@ namespace smla::cli {
 namespace {
 
 using Rng = std::mt19937_64;
-constexpr int64_t kMaxKvBytes = int64_t{16} << 30;  // of the machine's 24 GiB
-constexpr int64_t kTilePages = 256;                  // a pool without host copy repeats these
-constexpr float kFp8KvScale = 0.5f;                  // per-tensor fp8: e4m3(x / kv_scale)
+constexpr int64_t kMaxHostBytes = int64_t{16} << 30;  // of the machine's 24 GiB
+constexpr int64_t kTilePages = 256;                    // a pool without host copy repeats these
+constexpr float kFp8KvScale = 0.5f;                    // per-tensor fp8: e4m3(x / kv_scale)
 
 // Random storage codes of moderate magnitude, several from each 64-bit draw.
 void fill_bf16(std::byte* out, int64_t count, Rng& rng) {  // |x| in [2^-7, 1)
@@ -168,17 +168,23 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
     return std::max<int64_t>(
         1, (context / s.compress_ratio + kCompressedBlockSize - 1) / kCompressedBlockSize);
   };
+  // In floating point: the flags' products may pass int64 before the limit refuses them.
+  double pool_bytes = 0, row_bytes = 0;  // the pools; the queries and outputs
   for (const LayerSpec& s : specs) {
-    kv_bytes += B * (swa_pages - evicted) * swa_page;
+    pool_bytes += double(B) * double(swa_pages - evicted) * double(swa_page);
     if (s.compress_ratio > 0 && s.kv_source == s.layer)
-      kv_bytes += B * compressed_pages(s) * c_page;
+      pool_bytes += double(B) * double(compressed_pages(s)) * double(c_page);
+    row_bytes += double(T) * s.num_heads * kHeadDim * (dtype_size(query_dtype(layout)) + 2);
   }
   // The oracle reads host copies; on the CPU the pools are host memory anyway.
   const bool host_copies = o.check > 0 || streams.device().kind == DeviceKind::cpu;
-  if (host_copies && kv_bytes > kMaxKvBytes)
-    throw Error(ErrorKind::value, "--context",
-                "a step whose caches fit in " + std::to_string(kMaxKvBytes >> 30) + " GiB",
-                std::to_string(kv_bytes >> 20) + " MiB of KV pools");
+  if (host_copies && pool_bytes + row_bytes > double(kMaxHostBytes))
+    throw Error(ErrorKind::value, "--requests, --context, --mtp",
+                "a step whose caches, queries and outputs fit in " +
+                    std::to_string(kMaxHostBytes >> 30) + " GiB",
+                std::to_string(int64_t(pool_bytes / 1048576)) + " MiB of KV pools and " +
+                    std::to_string(int64_t(row_bytes / 1048576)) + " MiB of queries and outputs");
+  kv_bytes = int64_t(pool_bytes);
 
   // Step metadata: every request decodes q_len tokens at the end of its context.
   StepMetadata meta{.num_tokens = T, .num_decodes = B, .max_q_len = static_cast<int>(q_len)};

@@ -1,5 +1,6 @@
 // The sparse MLA decode op (SPEC §2) and its multi-CTA counters and workspace (SPEC §3).
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -49,12 +50,14 @@ struct DecodeArgs {
   TensorView cum_seq_lens_q;       // [B+1] i32; absent: one token per request (T == B)
   int max_q_len = 1;               // >= every request's q_len
   TensorView sinks;                // [H] f32, optional; -inf = no sink, +inf = output 0
-  float bmm1_scale = 0.f;          // score = bmm1_scale * q.k
+  float bmm1_scale = NAN;          // score = bmm1_scale * q.k; must be set (D^-0.5 in V4)
   float bmm2_scale = 1.f;          // out = bmm2_scale * softmax . V
   TensorView out;                  // [T, H_out, 512] bf16, H_out >= H; heads >= H get zeros
   TensorView lse;                  // [T, H] f32, optional; natural log, without the sink
-  TensorView workspace;            // CUDA: u8 >= workspace_bytes(...); absent: no split-KV
-  TensorView kv_counters;          // CUDA: i32/u8 zeroed once, >= kv_counter_bytes(...)
+  TensorView workspace;            // CUDA: u8; smaller than workspace_bytes(...) or absent
+                                   // only rules out splits reduced through the counters
+  TensorView kv_counters;          // CUDA: i32/u8 zeroed once; kv_counter_bytes(...) covers
+                                   // every plan (splits in clusters of <= 8 CTAs need neither)
   int window = kWindow;            // W: columns [0, W) read the SWA pool
 };
 

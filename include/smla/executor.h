@@ -21,7 +21,7 @@ struct AttentionLayer {
   TensorView swa_kv_cache{};         // its SWA pool; its dtype is the cache dtype
   TensorView compressed_kv_cache{};  // compressed layers: the kv source's pool
   TensorView sinks{};                // [H] f32, optional
-  float bmm1_scale = 0.f;            // D^-0.5 (times q_scale * kv_scale with an fp8 cache)
+  float bmm1_scale = NAN;            // must be set: D^-0.5 (times q_scale * kv_scale, fp8 cache)
   float bmm2_scale = 1.f;            // 1 (kv_scale with an fp8 cache)
 };
 

@@ -18,8 +18,10 @@ enum class DeviceKind : uint8_t { cpu = 1, cuda = 2 };
 
 struct Device {
   DeviceKind kind = DeviceKind::cpu;
-  int id = 0;
-  bool operator==(const Device&) const = default;
+  int id = 0;  // the GPU's ordinal; every CPU id is the one host
+  bool operator==(const Device& o) const {
+    return kind == o.kind && (kind == DeviceKind::cpu || id == o.id);
+  }
 };
 std::string device_name(Device device);
 

@@ -7,8 +7,8 @@ CUDA tensors on the GPU, on the caller's current stream. See docs/python.md.
 from . import _smla
 from ._arrays import Typed, with_dtype
 from ._smla import (HEAD_DIM, MAX_HEADS, NOPE_DIM, ROPE_DIM, WINDOW, WITH_CUDA, LayerSpec,
-                    ModelPreset, model_layers, model_preset, model_presets, sparse_index_key,
-                    topk_width)
+                    ModelPreset, TableSharing, model_layers, model_preset, model_presets,
+                    sparse_index_key, topk_width)
 from .buffers import kv_counter_buffer, workspace_buffer
 from .decode import (TopkColumns, backend_info, kv_counter_bytes, query_capability,
                      sparse_mla_decode, workspace_bytes)
@@ -28,7 +28,7 @@ __all__ = [
     "StepMetadata", "SwaGroup", "CompressedColumns", "SparseIndexTable", "SparseIndexArgs",
     "build_sparse_indices", "sparse_index_columns", "dspark_swa_width",
     "LayerSpec", "ModelPreset", "model_presets", "model_preset", "model_layers", "topk_width",
-    "sparse_index_key", "SparseIndexTables",
+    "sparse_index_key", "TableSharing", "SparseIndexTables",
     "AttentionLayer", "StepInputs", "StepExecutor",
     "quantize_kv",
 ]

@@ -20,10 +20,17 @@ __all__ = ["trtllm_batch_decode_sparse_mla_dsv4", "trtllm_decode_sparse_mla_dsv4
            "kv_counter_buffer", "workspace_buffer"]
 
 
+def _array(x):
+    """The array itself, inside a `with_dtype` wrapper or not."""
+    return x.array if isinstance(x, Typed) else x
+
+
 def _merge_tokens(x, name: str, ndim: int):
     """[B, q, ...] -> [B*q, ...] as a view (engines pass [T, 1, H, D] for DSpark); a tensor
     that would need a copy is refused (an output copy would lose the writes)."""
-    if x is None or isinstance(x, Typed) or getattr(x, "ndim", ndim) != ndim + 1:
+    if isinstance(x, Typed):
+        return Typed(_merge_tokens(x.array, name, ndim), x.dtype)
+    if x is None or getattr(x, "ndim", ndim) != ndim + 1:
         return x
     shape = (x.shape[0] * x.shape[1],) + tuple(x.shape[2:])
     try:
@@ -49,6 +56,7 @@ def _uniform_cum(seq_lens, q_len: int):
 
 def _new_out(query):
     """An output like the query's tokens and heads, bf16 (engines usually pass one)."""
+    query = _array(query)
     shape = tuple(query.shape[:-1]) + (512,)
     if type(query).__module__.startswith("torch"):
         torch = sys.modules["torch"]
@@ -77,7 +85,7 @@ def trtllm_batch_decode_sparse_mla_dsv4(
                           repr(sparse_indices_are_storage_offsets))
     if out is None:
         out = _new_out(query)
-    q_len = query.shape[1] if getattr(query, "ndim", 3) == 4 else 1
+    q_len = _array(query).shape[1] if getattr(_array(query), "ndim", 3) == 4 else 1
     query = _merge_tokens(query, "query", 3)
     result = out
     out = _merge_tokens(out, "out", 3)

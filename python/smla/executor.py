@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Sequence
 
 from . import _smla
 from ._arrays import device_of, on_device, scale, stream_handle, tensor
+from ._errors import value_error
 from .index import StepMetadata
 
 
@@ -60,7 +61,7 @@ class StepExecutor:
                  stream=None, compressed_index: str = "auto"):
         layers = list(layers)
         if not layers:
-            raise ValueError("smla: layers: expected at least one layer, got none")
+            raise value_error("layers", "at least one layer", "none")
         first = tensor(layers[0].swa_kv_cache, "swa_kv_cache")
         self._device = device_of(first)
         self._like = layers[0].swa_kv_cache

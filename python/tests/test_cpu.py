@@ -357,6 +357,21 @@ def test_engine_call_uniform_q_len_from_4d_query():
                                rtol=2e-2, atol=2e-2)
 
 
+def test_engine_call_takes_with_dtype_arrays():
+    """A with_dtype query in [B, q, H, D], out allocated: the op's result."""
+    args, pools = make_case(np.random.default_rng(24), q_lens=(2, 2), seq_lens=(2, 260))
+    expected_out, _ = reference(args, pools)
+    query = smla.with_dtype(args["query"].reshape(2, 2, 8, D).view(np.uint16), "bf16")
+    out = trtllm_batch_decode_sparse_mla_dsv4(
+        query=query, swa_kv_cache=args["swa_kv_cache"],
+        compressed_kv_cache=args["compressed_kv_cache"], sparse_indices=args["sparse_indices"],
+        sparse_topk_lens=args["sparse_topk_lens"], seq_lens=args["seq_lens"],
+        bmm1_scale=args["bmm1_scale"], sinks=args["sinks"])
+    assert out.shape == (2, 2, 8, D)
+    np.testing.assert_allclose(out.reshape(4, 8, D).astype(np.float64), expected_out,
+                               rtol=2e-2, atol=2e-2)
+
+
 def test_engine_call_refuses_slots_and_copies():
     args, _ = make_case(np.random.default_rng(23))
     common = dict(query=args["query"], swa_kv_cache=args["swa_kv_cache"],
@@ -556,6 +571,9 @@ def test_step_executor_matches_the_reference():
     assert tables.stats["forks"] == [(1, "swa_only"), (1, "2:2:4")]
     with pytest.raises(ValueError, match="smla: compressed_index:"):
         smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12, compressed_index="tables")
+    with pytest.raises(ValueError, match="smla: layers:") as info:
+        smla.StepExecutor([], max_tokens=8, max_columns=W + 12)
+    assert (info.value.argument, info.value.got) == ("layers", "none")
     s = c["step"]
     for i, spec in enumerate(specs):
         indices, lens = expected_table(dict(c, block_table=groups[spec.swa_group]),
@@ -584,6 +602,8 @@ def test_model_presets():
     layers = smla.model_layers(flash, 2, with_mtp=True)
     assert len(layers) == flash.num_layers + flash.num_mtp_layers
     assert layers[3].swa_group == 1 and layers[-1].mtp
+    assert smla.sparse_index_key(layers[3], smla.TableSharing.none) != smla.sparse_index_key(
+        layers[4], smla.TableSharing.none)
     with pytest.raises(ValueError, match="smla: model:"):
         smla.model_preset("v5")
 

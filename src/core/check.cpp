@@ -1,5 +1,8 @@
 #include "core/check.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 namespace smla::check {
 
 void fail(ErrorKind kind, const std::string& argument, const std::string& expected,
@@ -7,15 +10,61 @@ void fail(ErrorKind kind, const std::string& argument, const std::string& expect
   throw Error(kind, argument, expected, got);
 }
 
-std::string shape_of(const TensorView& v) {
+static std::string list_of(const int64_t* values, int ndim) {
   std::string s = "[";
-  for (int d = 0; d < v.ndim; ++d) s += (d ? ", " : "") + std::to_string(v.shape[d]);
+  for (int d = 0; d < std::clamp(ndim, 0, kMaxDims); ++d)
+    s += (d ? ", " : "") + std::to_string(values[d]);
   return s + "]";
+}
+std::string shape_of(const TensorView& v) { return list_of(v.shape, v.ndim); }
+std::string strides_of(const TensorView& v) { return list_of(v.strides, v.ndim); }
+
+void view(const TensorView& v, const std::string& name) {
+  if (v.ndim < 1 || v.ndim > kMaxDims)
+    fail(ErrorKind::value, name, "1.." + std::to_string(kMaxDims) + " dims",
+         std::to_string(v.ndim) + " dims");
+  for (int d = 0; d < v.ndim; ++d)
+    if (v.shape[d] < 0) fail(ErrorKind::value, name, "non-negative sizes", shape_of(v));
+  int64_t count = 1, extent = 0, reach = 0;
+  bool over = false;
+  for (int d = 0; d < v.ndim; ++d) {
+    over = over || __builtin_mul_overflow(count, v.shape[d], &count);
+    if (v.shape[d] == 0 || v.strides[d] == 0) continue;
+    over = over || v.strides[d] == INT64_MIN ||
+           __builtin_mul_overflow(v.shape[d] - 1, std::abs(v.strides[d]), &reach) ||
+           __builtin_mul_overflow(reach, int64_t(dtype_size(v.dtype)), &reach) ||
+           __builtin_add_overflow(extent, reach, &extent);
+  }
+  if (over)
+    fail(ErrorKind::value, name,
+         "sizes and strides whose element count and byte extent fit in int64",
+         shape_of(v) + " with strides " + strides_of(v));
+}
+
+void disjoint(const TensorView& v, const std::string& name) {
+  int dims[kMaxDims], n = 0;  // the dims of size > 1 by |stride| (insertion: at most 4)
+  for (int d = 0; d < v.ndim; ++d) {
+    if (v.shape[d] < 2) continue;
+    int i = n++;
+    for (; i > 0 && std::abs(v.strides[dims[i - 1]]) > std::abs(v.strides[d]); --i)
+      dims[i] = dims[i - 1];
+    dims[i] = d;
+  }
+  int64_t below = 1;  // elements spanned by the dims before this one
+  for (int i = 0; i < n; ++i) {
+    if (std::abs(v.strides[dims[i]]) < below)
+      fail(ErrorKind::value, name,
+           "non-overlapping elements (an output: each stride past the dims below it)",
+           shape_of(v) + " with strides " + strides_of(v));
+    if (__builtin_mul_overflow(std::abs(v.strides[dims[i]]), v.shape[dims[i]], &below))
+      below = INT64_MAX;
+  }
 }
 
 void tensor(const TensorView& v, const char* name, DType dtype, Device device,
             std::initializer_list<int64_t> shape, const std::string& expected) {
   if (!v.defined()) fail(ErrorKind::value, name, "a " + expected + " tensor", "absent");
+  view(v, name);
   if (v.dtype != dtype) fail(ErrorKind::type, name, dtype_name(dtype), dtype_name(v.dtype));
   if (!(v.device == device))
     fail(ErrorKind::type, name, device_name(device) + " (the device of the call)",
@@ -23,7 +72,6 @@ void tensor(const TensorView& v, const char* name, DType dtype, Device device,
   bool ok = v.ndim == static_cast<int>(shape.size());
   int d = 0;
   for (int64_t size : shape) ok = ok && (size < 0 || v.shape[d] == size), ++d;
-  for (int i = 0; i < v.ndim; ++i) ok = ok && v.shape[i] >= 0;
   if (!ok) fail(ErrorKind::value, name, expected, shape_of(v));
   if (v.numel() > 0 && v.data == nullptr) fail(ErrorKind::value, name, "data", "a null pointer");
 }

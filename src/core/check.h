@@ -13,10 +13,19 @@ namespace smla::check {
 [[noreturn]] void fail(ErrorKind kind, const std::string& argument, const std::string& expected,
                        const std::string& got);
 
-std::string shape_of(const TensorView& view);  // "[4, 128]"
+std::string shape_of(const TensorView& view);    // "[4, 128]"
+std::string strides_of(const TensorView& view);  // "[128, 1]"
 
-// A present tensor of `dtype` on `device` whose sizes match `shape` (-1 = any size), with
-// non-negative sizes and data behind it; `expected` describes the shape for the message.
+// A present view's own consistency: 1..kMaxDims dims, non-negative sizes, and an element count
+// and byte extent that fit in int64, so that no size arithmetic past this check overflows.
+void view(const TensorView& view, const std::string& name);
+
+// An output's elements are disjoint: every dim of size > 1, in order of |stride|, steps past the
+// extent of the dims below it (a zero or overlapping stride would make writes race).
+void disjoint(const TensorView& view, const std::string& name);
+
+// A present, consistent (`view`) tensor of `dtype` on `device` whose sizes match `shape` (-1 =
+// any size), with data behind it; `expected` describes the shape for the message.
 void tensor(const TensorView& view, const char* name, DType dtype, Device device,
             std::initializer_list<int64_t> shape, const std::string& expected);
 

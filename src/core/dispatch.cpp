@@ -1,4 +1,5 @@
 // Public entry points: validate once, then send the call to the backend of its device.
+#include "core/check.h"
 #include "core/problem.h"
 #include "cpu/backend.h"
 #include "smla/error.h"
@@ -20,7 +21,20 @@ void sparse_mla_decode(const DecodeArgs& args, void* stream) {
 #endif
 }
 
+// The buffer sizes' arguments: what a launch may have (decode validation's 32-bit limits).
+static void check_sizes(const char* tokens_name, int64_t tokens, int num_heads,
+                        int64_t columns = 0) {
+  if (tokens < 0 || tokens > INT32_MAX)
+    check::fail(ErrorKind::value, tokens_name, "0..2^31 - 1", std::to_string(tokens));
+  if (num_heads < 1 || num_heads > kMaxHeads)
+    check::fail(ErrorKind::value, "num_heads", "1.." + std::to_string(kMaxHeads),
+                std::to_string(num_heads));
+  if (columns < 0 || columns > INT32_MAX)
+    check::fail(ErrorKind::value, "num_columns", "0..2^31 - 1", std::to_string(columns));
+}
+
 size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
+  check_sizes("max_tokens", max_tokens, num_heads);
 #if SMLA_WITH_CUDA
   return cuda::kv_counter_bytes(max_tokens, num_heads);
 #else
@@ -30,6 +44,7 @@ size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
 }
 
 size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, Device device) {
+  check_sizes("num_tokens", num_tokens, num_heads, num_columns);
   if (device.kind == DeviceKind::cpu) return 0;
 #if SMLA_WITH_CUDA
   return cuda::workspace_bytes(num_tokens, num_heads, num_columns, device.id);

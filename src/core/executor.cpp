@@ -1,6 +1,7 @@
 #include "smla/executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -89,9 +90,17 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
       table_specs_(table_specs(specs_of(layers_), compressed, sharing)),
       streams_(streams),
       tables_(table_specs_, streams_, sharing) {
+  for (size_t i = 0; i < layers_.size(); ++i)
+    for (const auto& [name, scale] : {std::pair{"bmm1_scale", layers_[i].bmm1_scale},
+                                      std::pair{"bmm2_scale", layers_[i].bmm2_scale}})
+      if (!std::isfinite(scale))
+        check::fail(ErrorKind::value, "layers[" + std::to_string(i) + "]." + name,
+                    "a finite float (bmm1_scale has no default: D^-0.5 in V4)",
+                    std::to_string(scale));
   int max_heads = 1;
   for (const AttentionLayer& l : layers_) max_heads = std::max(max_heads, l.spec.num_heads);
-  counters_view_ = zeroed(streams_, kv_counter_bytes(max_tokens, max_heads), counters_);
+  const bool gpu = streams_.device().kind != DeviceKind::cpu;  // the CPU needs no counters
+  counters_view_ = zeroed(streams_, gpu ? kv_counter_bytes(max_tokens, max_heads) : 0, counters_);
   workspace_view_ =
       zeroed(streams_, step_workspace_bytes(layers_, max_tokens, max_columns, streams_.device()),
              workspace_);

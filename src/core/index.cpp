@@ -22,9 +22,15 @@ int64_t sparse_index_columns(const SparseIndexArgs& args) {
 }
 
 int dspark_swa_width(int window, int num_draft_tokens) {
+  if (window < 1) check::fail(ErrorKind::value, "window", ">= 1", std::to_string(window));
   if (num_draft_tokens < 0)
     check::fail(ErrorKind::value, "num_draft_tokens", ">= 0", std::to_string(num_draft_tokens));
-  return (window + num_draft_tokens + 63) / 64 * 64;
+  const int64_t width = (int64_t(window) + num_draft_tokens + 63) / 64 * 64;
+  if (width > INT32_MAX)
+    check::fail(ErrorKind::value, "num_draft_tokens",
+                "window + num_draft_tokens <= 2^31 - 64 (the width is an int)",
+                std::to_string(num_draft_tokens));
+  return int(width);
 }
 
 void build_sparse_indices(const SparseIndexArgs& args, void* stream) {

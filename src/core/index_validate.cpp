@@ -13,7 +13,8 @@ using check::shape_of;
 std::string num(int64_t v) { return std::to_string(v); }
 
 void check_step(const StepMetadata& s, IndexProblem& p) {
-  if (s.num_tokens < 0) fail(ErrorKind::value, "num_tokens", ">= 0", num(s.num_tokens));
+  if (s.num_tokens < 0 || s.num_tokens > INT32_MAX)
+    fail(ErrorKind::value, "num_tokens", "0..2^31 - 1", num(s.num_tokens));
   p.num_tokens = s.num_tokens;
   const std::string T = num(s.num_tokens);
   check::tensor(s.seq_lens, "seq_lens", DType::i32, p.device, {-1}, "[B] i32");
@@ -118,10 +119,13 @@ IndexProblem validate_index(const SparseIndexArgs& a) {
                 {p.num_tokens, p.num_columns}, "[T = " + T + ", K = " + K + "] i32");
   check::tensor(a.out.sparse_topk_lens, "sparse_topk_lens", DType::i32, p.device, {p.num_tokens},
                 "[T = " + T + "] i32");
-  if (p.dspark)
+  check::disjoint(a.out.sparse_indices, "sparse_indices");
+  check::disjoint(a.out.sparse_topk_lens, "sparse_topk_lens");
+  if (p.dspark) {
     check::tensor(a.out.seq_lens, "out.seq_lens", DType::i32, p.device, {p.num_tokens},
                   "[T = " + T + "] i32 (DSpark: one request per token)");
-  else if (a.out.seq_lens.defined())
+    check::disjoint(a.out.seq_lens, "out.seq_lens");
+  } else if (a.out.seq_lens.defined())
     fail(ErrorKind::value, "out.seq_lens", "absent (only the DSpark window writes it)",
          describe(a.out.seq_lens));
 

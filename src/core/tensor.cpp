@@ -67,7 +67,9 @@ TensorView make_view(void* data, DType dtype, Device device, std::initializer_li
   int64_t stride = 1;
   for (int d = v.ndim - 1; d >= 0; --d) {
     v.strides[d] = stride;
-    stride *= v.shape[d];
+    if (d > 0 && __builtin_mul_overflow(stride, v.shape[d], &stride))
+      throw Error(ErrorKind::value, "shape", "sizes whose row-major strides fit in int64",
+                  describe(v));
   }
   return v;
 }

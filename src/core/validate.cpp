@@ -20,6 +20,7 @@ std::string num(int64_t value) { return std::to_string(value); }
 
 void require_defined(const TensorView& v, const char* name, const char* what) {
   if (!v.defined()) fail(ErrorKind::value, name, what, "absent");
+  check::view(v, name);
 }
 
 void check_device(const TensorView& v, const char* name, Device want) {
@@ -28,10 +29,8 @@ void check_device(const TensorView& v, const char* name, Device want) {
          device_name(v.device));
 }
 
-// Every tensor: non-negative sizes, a contiguous last dim (vector loads on the GPU), and data.
+// Every tensor (past check::view): a contiguous last dim (vector loads on the GPU), and data.
 void check_memory(const TensorView& v, const char* name) {
-  for (int d = 0; d < v.ndim; ++d)
-    if (v.shape[d] < 0) fail(ErrorKind::value, name, "non-negative sizes", shape_of(v));
   if (v.size(-1) > 1 && v.stride(-1) != 1)
     fail(ErrorKind::value, name, "a contiguous last dim (stride 1)", "stride " + num(v.stride(-1)));
   if (v.numel() > 0 && v.data == nullptr) fail(ErrorKind::value, name, "data", "a null pointer");
@@ -189,6 +188,8 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   if (q.size(1) > kMaxHeads)
     fail(ErrorKind::unsupported, "query", "[T, H, 512] with H <= 128", shape_of(q));
   check_memory(q, "query");
+  if (q.size(0) > INT32_MAX)
+    fail(ErrorKind::unsupported, "query", "[T, H, 512] with T < 2^31", shape_of(q));
   p.num_tokens = q.size(0);
   p.num_heads = static_cast<int>(q.size(1));
   p.query_dtype = q.dtype;
@@ -218,6 +219,9 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   const TensorView& idx = a.sparse_indices;
   check_tensor(idx, "sparse_indices", DType::i32, p.device, {p.num_tokens, -1}, "[T=" + T + ", K]");
   p.num_columns = idx.size(1);
+  if (p.num_columns > INT32_MAX - 4)
+    fail(ErrorKind::unsupported, "sparse_indices", "[T=" + T + ", K] with K < 2^31 - 4",
+         shape_of(idx));
   if (p.num_columns % 4 != 0)
     fail(ErrorKind::value, "sparse_indices", "[T=" + T + ", K] with K % 4 == 0", shape_of(idx));
   if (p.num_columns < a.window)
@@ -230,6 +234,8 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
 
   check_tensor(a.seq_lens, "seq_lens", DType::i32, p.device, {-1}, "[B]");
   p.num_requests = a.seq_lens.size(0);
+  if (p.num_requests > INT32_MAX - 1)
+    fail(ErrorKind::unsupported, "seq_lens", "[B] with B < 2^31 - 1", shape_of(a.seq_lens));
   if (a.cum_seq_lens_q.defined()) {
     check_tensor(a.cum_seq_lens_q, "cum_seq_lens_q", DType::i32, p.device, {p.num_requests + 1},
                  "[B+1=" + num(p.num_requests + 1) + "] (B = seq_lens.size(0))");
@@ -244,7 +250,8 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   if (a.sinks.defined())
     check_tensor(a.sinks, "sinks", DType::f32, p.device, {p.num_heads}, "[H=" + H + "]");
   if (!std::isfinite(a.bmm1_scale))
-    fail(ErrorKind::value, "bmm1_scale", "a finite float", std::to_string(a.bmm1_scale));
+    fail(ErrorKind::value, "bmm1_scale", "a finite float (it has no default: D^-0.5 in V4)",
+         std::to_string(a.bmm1_scale));
   if (!std::isfinite(a.bmm2_scale))
     fail(ErrorKind::value, "bmm2_scale", "a finite float", std::to_string(a.bmm2_scale));
 
@@ -253,17 +260,25 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   if (a.out.size(1) < p.num_heads)
     fail(ErrorKind::value, "out", "[T=" + T + ", H_out, 512] with H_out >= H = " + H,
          shape_of(a.out));
+  if (a.out.size(1) > INT32_MAX)
+    fail(ErrorKind::unsupported, "out", "[T=" + T + ", H_out, 512] with H_out < 2^31",
+         shape_of(a.out));
+  check::disjoint(a.out, "out");
   p.out_heads = static_cast<int>(a.out.size(1));
-  if (a.lse.defined())
+  if (a.lse.defined()) {
     check_tensor(a.lse, "lse", DType::f32, p.device, {p.num_tokens, p.num_heads},
                  "[T=" + T + ", H=" + H + "]");
+    check::disjoint(a.lse, "lse");
+  }
   // Their sizes are the CUDA backend's to check: only it knows what a launch needs.
   if (a.workspace.defined()) {
+    check::view(a.workspace, "workspace");
     if (a.workspace.dtype != DType::u8)
       fail(ErrorKind::type, "workspace", "u8", dtype_name(a.workspace.dtype));
     check_device(a.workspace, "workspace", p.device);
   }
   if (a.kv_counters.defined()) {
+    check::view(a.kv_counters, "kv_counters");
     if (a.kv_counters.dtype != DType::i32 && a.kv_counters.dtype != DType::u8)
       fail(ErrorKind::type, "kv_counters", "i32 or u8", dtype_name(a.kv_counters.dtype));
     check_device(a.kv_counters, "kv_counters", p.device);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <exception>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -13,7 +12,8 @@ namespace smla::cpu {
 int num_threads();
 
 // Calls fn(i) for i in [0, n), split in contiguous ranges over up to num_threads() threads.
-// The first exception thrown by any fn is rethrown on the caller's thread.
+// The exception of the lowest i that threw is rethrown on the caller's thread (each range stops
+// at its first), so errors name the first bad index whatever the thread count.
 template <class Fn>
 void parallel_for(int64_t n, Fn&& fn) {
   const int64_t workers = std::min<int64_t>(num_threads(), n);
@@ -21,8 +21,7 @@ void parallel_for(int64_t n, Fn&& fn) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  std::exception_ptr error;
-  std::mutex error_mutex;
+  std::vector<std::exception_ptr> errors(workers);
   std::vector<std::thread> threads;
   threads.reserve(workers);
   for (int64_t w = 0; w < workers; ++w) {
@@ -30,13 +29,13 @@ void parallel_for(int64_t n, Fn&& fn) {
       try {
         for (int64_t i = n * w / workers; i < n * (w + 1) / workers; ++i) fn(i);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
+        errors[w] = std::current_exception();
       }
     });
   }
   for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  for (const std::exception_ptr& error : errors)
+    if (error) std::rethrow_exception(error);
 }
 
 }  // namespace smla::cpu

@@ -8,6 +8,7 @@
 
 #include "smla/error.h"
 #include "smla/index.h"
+#include "error_check.h"
 #include "step_case.h"
 
 namespace smla {
@@ -67,6 +68,10 @@ TEST(IndexColumns, WidthRules) {
   EXPECT_EQ(dspark_swa_width(128, 64), 192);
   EXPECT_EQ(dspark_swa_width(128, 65), 256);
   EXPECT_EQ(dspark_swa_width(128, 0), 128);
+  test::expect_smla_error([] { dspark_swa_width(-500, 1); }, ErrorKind::value, "window", ">= 1",
+                    "-500");
+  test::expect_smla_error([] { dspark_swa_width(INT32_MAX - 10, 100); }, ErrorKind::value,
+                    "num_draft_tokens", "2^31", "100");
 }
 
 // W = 4, SWA pages of 4 rows packed with a stride of 6 rows.

@@ -58,5 +58,20 @@ TEST(Parallel, RethrowsOnTheCaller) {
                std::runtime_error);
 }
 
+// With several failing indices the lowest one's error comes back, whichever thread ends first.
+TEST(Parallel, RethrowsTheLowestIndexError) {
+  ThreadsEnv env("4");
+  for (int trial = 0; trial < 50; ++trial) {
+    try {
+      parallel_for(100, [](int64_t i) {
+        if (i == 10 || i == 60 || i == 90) throw std::runtime_error(std::to_string(i));
+      });
+      FAIL() << "no error";
+    } catch (const std::runtime_error& e) {
+      ASSERT_STREQ(e.what(), "10") << "trial " << trial;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace smla::cpu

@@ -145,6 +145,42 @@ TEST_F(Validation, NullData) {
   expect_error(ErrorKind::value, "sinks", "data", "a null pointer");
 }
 
+// A view's own fields: its rank, and sizes whose element count or byte extent leave int64.
+TEST_F(Validation, RankOutsideTheViewAndSizesPastInt64) {
+  a.query.ndim = 50;
+  expect_error(ErrorKind::value, "query", "1..4 dims", "50 dims");
+  a.query = c.args().query;
+  a.sinks.ndim = -1;  // defined() is false for it: an absent optional tensor
+  EXPECT_NO_THROW(validate_decode(a));
+  a.sinks = c.args().sinks;
+  a.swa_kv_cache =
+      make_view(nullptr, DType::bf16, Device{}, {int64_t(1) << 46, 512, 512}, {1 << 18, 512, 1});
+  expect_error(ErrorKind::value, "swa_kv_cache", "fit in int64", "[70368744177664, 512, 512]");
+  a.swa_kv_cache = c.args().swa_kv_cache;
+  a.sinks = view(DType::f32, {8}, {int64_t(1) << 62});
+  expect_error(ErrorKind::value, "sinks", "byte extent fit in int64", "with strides");
+}
+
+// Outputs must not alias themselves: threads (or CTAs) would race on the shared elements.
+TEST_F(Validation, OverlappingOutputs) {
+  const TensorView out = a.out;
+  a.out = view(DType::bf16, {6, out.size(1), 512}, {0, 512, 1});
+  expect_error(ErrorKind::value, "out", "non-overlapping", "with strides [0, 512, 1]");
+  a.out = view(DType::bf16, {6, out.size(1), 512}, {out.size(1) * 512, 256, 1});
+  expect_error(ErrorKind::value, "out", "non-overlapping", "256");
+  a.out = view(DType::bf16, {6, out.size(1), 512}, {out.size(1) * 512 + 64, 512, 1});
+  EXPECT_NO_THROW(validate_decode(a));  // padded rows are fine
+  a.out = out;
+  a.lse = view(DType::f32, {6, 8}, {1, 1});
+  expect_error(ErrorKind::value, "lse", "non-overlapping", "[1, 1]");
+}
+
+// Every CPU device id names the one host.
+TEST_F(Validation, CpuDeviceIdsAreOneDevice) {
+  a.swa_kv_cache.device = Device{DeviceKind::cpu, 1};
+  EXPECT_NO_THROW(validate_decode(a));
+}
+
 TEST_F(Validation, QueryNotRank3) {
   a.query = view(DType::bf16, {6, 8 * 512});
   expect_error(ErrorKind::value, "query", "[T, H, 512]", "[6, 4096]");
@@ -239,7 +275,7 @@ TEST_F(Validation, MaxQLenBelowOne) {
 }
 
 TEST_F(Validation, NonFiniteScales) {
-  a.bmm1_scale = std::numeric_limits<float>::quiet_NaN();
+  a.bmm1_scale = DecodeArgs{}.bmm1_scale;  // never set: no default scale to fall back on
   expect_error(ErrorKind::value, "bmm1_scale", "finite", "nan");
   a.bmm1_scale = 1.f;
   a.bmm2_scale = std::numeric_limits<float>::infinity();
@@ -341,6 +377,20 @@ TEST_F(Validation, DeviceValuesAreNotRead) {
   c.sparse_topk_lens.set<int32_t>(4, 1000);
   for (const Field& f : kTensorFields) (a.*f.member).device = kCuda;
   EXPECT_NO_THROW(validate_decode(a));
+}
+
+// The buffer sizes refuse arguments no launch can have.
+TEST(BufferSizes, RefuseImpossibleArguments) {
+  const auto cpu = Device{};
+  test::expect_smla_error([] { kv_counter_bytes(-1, 64); }, ErrorKind::value, "max_tokens",
+                          "0..2^31 - 1", "-1");
+  test::expect_smla_error([] { kv_counter_bytes(8, 0); }, ErrorKind::value, "num_heads",
+                          "1..128", "0");
+  test::expect_smla_error([&] { workspace_bytes(8, 129, 640, cpu); }, ErrorKind::value,
+                          "num_heads", "1..128", "129");
+  test::expect_smla_error([&] { workspace_bytes(8, 64, int64_t(1) << 40, cpu); },
+                          ErrorKind::value, "num_columns", "0..2^31 - 1", "1099511627776");
+  EXPECT_EQ(workspace_bytes(8, 64, 640, cpu), 0u);
 }
 
 // The public entry point validates before it dispatches.
