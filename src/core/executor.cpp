@@ -200,7 +200,10 @@ void StepExecutor::each_layer(const StepInputs& inputs,
   try {
     for (size_t i = 0; i < layers_.size(); ++i) layer_work(i);
   } catch (...) {
-    end_step();  // a failed step still ends joined
+    try {
+      end_step();  // a failed step still ends joined
+    } catch (...) {  // (and reports its own error, not the join's)
+    }
     throw;
   }
   end_step();

@@ -138,16 +138,21 @@ void SparseIndexTables::fork(size_t leader, const TableInputs& inputs) {
       stats_.forks.push_back(key);
     }
   } catch (...) {
-    join();  // so that a capture reports this error, not unjoined side-stream work
+    // Joined so that a capture reports this error, not unjoined side-stream work; a join that
+    // fails too (an invalidated capture) must not replace the error that caused it.
+    try {
+      join();
+    } catch (...) {
+    }
     throw;
   }
 }
 
 void SparseIndexTables::join() {
   if (!forked_) return;
-  streams_.join();
-  forked_ = false;
+  forked_ = false;  // first: a join that throws still leaves the tables unforked
   pending_.clear();
+  streams_.join();
 }
 
 void SparseIndexTables::reset() {

@@ -43,6 +43,23 @@ void check_tensor(const TensorView& v, const char* name, DType dtype, Device dev
   check_memory(v, name);
 }
 
+// A scratch buffer (workspace, kv_counters): the kernel uses its bytes from `data` on, so they
+// must be the view's own (contiguous) and not the other buffer's.
+void check_scratch(const TensorView& v, const char* name, const TensorView& other) {
+  if (!v.defined()) return;
+  if (!v.is_contiguous())
+    fail(ErrorKind::value, name, "a contiguous buffer", shape_of(v) + " with strides " +
+                                                          check::strides_of(v));
+  if (!other.defined() || v.numel() == 0 || other.numel() == 0) return;
+  const auto begin = [](const TensorView& t) { return static_cast<const std::byte*>(t.data); };
+  const auto end = [&](const TensorView& t) {
+    return begin(t) + t.numel() * int64_t(dtype_size(t.dtype));
+  };
+  if (begin(v) < end(other) && begin(other) < end(v))
+    fail(ErrorKind::value, name, "memory apart from the other scratch buffer",
+         "an overlap of workspace and kv_counters");
+}
+
 std::string item(const char* name, int64_t i, int64_t value) {
   return std::string(name) + "[" + num(i) + "] = " + num(value);
 }
@@ -283,6 +300,8 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
       fail(ErrorKind::type, "kv_counters", "i32 or u8", dtype_name(a.kv_counters.dtype));
     check_device(a.kv_counters, "kv_counters", p.device);
   }
+  check_scratch(a.workspace, "workspace", a.kv_counters);
+  check_scratch(a.kv_counters, "kv_counters", a.workspace);
 
   if (p.device.kind == DeviceKind::cpu) check_host_values(a, p);
   return p;

@@ -31,6 +31,8 @@ PoolParams pool_params(const KvPool& pool, const char* name) {
   p.token_stride_bytes = pool.token_stride_bytes;
   p.block_stride_bytes = pool.block_stride_bytes;
   p.rows = uint32_t(std::min<int64_t>(pool.rows(), INT32_MAX));  // offsets are int32
+  require(pool.span <= UINT32_MAX, name, "a span (block stride / token stride) below 2^32 on CUDA",
+          std::to_string(pool.span));
   p.span = FastDiv(uint32_t(pool.span));
   p.block_size = uint32_t(pool.block_size);
   require(pool.block_size * kDsMlaRecordBytes <= UINT32_MAX, name,
@@ -104,8 +106,9 @@ void allow_large_smem(int device) {
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 void launch(const KernelParams<kQueryTma>& p, int64_t ctas, int device, cudaStream_t stream) {
   allow_large_smem<L, kTopk, kF16, kQueryTma>(device);
-  launch_early(decode_kernel<L, kTopk, kF16, kQueryTma>, dim3(unsigned(ctas)), dim3(kThreads),
-               kSmemBytes<L>, stream, p.cluster ? p.num_splits : 1, p);
+  launch_early("the decode kernel", decode_kernel<L, kTopk, kF16, kQueryTma>,
+               dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<L>, stream,
+               p.cluster ? p.num_splits : 1, p);
 }
 
 template <KvLayout L, bool kF16, bool kQueryTma = false>
@@ -166,6 +169,11 @@ size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
 }
 
 size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, int device) {
+  if (const std::string why = unsupported_reason(device); !why.empty())
+    throw Error(ErrorKind::unsupported, "device", "a CUDA device that can run the kernels", why);
+  // The occupancy query and the kernel attribute it sets act on the current device, and are
+  // cached per device: `device` must be current for them.
+  const DeviceScope scope(device);
   return workspace_bound(num_tokens, num_heads, num_columns, decode_occupancy(device));
 }
 
@@ -195,6 +203,15 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
               args.out.stride(1) % 8 == 0,
           "out", "16-byte aligned rows on CUDA", describe(args.out));
 
+  // Element-aligned data (a misaligned access would kill the context).
+  for (const auto& [view, name] :
+       {std::pair{&args.sparse_indices, "sparse_indices"},
+        std::pair{&args.sparse_topk_lens, "sparse_topk_lens"},
+        std::pair{&args.seq_lens, "seq_lens"}, std::pair{&args.cum_seq_lens_q, "cum_seq_lens_q"},
+        std::pair{&args.sinks, "sinks"}, std::pair{&args.lse, "lse"},
+        std::pair{&args.topk_columns.topk_indices, "topk_columns.topk_indices"},
+        std::pair{&args.topk_columns.block_table, "topk_columns.block_table"}})
+    require_aligned(*view, name);
   const size_t workspace_have = bytes_of(args.workspace);
   const size_t counters_have = bytes_of(args.kv_counters);
   require(!args.workspace.defined() || aligned16(args.workspace.data), "workspace",

@@ -31,7 +31,10 @@ int current_device() {
 
 std::string unsupported_reason(int device) {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return "no CUDA device is visible";
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess)
+    return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(e) + " (" +
+           cudaGetErrorString(e) + ")";
+  if (count == 0) return "no CUDA device is visible";
   if (device < 0 || device >= count)
     return "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
            " visible)";
@@ -48,6 +51,13 @@ void require(bool ok, const char* argument, const std::string& expected, const s
   if (!ok) throw Error(ErrorKind::unsupported, argument, expected, got);
 }
 
+void require_aligned(const TensorView& view, const char* argument) {
+  const size_t size = dtype_size(view.dtype);
+  require(!view.defined() || reinterpret_cast<uintptr_t>(view.data) % size == 0, argument,
+          std::to_string(size) + "-byte aligned " + dtype_name(view.dtype) + " data",
+          "a misaligned pointer");
+}
+
 void require_usable(Device device, const char* argument) {
   const std::string why = unsupported_reason(device.id);
   require(why.empty(), argument, "a tensor on a Hopper GPU", device_name(device) + ": " + why);
@@ -59,7 +69,10 @@ void require_usable(Device device, const char* argument) {
 
 std::string device_info() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return "cuda: no device visible\n";
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess)
+    return std::string("cuda: cudaGetDeviceCount failed: ") + cudaGetErrorName(e) + " (" +
+           cudaGetErrorString(e) + ")\n";
+  if (count == 0) return "cuda: no device visible\n";
   std::string info;
   for (int d = 0; d < count; ++d) {
     cudaDeviceProp prop{};

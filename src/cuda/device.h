@@ -1,10 +1,34 @@
 // Per-device facts the launchers need, read once per device and cached.
 #pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
 #include <string>
 
+#include "cuda/check.h"
 #include "smla/tensor.h"
 
 namespace smla::cuda {
+
+// Makes `device` current for a scope: streams, events, memory, kernel attributes and occupancy
+// queries act on the current one.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    SMLA_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) SMLA_CUDA_CHECK(cudaSetDevice(device));
+    changed_ = previous_ != device;
+  }
+  ~DeviceScope() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
 
 int sm_count(int device);
 int current_device();
@@ -14,5 +38,8 @@ void require(bool ok, const char* argument, const std::string& expected, const s
 // Throws ErrorKind::unsupported naming `argument` unless `device` is a Hopper GPU that this
 // build runs on and the current CUDA device (launches go to the current device).
 void require_usable(Device device, const char* argument);
+// Throws ErrorKind::unsupported naming `argument` unless `view` (if present) starts at a multiple
+// of its element size: a misaligned access would kill the CUDA context.
+void require_aligned(const TensorView& view, const char* argument);
 
 }  // namespace smla::cuda

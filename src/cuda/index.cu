@@ -211,6 +211,18 @@ void build_sparse_indices(const IndexProblem& problem, const SparseIndexArgs& a,
                 std::to_string(problem.num_requests));
 
   const StepMetadata& s = a.step;
+  // Element-aligned data (a misaligned access would kill the context).
+  for (const auto& [view, name] :
+       {std::pair{&s.seq_lens, "seq_lens"}, std::pair{&s.cum_seq_lens_q, "cum_seq_lens_q"},
+        std::pair{&a.swa.block_table, "block_table"},
+        std::pair{&a.out.sparse_indices, "sparse_indices"},
+        std::pair{&a.out.sparse_topk_lens, "sparse_topk_lens"},
+        std::pair{&a.out.seq_lens, "out.seq_lens"}})
+    require_aligned(*view, name);
+  if (problem.compress_ratio > 0) {
+    require_aligned(a.compressed.block_table, "compressed.block_table");
+    require_aligned(a.compressed.topk_indices, "topk_indices");
+  }
   IndexParams p{};
   p.seq_lens = i32_view(s.seq_lens);
   p.cum = i32_view(s.cum_seq_lens_q);
@@ -239,8 +251,9 @@ void build_sparse_indices(const IndexProblem& problem, const SparseIndexArgs& a,
     p.out_seq_lens = out.seq_lens.ptr<int32_t>();
     p.out_seq_lens_stride = out.seq_lens.strides[0];
   }
-  launch_early(build_index_kernel, dim3(static_cast<unsigned>(problem.num_tokens)), dim3(kThreads),
-               0, static_cast<cudaStream_t>(stream), 1, p);
+  launch_early("the index kernel", build_index_kernel,
+               dim3(static_cast<unsigned>(problem.num_tokens)), dim3(kThreads), 0,
+               static_cast<cudaStream_t>(stream), 1, p);
 }
 
 }  // namespace smla::cuda

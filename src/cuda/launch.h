@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <string>
 #include <utility>
 
 #include "cuda/check.h"
@@ -21,10 +22,11 @@ inline cudaLaunchAttribute cluster_attribute(int size) {
 // Every CTA of `kernel` must call ptx::griddep_wait(), unconditionally, before it reads or
 // writes global memory that earlier work on the stream may touch: a CTA that exits without
 // waiting would let the next kernel run ahead of the one before this. `cluster` > 1 launches
-// clusters of that many consecutive CTAs (grid.x a multiple of it).
+// clusters of that many consecutive CTAs (grid.x a multiple of it). A failed launch's error
+// names `name` and the launch's shape.
 template <class... Params, class... Args>
-void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
-                  cudaStream_t stream, int cluster, Args&&... args) {
+void launch_early(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                  size_t smem_bytes, cudaStream_t stream, int cluster, Args&&... args) {
   cudaLaunchAttribute attrs[2]{{}, cluster_attribute(cluster)};
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
@@ -35,7 +37,13 @@ void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_
   config.stream = stream;
   config.attrs = attrs;
   config.numAttrs = cluster > 1 ? 2 : 1;
-  SMLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (status != cudaSuccess)
+    check(status, (std::string("the launch of ") + name + " (" + std::to_string(grid.x) +
+                   " CTAs of " + std::to_string(block.x) + " threads, clusters of " +
+                   std::to_string(cluster) + ", " + std::to_string(smem_bytes) +
+                   " B of shared memory)")
+                      .c_str());
 }
 
 }  // namespace smla::cuda

@@ -117,8 +117,8 @@ void quantize_kv(const QuantizeProblem& problem, const TensorView& rows, const T
   p.num_rows = problem.num_rows;
   p.kv_scale = problem.kv_scale;
   p.pool = problem.pool;
-  launch_early(quantize_kv_kernel, dim3(static_cast<unsigned>(ctas)), dim3(kThreads), 0,
-               static_cast<cudaStream_t>(stream), 1, p);
+  launch_early("the quantize kernel", quantize_kv_kernel, dim3(static_cast<unsigned>(ctas)),
+               dim3(kThreads), 0, static_cast<cudaStream_t>(stream), 1, p);
 }
 
 }  // namespace smla::cuda

@@ -8,6 +8,7 @@
 #include "core/block_cache.h"
 #include "cuda/backend.h"
 #include "cuda/check.h"
+#include "cuda/device.h"
 
 namespace smla::cuda {
 namespace {
@@ -20,25 +21,6 @@ struct EventDestroy {
 };
 using OwnedStream = std::unique_ptr<CUstream_st, StreamDestroy>;
 using OwnedEvent = std::unique_ptr<CUevent_st, EventDestroy>;
-
-// Makes `device` current for a scope: streams, events and memory are made on the current one.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    SMLA_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) SMLA_CUDA_CHECK(cudaSetDevice(device));
-    changed_ = previous_ != device;
-  }
-  ~DeviceScope() {
-    if (changed_) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-};
 
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -73,8 +55,16 @@ class CudaStreams final : public Streams {
                                        SMLA_CUDA_CHECK(cudaMalloc(&block, bytes));
                                        return block;
                                      },
-                                 .release = [](void* block) { cudaFree(block); },
-                                 .capturing = [current = current_] { return capturing(current); }});
+                                 .release =
+                                     [id = device.id](void* block) {
+                                       const DeviceScope scope(id);
+                                       cudaFree(block);
+                                     },
+                                 .capturing =
+                                     [current = current_, id = device.id] {
+                                       const DeviceScope scope(id);
+                                       return capturing(current);
+                                     }});
   }
 
   Device device() const override { return device_; }
@@ -86,19 +76,30 @@ class CudaStreams final : public Streams {
     while (static_cast<int>(events_.size()) < count) events_.push_back(new_event());
   }
 
+  // Each stream operation runs with the streams' device current: a null `current_` is the
+  // legacy default stream of whichever device is current.
   void fork() override {
+    const DeviceScope scope(device_.id);
     SMLA_CUDA_CHECK(cudaEventRecord(fork_.get(), current_));
     SMLA_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), fork_.get(), 0));
   }
-  void record(int event) override { SMLA_CUDA_CHECK(cudaEventRecord(slot(event), side_.get())); }
-  void wait(int event) override { SMLA_CUDA_CHECK(cudaStreamWaitEvent(current_, slot(event), 0)); }
+  void record(int event) override {
+    const DeviceScope scope(device_.id);
+    SMLA_CUDA_CHECK(cudaEventRecord(slot(event), side_.get()));
+  }
+  void wait(int event) override {
+    const DeviceScope scope(device_.id);
+    SMLA_CUDA_CHECK(cudaStreamWaitEvent(current_, slot(event), 0));
+  }
   void join() override {
+    const DeviceScope scope(device_.id);
     SMLA_CUDA_CHECK(cudaEventRecord(join_.get(), side_.get()));
     SMLA_CUDA_CHECK(cudaStreamWaitEvent(current_, join_.get(), 0));
   }
 
   std::shared_ptr<void> allocate(size_t bytes) override { return cache_->allocate(bytes); }
   void zero(void* dst, size_t bytes) override {
+    const DeviceScope scope(device_.id);
     if (capturing(current_))
       throw Error(ErrorKind::unsupported, "zero",
                   "no CUDA-graph capture on the stream (a memset node would rerun on every "
@@ -107,14 +108,19 @@ class CudaStreams final : public Streams {
     SMLA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, current_));
   }
   void upload(void* dst, const void* host_src, size_t bytes) override {
+    const DeviceScope scope(device_.id);
     SMLA_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, current_));
     synchronize();
   }
   void download(void* host_dst, const void* src, size_t bytes) override {
+    const DeviceScope scope(device_.id);
     SMLA_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, current_));
     synchronize();
   }
-  void synchronize() override { SMLA_CUDA_CHECK(cudaStreamSynchronize(current_)); }
+  void synchronize() override {
+    const DeviceScope scope(device_.id);
+    SMLA_CUDA_CHECK(cudaStreamSynchronize(current_));
+  }
 
  private:
   cudaEvent_t slot(int event) const {

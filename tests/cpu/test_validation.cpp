@@ -37,6 +37,11 @@ class Validation : public ::testing::Test {
                   std::initializer_list<int64_t> strides) {
     return make_view(scratch.data(), dtype, Device{}, shape, strides);
   }
+  // Scratch buffers apart from each other (and from view()'s): workspace and kv_counters.
+  void set_scratch_buffers() {
+    a.workspace = make_view(scratch.data() + (1 << 19), DType::u8, Device{}, {1024});
+    a.kv_counters = make_view(scratch.data() + (1 << 19) + 4096, DType::i32, Device{}, {64});
+  }
 
   // validate_decode(a) throws kind / argument, and what() quotes `expected` and `got`.
   void expect_error(ErrorKind kind, const std::string& argument, const std::string& expected,
@@ -84,8 +89,7 @@ TEST_F(Validation, WrongDtypeOfEachTensor) {
       {"workspace", DType::i32, "u8"},
       {"kv_counters", DType::f32, "i32 or u8"},
   };
-  a.workspace = view(DType::u8, {1024});
-  a.kv_counters = view(DType::i32, {64});
+  set_scratch_buffers();
   ASSERT_NO_THROW(validate_decode(a));
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
@@ -114,8 +118,7 @@ TEST_F(Validation, Fp8QueryNeedsPerTensorFp8Cache) {
 }
 
 TEST_F(Validation, TensorOnAnotherDevice) {
-  a.workspace = view(DType::u8, {1024});
-  a.kv_counters = view(DType::u8, {64});
+  set_scratch_buffers();
   for (const Field& f : kTensorFields) {
     if (std::string(f.name) == "query") continue;
     SCOPED_TRACE(f.name);
@@ -173,6 +176,20 @@ TEST_F(Validation, OverlappingOutputs) {
   a.out = out;
   a.lse = view(DType::f32, {6, 8}, {1, 1});
   expect_error(ErrorKind::value, "lse", "non-overlapping", "[1, 1]");
+}
+
+// The kernel uses a scratch buffer's bytes from its start: they must be its own.
+TEST_F(Validation, ScratchBuffersContiguousAndApart) {
+  set_scratch_buffers();
+  ASSERT_NO_THROW(validate_decode(a));
+  const TensorView counters = a.kv_counters;
+  a.kv_counters = make_view(counters.data, DType::i32, Device{}, {64}, {0});
+  expect_error(ErrorKind::value, "kv_counters", "contiguous", "with strides [0]");
+  a.kv_counters = make_view(a.workspace.ptr<std::byte>() + 512, DType::i32, Device{}, {64});
+  expect_error(ErrorKind::value, "workspace", "apart", "overlap");
+  a.kv_counters = counters;
+  a.workspace = make_view(scratch.data(), DType::u8, Device{}, {4, 256}, {512, 1});  // a slice
+  expect_error(ErrorKind::value, "workspace", "contiguous", "with strides [512, 1]");
 }
 
 // Every CPU device id names the one host.
