@@ -52,10 +52,10 @@ constexpr float e4m3_to_float(uint8_t bits) {
   return std::bit_cast<float>(sign | ((exp + 120u) << 23) | (mant << 20));
 }
 
-// UE8M0 scale byte e = 2^(e-127). e = 0 is the float subnormal 2^-127; e = 255 (2^128, NaN
-// in the OCP spec) is not representable and gives inf.
-constexpr float ue8m0_to_float(uint8_t bits) {
-  return std::bit_cast<float>(bits ? static_cast<uint32_t>(bits) << 23 : 0x00400000u);
+// UE8M0 scale byte e = 2^(e-127), exactly (SPEC §2), as a double: e = 255 is 2^128 (NaN in
+// the OCP spec), past every float, so that a zero code times it stays 0.
+constexpr double ue8m0_to_double(uint8_t bits) {
+  return std::bit_cast<double>(static_cast<uint64_t>(bits + 1023 - 127) << 52);
 }
 
 }  // namespace smla

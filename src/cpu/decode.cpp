@@ -59,7 +59,7 @@ struct Rows {
         for (int d = 0; d < kNopeDim; ++d) v[d] = load_e4m3(src + d);
         for (int d = 0; d < kRopeDim; ++d) v[kNopeDim + d] = load_bf16(src + kNopeDim + 2 * d);
         const uint8_t* e = pool.ds_mla_scales(offset);
-        for (int g = 0; g < kNopeDim / kDsMlaGroup; ++g) s[g] = ue8m0_to_float(e[g]);
+        for (int g = 0; g < kNopeDim / kDsMlaGroup; ++g) s[g] = ue8m0_to_double(e[g]);
         break;
       }
     }

@@ -32,7 +32,7 @@ __device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi) {
 
 // A UE8M0 byte u as the bf16 factor of e4m3x8_scaled: 2^(u - 7), or where that is past bf16
 // (u > kOneFactor, the largest u whose 2^(u - 7) is a bf16) 2^127 and then `second` =
-// 2^(u - 134) (inf for u = 255, as ue8m0_to_float).
+// 2^(u - 134) (u = 255 too: 2^128 in all, so that a zero code stays 0).
 constexpr uint32_t kOneFactor = 127 + 7;
 struct Bf16Scale {
   uint32_t first, second;  // bf16x2 bits, the factor in both halves
@@ -41,7 +41,7 @@ __device__ __forceinline__ Bf16Scale bf16_scale(uint32_t u) {
   const bool big = u > kOneFactor;
   const uint32_t both = 0x00800080u;  // 1 in both halves' exponent fields
   return {big ? 0x7f007f00u : (u + 120) * both,
-          !big ? 0x3f803f80u : u == 255 ? 0x7f807f80u : (u - 7) * both};
+          !big ? 0x3f803f80u : (u - 7) * both};
 }
 
 // Eight e4m3 values (two words) times 2^(u - 127) -> eight bf16, in bf16 arithmetic: a byte's

@@ -117,6 +117,24 @@ TEST(Decode, HandComputedDsMlaRecordAndScales) {
   EXPECT_NEAR(c.lse.get<float>(0), 0.25 * sum / 64, 1e-6);
 }
 
+// SPEC §2: UE8M0 byte 255 means 2^128, past every float but finite: a group of zero codes under
+// it contributes 0 (not 0 * inf = NaN). The rest as above at scale 1, so out = bmm2 * row.
+TEST(Decode, DsMlaScaleByte255IsTwoTo128) {
+  DecodeCase c = tiny_case(KvLayout::fp8_ds_mla, {-1, 3, -1, -1, -1, -1, -1, -1});
+  c.sinks = HostTensor{};
+  const RefPool pool(c.swa_kv_cache);
+  for (int d = 0; d < kNopeDim; ++d)
+    c.swa_kv_cache.store<uint8_t>(pool.record(3) + d, d < 64 ? 0x00 : 0x38);
+  for (int g = 0; g < 7; ++g) c.swa_kv_cache.store<uint8_t>(pool.scale_record(3) + g, g ? 127 : 255);
+  for (int d = kNopeDim; d < kHeadDim; ++d)
+    c.swa_kv_cache.store(pool.record(3) + kNopeDim + 2 * (d - kNopeDim), to_bf16(1.0));
+  c.bmm1_scale = 0.25f, c.bmm2_scale = 1.f;
+  sparse_mla_decode(c.args());
+  for (int d = 0; d < kHeadDim; ++d) ASSERT_EQ(out_at(c, d), d < 64 ? 0.0 : 1.0) << "d = " << d;
+  EXPECT_NEAR(c.lse.get<float>(0), 0.25 * (kHeadDim - 64) / 64, 1e-6);
+  EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
+}
+
 TEST(Decode, RandomSpecs) {
   for (int i = 0; i < 24; ++i) {
     const uint64_t seed = fresh_seed();

@@ -110,6 +110,38 @@ TEST_P(ExecutorMatchesDirectCalls, BitForBit) {
   EXPECT_EQ(tables_alone.peak_bytes, step.peak_bytes);
 }
 
+// SPEC §5: tables live for one step. A second step of the same requests, 40 positions shorter,
+// must rebuild every table (reusing the first step's would attend the wrong rows).
+TEST(Executor, SecondStepRebuildsItsTables) {
+  const auto all = model_layers(model_preset("v4-flash"), 1, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 4);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  test::CaseShape shape{
+      .q_lens = {1, 1}, .seq_lens = {300, 200}, .num_decodes = 2, .block_size = 64, .span = 64};
+  test::StepCase c(specs, shape, 5);
+  const int64_t T = c.num_tokens();
+  std::vector<TensorView> queries, outs, direct_outs;
+  int64_t max_columns = 0;
+  for (const AttentionLayer& l : c.layers) {
+    queries.push_back(c.bf16(T, kHeads));
+    outs.push_back(c.bf16(T, kHeads));
+    direct_outs.push_back(c.zeros(DType::bf16, {T, kHeads, kHeadDim}));
+    max_columns = std::max(max_columns, sparse_index_columns(c.args(l.spec.layer)));
+  }
+  const auto streams = make_streams(Device{});
+  StepExecutor executor(c.layers, *streams, T, max_columns, TableSharing::shared,
+                        CompressedIndex::table);
+  executor.run_step(c.inputs, queries, outs);
+  std::vector<int32_t> shorter{260, 160};
+  c.inputs.metadata.seq_lens = make_view(shorter.data(), DType::i32, Device{}, {2});
+  executor.run_step(c.inputs, queries, outs);
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    run_directly(c, c.layers[i], queries[i], direct_outs[i]);
+    EXPECT_EQ(std::memcmp(outs[i].data, direct_outs[i].data, T * kHeads * kHeadDim * 2), 0)
+        << "layer " << c.layers[i].spec.layer;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Steps, ExecutorMatchesDirectCalls,
     testing::Values(

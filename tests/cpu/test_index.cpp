@@ -119,6 +119,20 @@ TEST(IndexDecode, NegativeSlotsStay) {
   EXPECT_EQ(build(a).indices, (Rows{{-2, -1, 18, 19}}));
 }
 
+// An fp8_ds_mla pool's offsets are plain slots whatever its page stride (SPEC §2: here 65 x 576
+// B for 64 records and their scales, where §4's span = block stride / token stride would be
+// 65): positions 62..69 on pages 2 and 3 are slots 190..197.
+TEST(IndexDecode, DsMlaPoolOffsetsArePlainSlots) {
+  static std::vector<uint8_t> pool(4 * 65 * 576);
+  std::vector<int32_t> seq_lens{70}, block_table{2, 3};
+  SparseIndexArgs a;
+  a.window = 8;
+  a.step = {.num_tokens = 1, .seq_lens = i32(seq_lens, {1}), .num_decodes = 1};
+  a.swa = {i32(block_table, {1, 2}),
+           make_view(pool.data(), DType::u8, Device{}, {4, 64, 584}, {65 * 576, 584, 1})};
+  EXPECT_EQ(build(a).indices, (Rows{{190, 191, 192, 193, 194, 195, 196, 197}}));
+}
+
 // W = 4, ratio 2, top_k 3 (P = 4). Request 0 decodes 1 token, request 1 prefills 5.
 // SWA pages: 4 rows, unpacked. Compressed pages: E = 2 entries, stride 3 rows.
 struct MixedCase {

@@ -36,9 +36,10 @@ TEST(Numeric, E4m3EveryCode) {
 }
 
 TEST(Numeric, Ue8m0EveryCode) {
-  for (int e = 0; e < 255; ++e)
-    ASSERT_EQ(ue8m0_to_float(static_cast<uint8_t>(e)), ref_ue8m0(static_cast<uint8_t>(e))) << e;
-  EXPECT_EQ(ue8m0_to_float(255), std::numeric_limits<float>::infinity());
+  for (int e = 0; e < 256; ++e)
+    ASSERT_EQ(ue8m0_to_double(static_cast<uint8_t>(e)), ref_ue8m0(static_cast<uint8_t>(e))) << e;
+  EXPECT_EQ(ue8m0_to_double(255), 0x1p128);
+  EXPECT_EQ(ue8m0_to_double(0), 0x1p-127);
 }
 
 // The nearest bf16 in float64 terms, ties to the even code; IEEE overflow: the code past the

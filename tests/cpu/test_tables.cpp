@@ -204,6 +204,17 @@ TEST(SparseIndexTables, V41ThreeGroupsByHand) {
   for (const std::string& entry : streams.log)
     EXPECT_TRUE(entry.rfind("record", 0) != 0 || entry == "record 0" || entry == "record 1");
   EXPECT_EQ(streams.log.back(), "join");
+  // Each hit on a forked table made the stream wait (SPEC §5), on a slot its fork recorded.
+  size_t waited = 0;
+  std::set<std::string> recorded;  // since the last fork
+  for (const std::string& entry : streams.log) {
+    if (entry == "fork") recorded.clear();
+    if (entry.rfind("record ", 0) == 0) recorded.insert(entry.substr(7));
+    if (entry.rfind("wait ", 0) != 0) continue;
+    ++waited;
+    EXPECT_TRUE(recorded.contains(entry.substr(5))) << entry;
+  }
+  EXPECT_EQ(waited, waits.size());
 }
 
 struct Pattern {
