@@ -1,5 +1,6 @@
 #include "args.h"
 
+#include <algorithm>
 #include <charconv>
 #include <string_view>
 #include <vector>
@@ -106,12 +107,16 @@ Invocation parse_args(int argc, const char* const* argv) {
   }
   if (args[0] != "run") throw UsageError("unknown command '" + std::string(args[0]) + "'");
   inv.command = Command::run;
+  std::vector<std::string_view> given;  // a flag twice is a mistake, not "the last one wins"
   for (size_t i = 1; i < args.size(); ++i) {
     std::string_view word = args[i];
     if (!word.starts_with("--"))
       throw UsageError("unexpected argument '" + std::string(word) + "'");
     const size_t eq = word.find('=');
     const RunFlag& flag = run_flag(word.substr(0, eq));  // known before its value is taken
+    if (std::find(given.begin(), given.end(), flag.name) != given.end())
+      throw UsageError(std::string(flag.name) + ": given twice");
+    given.push_back(flag.name);
     std::string_view value;
     if (eq != std::string_view::npos)
       value = word.substr(eq + 1);

@@ -81,7 +81,8 @@ class StepExecutor:
 
     def begin_step(self, inputs: StepInputs) -> None:
         """Resets the tables; keeps `inputs` (and its arrays) for the step."""
-        self._executor.begin_step(_inputs(inputs))
+        with on_device(self._device, self._like):
+            self._executor.begin_step(_inputs(inputs))
 
     def run_layer(self, layer: int, query, out) -> None:
         """`layer`'s attention of query [T, H, 512] into out [T, H_out, 512]."""
@@ -91,7 +92,8 @@ class StepExecutor:
 
     def end_step(self) -> None:
         """Joins the side stream, so a graph capture of the step ends joined."""
-        self._executor.end_step()
+        with on_device(self._device, self._like):
+            self._executor.end_step()
 
     def run_step(self, inputs: StepInputs, queries: Sequence, outs: Sequence) -> None:
         """begin_step, every layer in order (queries[i], outs[i] for the i-th), end_step;

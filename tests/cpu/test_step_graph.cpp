@@ -75,6 +75,12 @@ TEST(RunArgs, CompressedIndexFlag) {
   } catch (const UsageError& e) {
     EXPECT_STREQ(e.what(), "--compressed-index: expected auto|topk|table, got 'tables'");
   }
+  try {
+    parse({"--compressed-index", "topk", "--compressed-index=table"});
+    ADD_FAILURE() << "a flag given twice was taken";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "--compressed-index: given twice");
+  }
 }
 
 StepGraph right_graph(TableSharing sharing, CompressedIndex compressed = CompressedIndex::table) {
