@@ -3,12 +3,15 @@
 // building its own table and calling sparse_mla_decode directly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <ostream>
 #include <set>
 #include <vector>
 
 #include "direct_call.h"
+#include "recording_streams.h"
+#include "smla/error.h"
 #include "smla/executor.h"
 #include "step_case.h"
 
@@ -140,6 +143,43 @@ TEST(Executor, SecondStepRebuildsItsTables) {
     EXPECT_EQ(std::memcmp(outs[i].data, direct_outs[i].data, T * kHeads * kHeadDim * 2), 0)
         << "layer " << c.layers[i].spec.layer;
   }
+}
+
+// SPEC §5: a step ends joined, a failed one too (so that a capture of it reports the error,
+// not unjoined side-stream work).
+TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {
+  const auto all = model_layers(model_preset("v41-flash"), 3, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 6);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  test::CaseShape shape{.q_lens = {1, 2, 1},
+                        .seq_lens = {150, 260, 40},
+                        .num_decodes = 3,
+                        .num_groups = 3,
+                        .block_size = 64,
+                        .span = 64};
+  test::StepCase c(specs, shape, 3);
+  const int64_t T = c.num_tokens();
+  std::vector<TensorView> queries, outs;
+  int64_t max_columns = 0;
+  for (const AttentionLayer& l : c.layers) {
+    queries.push_back(c.bf16(T, kHeads));
+    outs.push_back(c.bf16(T, kHeads));
+    max_columns = std::max(max_columns, sparse_index_columns(c.args(l.spec.layer)));
+  }
+  test::RecordingStreams streams;
+  StepExecutor executor(c.layers, streams, T, max_columns);
+  executor.run_step(c.inputs, queries, outs);
+  const auto count = [&](const char* entry) {
+    return std::count(streams.log.begin(), streams.log.end(), entry);
+  };
+  EXPECT_GT(count("fork"), 0);
+  EXPECT_EQ(count("join"), count("fork"));  // every fork joined
+  EXPECT_EQ(streams.log.back(), "join");
+  streams.log.clear();
+  queries[1].dtype = DType::f32;  // layer 1's decode refuses it, with layer 0's fork pending
+  EXPECT_THROW(executor.run_step(c.inputs, queries, outs), Error);
+  ASSERT_EQ(count("fork"), 1);
+  EXPECT_EQ(streams.log.back(), "join");
 }
 
 INSTANTIATE_TEST_SUITE_P(

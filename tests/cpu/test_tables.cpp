@@ -11,37 +11,11 @@
 
 #include "smla/error.h"
 #include "smla/tables.h"
+#include "recording_streams.h"
 #include "step_case.h"
 
 namespace smla {
 namespace {
-
-// The CPU's streams, logging each ordering call; allocations come poisoned (0xa5 bytes), as
-// the contract allows, so a table that relied on zeroed memory would differ from a direct build.
-class RecordingStreams final : public Streams {
- public:
-  Device device() const override { return inner_->device(); }
-  void* current() const override { return inner_->current(); }
-  void* side() const override { return inner_->side(); }
-  void reserve_events(int n) override { log.push_back("reserve " + std::to_string(n)); }
-  void fork() override { log.push_back("fork"); }
-  void record(int e) override { log.push_back("record " + std::to_string(e)); }
-  void wait(int e) override { log.push_back("wait " + std::to_string(e)); }
-  void join() override { log.push_back("join"); }
-  std::shared_ptr<void> allocate(size_t bytes) override {
-    std::shared_ptr<void> memory = inner_->allocate(bytes);
-    std::memset(memory.get(), 0xa5, bytes);
-    return memory;
-  }
-  void zero(void* d, size_t n) override { inner_->zero(d, n); }
-  void upload(void* d, const void* s, size_t n) override { inner_->upload(d, s, n); }
-  void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }
-  void synchronize() override { inner_->synchronize(); }
-  std::vector<std::string> log;
-
- private:
-  std::unique_ptr<Streams> inner_ = make_streams(Device{});
-};
 
 bool runs_indexer(const LayerSpec& s) {
   return s.compress_ratio > 0 && s.index_topk > 0 && s.index_source == s.layer;
@@ -186,7 +160,7 @@ TEST(ModelPresets, ShapesOfSpec6) {
 TEST(SparseIndexTables, V41ThreeGroupsByHand) {
   const auto layers = model_layers(model_preset("v41-flash"), 3);
   const test::StepCase c(layers, small_step(3), 1);
-  RecordingStreams streams;
+  test::RecordingStreams streams;
   SparseIndexTables tables(layers, streams);
   run_step(tables, c, layers);
   // Layer 0 (group 0) forks group 1's swa_only table; each compressed run's first layer forks
@@ -231,7 +205,7 @@ TEST_P(TablesOverPatterns, EachTableBuiltOnceForkedAsSpecSays) {
   const auto [model, groups] = GetParam();
   const auto layers = model_layers(model_preset(model), groups, true);
   const test::StepCase c(layers, small_step(groups), 2);
-  RecordingStreams streams;
+  test::RecordingStreams streams;
   SparseIndexTables tables(layers, streams);
   for (int step = 0; step < 2; ++step) {  // reset between steps: the same work again
     run_step(tables, c, layers);
@@ -275,7 +249,7 @@ TEST_P(TablesOverPatterns, WithoutSharingEveryLayerBuildsAlone) {
   const auto [model, groups] = GetParam();
   const auto layers = model_layers(model_preset(model), groups, true);
   const test::StepCase c(layers, small_step(groups), 2);
-  RecordingStreams shared_streams, streams;
+  test::RecordingStreams shared_streams, streams;
   SparseIndexTables shared(layers, shared_streams);
   SparseIndexTables alone(layers, streams, TableSharing::none);
   EXPECT_EQ(step_tables(alone, c, layers), step_tables(shared, c, layers));
@@ -306,7 +280,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TablesOverPatterns,
 TEST(SparseIndexTables, ErrorInAForkJoinsBeforePropagating) {
   const auto layers = model_layers(model_preset("v41-flash"), 2);
   const test::StepCase c(layers, small_step(2), 3);
-  RecordingStreams streams;
+  test::RecordingStreams streams;
   SparseIndexTables tables(layers, streams);
   tables.reset();
   // Layer 3, in group 1, is the fork target of the run that layer 2 leads.
@@ -333,7 +307,7 @@ TEST(SparseIndexTables, ErrorInAForkJoinsBeforePropagating) {
 
 TEST(SparseIndexTables, UnknownLayerIsAnError) {
   const auto layers = model_layers(model_preset("v4-flash"), 1);
-  RecordingStreams streams;
+  test::RecordingStreams streams;
   SparseIndexTables tables(layers, streams);
   EXPECT_THROW(tables.lookup(99, [](int) { return SparseIndexArgs{}; }), Error);
 }

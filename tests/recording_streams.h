@@ -1,0 +1,39 @@
+// Streams for host tests: the CPU's, logging each ordering call.
+#pragma once
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "smla/streams.h"
+
+namespace smla::test {
+
+// The CPU's streams, logging each ordering call; allocations come poisoned (0xa5 bytes), as
+// the contract allows, so a table that relied on zeroed memory would differ from a direct build.
+class RecordingStreams final : public Streams {
+ public:
+  Device device() const override { return inner_->device(); }
+  void* current() const override { return inner_->current(); }
+  void* side() const override { return inner_->side(); }
+  void reserve_events(int n) override { log.push_back("reserve " + std::to_string(n)); }
+  void fork() override { log.push_back("fork"); }
+  void record(int e) override { log.push_back("record " + std::to_string(e)); }
+  void wait(int e) override { log.push_back("wait " + std::to_string(e)); }
+  void join() override { log.push_back("join"); }
+  std::shared_ptr<void> allocate(size_t bytes) override {
+    std::shared_ptr<void> memory = inner_->allocate(bytes);
+    std::memset(memory.get(), 0xa5, bytes);
+    return memory;
+  }
+  void zero(void* d, size_t n) override { inner_->zero(d, n); }
+  void upload(void* d, const void* s, size_t n) override { inner_->upload(d, s, n); }
+  void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }
+  void synchronize() override { inner_->synchronize(); }
+  std::vector<std::string> log;
+
+ private:
+  std::unique_ptr<Streams> inner_ = make_streams(Device{});
+};
+
+}  // namespace smla::test
