@@ -180,6 +180,16 @@ TEST(IndexMixed, DecodeCountsOnlyNonNegativeTopk) {
   EXPECT_EQ(b.lens[0], 5);
 }
 
+// A prefill row's length is its visible entries, min((pos + 1) / ratio, top_k), -1 or not (a
+// decode row counts only the non-negative ones, above).
+TEST(IndexMixed, PrefillLengthCountsPaddedEntries) {
+  MixedCase c;
+  c.topk[12] = -1;  // pos 3's first entry
+  const Built b = build(c.args());
+  EXPECT_EQ(b.indices[4], (std::vector<int32_t>{8, 9, 10, 11, -1, 3, -1, -1}));
+  EXPECT_EQ(b.lens[4], 6);
+}
+
 TEST(IndexMixed, SwaOnlyLayerOfTheSameStep) {
   MixedCase c;
   SparseIndexArgs a = c.args();
