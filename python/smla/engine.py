@@ -85,7 +85,8 @@ def trtllm_batch_decode_sparse_mla_dsv4(
                           repr(sparse_indices_are_storage_offsets))
     if out is None:
         out = _new_out(query)
-    q_len = _array(query).shape[1] if getattr(_array(query), "ndim", 3) == 4 else 1
+    q_array = _array(query)
+    q_len = q_array.shape[1] if getattr(q_array, "ndim", 3) == 4 else 1
     query = _merge_tokens(query, "query", 3)
     result = out
     out = _merge_tokens(out, "out", 3)

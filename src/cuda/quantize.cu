@@ -101,8 +101,8 @@ void quantize_kv(const QuantizeProblem& problem, const TensorView& rows, const T
   require_usable(problem.device, "pool");
   if (problem.num_rows == 0) return;
   // Element-aligned data (what a typed tensor has): a misaligned access would kill the context.
-  require(aligned(rows.data, 2), "rows", "2-byte aligned bf16 data", "a misaligned pointer");
-  require(aligned(slots.data, 4), "slots", "4-byte aligned i32 data", "a misaligned pointer");
+  require_aligned(rows, "rows");
+  require_aligned(slots, "slots");
   require(problem.pool.layout != KvLayout::bf16 || aligned(problem.pool.base, 2), "pool",
           "2-byte aligned bf16 data", "a misaligned pointer");
   const int64_t ctas = (problem.num_rows + kRowsPerCta - 1) / kRowsPerCta;
