@@ -176,12 +176,13 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
       pool_bytes += double(B) * double(compressed_pages(s)) * double(c_page);
     row_bytes += double(T) * s.num_heads * kHeadDim * (dtype_size(query_dtype(layout)) + 2);
   }
-  // The oracle reads host copies; on the CPU the pools are host memory anyway.
+  // The oracle reads host copies; on the CPU the pools are host memory anyway. Device memory
+  // is the allocator's to refuse, past a bound that keeps the byte counts int64.
   const bool host_copies = o.check > 0 || streams.device().kind == DeviceKind::cpu;
-  if (host_copies && pool_bytes + row_bytes > double(kMaxHostBytes))
+  if (pool_bytes + row_bytes > (host_copies ? double(kMaxHostBytes) : 0x1p62))
     throw Error(ErrorKind::value, "--requests, --context, --mtp",
                 "a step whose caches, queries and outputs fit in " +
-                    std::to_string(kMaxHostBytes >> 30) + " GiB",
+                    (host_copies ? std::to_string(kMaxHostBytes >> 30) + " GiB" : "memory"),
                 std::to_string(int64_t(pool_bytes / 1048576)) + " MiB of KV pools and " +
                     std::to_string(int64_t(row_bytes / 1048576)) + " MiB of queries and outputs");
   kv_bytes = int64_t(pool_bytes);
