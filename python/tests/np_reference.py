@@ -4,9 +4,41 @@ Pools are given as float64 row getters so that every layout (bf16, per-tensor fp
 fp8_ds_mla) shares one attention reference.
 """
 
+import os
+import secrets
+
 import numpy as np
 
 D = 512
+
+# Bounds of assert_out_close, as tests/oracle.h's: the CPU backend (bf16 rounding of the output
+# and float32 dot products) and a CUDA kernel (lower-precision products; fp8 caches may round P
+# or Q to 8 bits).
+CPU_TOL = (1 / 256, 1e-5)
+DEVICE_TOL = {"bf16": (1e-2, 1e-2), "fp8": (3e-2, 3e-2)}
+
+
+def fresh_rng():
+    """A generator on a fresh seed (SMLA_TEST_SEED replays one), printed: pytest shows it for
+    a failed test."""
+    seed = int(os.environ.get("SMLA_TEST_SEED", secrets.randbits(63)))
+    print(f"seed {seed} (SMLA_TEST_SEED={seed} replays it)")
+    return np.random.default_rng(seed)
+
+
+def assert_out_close(got, want, tol):
+    """|got - want| <= rtol |want| + atol * max |want| over each (token, head) row, for
+    [..., D] outputs, tol = (rtol, atol). NaN never passes; a zero row (a padded head, an empty
+    row, a +inf sink) must be exactly zero."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, f"shape {got.shape}, expected {want.shape}"
+    rtol, atol = tol
+    bound = rtol * np.abs(want) + atol * np.abs(want).max(axis=-1, keepdims=True)
+    bad = ~(np.abs(got - want) <= bound)
+    if bad.any():
+        where = [tuple(int(i) for i in w) for w in np.argwhere(bad)[:8]]
+        raise AssertionError(f"{int(bad.sum())} elements out of bounds, first at " + ", ".join(
+            f"{w}: {got[w]!r} vs {want[w]!r}" for w in where))
 
 
 class Pool:
