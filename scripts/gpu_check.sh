@@ -67,7 +67,7 @@ for step in $steps; do
       run_step run run.log "$BUILD/smla" run --device cuda --requests 64 --mtp 2 --context 16384 --check 4
       run_step run-v41 run.log "$BUILD/smla" run --device cuda --model v41-flash --groups 3 --mtp 2 --check 4
       run_step run-fp8 run.log "$BUILD/smla" run --device cuda --kv fp8_ds_mla --requests 64 --mtp 2 --check 4
-      run_step run-e4m3 run.log "$BUILD/smla" run --device cuda --kv fp8 --requests 64 --mtp 2 --check 8 ;;
+      run_step run-e4m3 run.log "$BUILD/smla" run --device cuda --kv fp8_e4m3 --requests 64 --mtp 2 --check 8 ;;
     step)  # the whole step three ways: top-k in the decode, shared tables, none (--quick: seconds)
       run_step step step.log "$BUILD/smla_step_bench" --csv "$OUT/step.csv" ;;
     python)  # builds the package with CUDA here (wheels it lacks come from a carried .whl/)

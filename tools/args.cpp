@@ -72,7 +72,8 @@ constexpr RunFlag kRunFlags[] = {
      [](RunOptions& o, Text f, Text v) {
        o.kv = choice<KvLayout>(f, v,
                                {{"bf16", KvLayout::bf16},
-                                {"fp8", KvLayout::fp8_e4m3},
+                                {"fp8_e4m3", KvLayout::fp8_e4m3},
+                                {"fp8", KvLayout::fp8_e4m3},  // the short name, as before
                                 {"fp8_ds_mla", KvLayout::fp8_ds_mla}});
      }},
     {"--device",
@@ -94,18 +95,24 @@ const RunFlag& run_flag(std::string_view name) {
 
 Invocation parse_args(int argc, const char* const* argv) {
   const std::vector<std::string_view> args(argv + 1, argv + argc);
-  for (std::string_view a : args)
-    if (a == "--help" || a == "-h") return {};
   if (args.empty()) throw UsageError("no command");
+  const auto is_help = [](std::string_view a) { return a == "--help" || a == "-h"; };
   Invocation inv;
-  if (args[0] == "help") return inv;
+  if (is_help(args[0]) || args[0] == "help") {
+    if (args.size() > 1)
+      throw UsageError("help takes no arguments, got '" + std::string(args[1]) + "'");
+    return inv;
+  }
+  if (args[0] != "info" && args[0] != "run")
+    throw UsageError("unknown command '" + std::string(args[0]) + "'");
+  // A known command's --help prints the usage, whatever else the line holds.
+  if (std::any_of(args.begin() + 1, args.end(), is_help)) return inv;
   if (args[0] == "info") {
     if (args.size() > 1)
       throw UsageError("info takes no arguments, got '" + std::string(args[1]) + "'");
     inv.command = Command::info;
     return inv;
   }
-  if (args[0] != "run") throw UsageError("unknown command '" + std::string(args[0]) + "'");
   inv.command = Command::run;
   std::vector<std::string_view> given;  // a flag twice is a mistake, not "the last one wins"
   for (size_t i = 1; i < args.size(); ++i) {
@@ -126,6 +133,11 @@ Invocation parse_args(int argc, const char* const* argv) {
       throw UsageError(std::string(flag.name) + ": missing value");
     flag.set(inv.run, flag.name, value);
   }
+  // Layer l is in SWA group l % groups: more groups than layers would leave some empty.
+  for (const ModelPreset& p : model_presets())
+    if (p.name == inv.run.model && inv.run.groups > p.num_layers)
+      throw UsageError("--groups: expected at most the " + std::to_string(p.num_layers) +
+                       " layers of " + p.name + ", got " + std::to_string(inv.run.groups));
   if (inv.run.mtp > inv.run.context)
     throw UsageError("--mtp: expected at most --context = " + std::to_string(inv.run.context) +
                      " tokens, got " + std::to_string(inv.run.mtp));
@@ -154,10 +166,10 @@ std::string usage() {
          "  --mtp N           query tokens per request (default " +
          std::to_string(d.mtp) +
          ")\n"
-         "  --kv bf16|fp8|fp8_ds_mla   KV cache dtype (default bf16)\n"
+         "  --kv bf16|fp8_e4m3|fp8_ds_mla   KV cache layout (default bf16; fp8 = fp8_e4m3)\n"
          "  --device auto|cpu|cuda     where to run (default auto: the GPU when there is one)\n"
-         "  --check N         (token, head) rows per layer checked against a float64 oracle\n"
-         "                    (default " +
+         "  --check N         distinct (token, head) rows per layer checked against a float64\n"
+         "                    oracle, at most all of them (default " +
          std::to_string(d.check) +
          ", 0: no check)\n"
          "  --groups N        interleaved SWA KV-cache groups (default " +

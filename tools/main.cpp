@@ -1,5 +1,8 @@
-// The `smla` command: parse, then run the command; usage errors exit 2, failures 1.
+// The `smla` command: parse, then run the command; usage errors exit 2, failures 1 (an output
+// that could not be written too: a script reading only the exit code must not see success).
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "args.h"
@@ -7,15 +10,10 @@
 #include "smla/decode.h"
 #include "smla/error.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(const smla::cli::Invocation& invocation) {
   using namespace smla::cli;
-  Invocation invocation;
-  try {
-    invocation = parse_args(argc, argv);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "smla: %s\n\n%s", e.what(), usage().c_str());
-    return 2;
-  }
   try {
     switch (invocation.command) {
       case Command::help:
@@ -35,4 +33,23 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace smla::cli;
+  Invocation invocation;
+  try {
+    invocation = parse_args(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "smla: %s\n\n%s", e.what(), usage().c_str());
+    return 2;
+  }
+  const int status = run(invocation);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "smla: writing the output: %s\n", std::strerror(errno));
+    return 1;
+  }
+  return status;
 }

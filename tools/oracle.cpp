@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_set>
 #include <vector>
 
 namespace smla::cli {
@@ -129,11 +130,14 @@ std::vector<Row> sample_rows(const TensorView& query, int count, std::mt19937_64
       for (int64_t h = 0; h < heads; ++h) rows.push_back({t, h});
     return rows;
   }
-  rows.resize(count);
-  for (Row& r : rows) {
-    r.token = static_cast<int64_t>(rng() % tokens);
-    r.head = static_cast<int64_t>(rng() % heads);
+  // Floyd's sampling: `count` distinct row numbers of tokens * heads, without a table of them.
+  const int64_t n = tokens * heads;
+  std::unordered_set<int64_t> picked;
+  for (int64_t j = n - count; j < n; ++j) {
+    const int64_t r = static_cast<int64_t>(rng() % static_cast<uint64_t>(j + 1));
+    picked.insert(picked.contains(r) ? j : r);
   }
+  for (int64_t r : picked) rows.push_back({r / heads, r % heads});
   std::sort(rows.begin(), rows.end());  // each token's attended rows are decoded once
   return rows;
 }

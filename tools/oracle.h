@@ -13,10 +13,11 @@ struct CheckResult {
   int64_t rows = 0;
   double max_error = 0;           // max |out - oracle| over the rows' 512 values
   double max_relative_error = 0;  // the same, over the row's largest |oracle| value
+  bool every_row = false;         // the layers had no more rows than asked for
 };
 
-// `count` random (token, head) rows of a query [T, H, 512], sorted; every row once when count
-// >= T * H.
+// `count` distinct random (token, head) rows of a query [T, H, 512], sorted; every row when
+// count >= T * H.
 std::vector<Row> sample_rows(const TensorView& query, int count, std::mt19937_64& rng);
 
 // The rows of layer `index` of `host` (those rows of its out already on the host).

@@ -8,6 +8,7 @@ namespace smla::cli {
 namespace {
 constexpr auto kQuiet = std::chrono::seconds(1);  // shorter work draws nothing
 constexpr auto kRedraw = std::chrono::milliseconds(100);
+constexpr auto kLogLine = std::chrono::seconds(10);  // stderr not a terminal
 constexpr int kWidth = 30;
 }  // namespace
 
@@ -21,7 +22,15 @@ Progress::~Progress() {
 void Progress::advance(int64_t steps) {
   done_ += steps;
   const auto now = Clock::now();
-  if (!terminal_ || now - start_ < kQuiet ||
+  if (!terminal_) {
+    if (now - drawn_at_ < kLogLine || done_ >= total_) return;
+    std::fprintf(stderr, "%s: %lld/%lld after %.0fs\n", label_.c_str(),
+                 static_cast<long long>(done_), static_cast<long long>(total_),
+                 std::chrono::duration<double>(now - start_).count());
+    drawn_at_ = now;
+    return;
+  }
+  if (now - start_ < kQuiet ||
       (drawn_ && now - drawn_at_ < kRedraw && done_ < total_))
     return;
   const int filled = total_ > 0 ? static_cast<int>(kWidth * done_ / total_) : kWidth;

@@ -1,5 +1,6 @@
-// A progress bar on stderr for work that runs past a second; nothing is drawn before that, nor
-// when stderr is not a terminal (a log would get the bar's redraws glued to its next line).
+// Progress on stderr for work that runs past a second: a bar redrawn in place on a terminal;
+// where stderr is not one (a log, a pipe), a plain line every 10 s instead, since redraws would
+// be glued to the log's next line.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -20,7 +21,7 @@ class Progress {
   using Clock = std::chrono::steady_clock;
   std::string label_;
   int64_t total_, done_ = 0;
-  Clock::time_point start_ = Clock::now(), drawn_at_{};
+  Clock::time_point start_ = Clock::now(), drawn_at_ = start_;
   bool drawn_ = false;
   bool terminal_;
 };

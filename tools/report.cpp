@@ -27,11 +27,10 @@ std::string layer_kind(const LayerSpec& layer) {
 
 void print_report(const RunReport& r) {
   const RunOptions& o = r.options;
-  const char* kv = o.kv == KvLayout::fp8_e4m3 ? "fp8" : kv_layout_name(o.kv);
   std::printf(
       "%s: %zu layers, %d requests x %d token%s, context %d, %s KV (%.1f MiB), "
       "%d SWA group%s, compressed index %s, on %s\n",
-      o.model.c_str(), r.layers.size(), o.requests, o.mtp, o.mtp > 1 ? "s" : "", o.context, kv,
+      o.model.c_str(), r.layers.size(), o.requests, o.mtp, o.mtp > 1 ? "s" : "", o.context, kv_layout_name(o.kv),
       r.kv_bytes / 1048576.0, o.groups, o.groups > 1 ? "s" : "",
       compressed_index_name(o.compressed_index), r.device.c_str());
   std::printf("%-10s %6s %10s %10s %9s %9s\n", "layers", "count", "time ms", "ms/layer", "GB/s",
@@ -71,9 +70,10 @@ void print_report(const RunReport& r) {
   if (!r.check) return;
   const CheckResult& c = *r.check;
   std::printf(
-      "check: %lld (token, head) rows vs a float64 oracle: max |error| %.2e, "
+      "check: %lld (token, head) rows%s vs a float64 oracle: max |error| %.2e, "
       "max relative %.2e (tolerance %.0e): %s\n",
-      static_cast<long long>(c.rows), c.max_error, c.max_relative_error, r.tolerance,
+      static_cast<long long>(c.rows), c.every_row ? " (every row of each layer)" : "",
+      c.max_error, c.max_relative_error, r.tolerance,
       c.max_relative_error <= r.tolerance ? "ok" : "FAILED");
 }
 

@@ -1,5 +1,7 @@
 #include "synth.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,8 +16,13 @@
 namespace smla::cli {
 namespace {
 
+// Host memory a step may take: two thirds of the machine's (16 GiB where it cannot be asked).
+double host_limit_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? double(pages) * double(page) * 2 / 3 : 0x1p34;
+}
+
 using Rng = std::mt19937_64;
-constexpr int64_t kMaxHostBytes = int64_t{16} << 30;  // of the machine's 24 GiB
 constexpr int64_t kTilePages = 256;                    // a pool without host copy repeats these
 constexpr float kFp8KvScale = 0.5f;                    // per-tensor fp8: e4m3(x / kv_scale)
 
@@ -179,10 +186,13 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
   // The oracle reads host copies; on the CPU the pools are host memory anyway. Device memory
   // is the allocator's to refuse, past a bound that keeps the byte counts int64.
   const bool host_copies = o.check > 0 || streams.device().kind == DeviceKind::cpu;
-  if (pool_bytes + row_bytes > (host_copies ? double(kMaxHostBytes) : 0x1p62))
-    throw Error(ErrorKind::value, "--requests, --context, --mtp",
+  const double limit = host_copies ? host_limit_bytes() : 0x1p62;
+  if (pool_bytes + row_bytes > limit)
+    throw Error(ErrorKind::value, "--requests, --context, --mtp (with --model and --kv)",
                 "a step whose caches, queries and outputs fit in " +
-                    (host_copies ? std::to_string(kMaxHostBytes >> 30) + " GiB" : "memory"),
+                    (host_copies ? std::to_string(int64_t(limit / 1048576)) +
+                                       " MiB (two thirds of this machine's memory)"
+                                 : std::string("memory")),
                 std::to_string(int64_t(pool_bytes / 1048576)) + " MiB of KV pools and " +
                     std::to_string(int64_t(row_bytes / 1048576)) + " MiB of queries and outputs");
   kv_bytes = int64_t(pool_bytes);

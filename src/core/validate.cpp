@@ -239,10 +239,13 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   if (p.num_columns > INT32_MAX - 4)
     fail(ErrorKind::unsupported, "sparse_indices", "[T=" + T + ", K] with K < 2^31 - 4",
          shape_of(idx));
-  if (p.num_columns % 4 != 0)
-    fail(ErrorKind::value, "sparse_indices", "[T=" + T + ", K] with K % 4 == 0", shape_of(idx));
   if (p.num_columns < a.window)
     fail(ErrorKind::value, "sparse_indices", "[T=" + T + ", K] with K >= window = " + num(a.window),
+         shape_of(idx));
+  // K = W + P, P a multiple of 4 (SPEC §1): what sparse_index_columns gives for any W.
+  if ((p.num_columns - a.window) % 4 != 0)
+    fail(ErrorKind::value, "sparse_indices",
+         "[T=" + T + ", K] with K - window = " + num(a.window) + " a multiple of 4",
          shape_of(idx));
   const bool topk = a.topk_columns.topk_indices.defined();
   if (!topk)

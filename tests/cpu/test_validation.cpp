@@ -230,9 +230,19 @@ TEST_F(Validation, OutShape) {
   expect_error(ErrorKind::value, "out", "[T=6, H_out, 512]", "[5, 8, 512]");
 }
 
-TEST_F(Validation, ColumnsNotMultipleOf4) {
+// K = W + P with P a multiple of 4 (SPEC §1), whatever W is: a table that
+// sparse_index_columns sized for an odd window is accepted.
+TEST_F(Validation, ColumnsPastTheWindowNotMultipleOf4) {
   a.sparse_indices = view(DType::i32, {6, 130});
-  expect_error(ErrorKind::value, "sparse_indices", "[T=6, K] with K % 4 == 0", "[6, 130]");
+  expect_error(ErrorKind::value, "sparse_indices",
+               "[T=6, K] with K - window = 128 a multiple of 4", "[6, 130]");
+  a.window = 6;
+  a.sparse_indices = view(DType::i32, {6, 10});
+  a.sparse_topk_lens = view(DType::i32, {6});  // zeros: within K
+  EXPECT_NO_THROW(validate_decode(a));
+  a.sparse_indices = view(DType::i32, {6, 12});
+  expect_error(ErrorKind::value, "sparse_indices", "[T=6, K] with K - window = 6 a multiple of 4",
+               "[6, 12]");
 }
 
 TEST_F(Validation, ColumnsBelowWindow) {
