@@ -31,6 +31,16 @@ inline double ref_e4m3(uint8_t bits) {
 // UE8M0 scale: 2^(e - 127) (SPEC §2).
 inline double ref_ue8m0(uint8_t bits) { return std::ldexp(1.0, bits - 127); }
 
+// Whether bf16 words hold a NaN: an element that kept the tests' 0xff poison.
+inline bool any_bf16_nan(const void* data, size_t bytes) {
+  for (size_t i = 0; i + 2 <= bytes; i += 2) {
+    uint16_t bits;
+    std::memcpy(&bits, static_cast<const char*>(data) + i, 2);
+    if ((bits & 0x7fff) > 0x7f80) return true;
+  }
+  return false;
+}
+
 // Nearest bf16 (ties to even) of a finite value inside the bf16 range; for building inputs.
 inline uint16_t to_bf16(double value) {
   const float f = static_cast<float>(value);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "direct_call.h"
+#include "error_check.h"
 #include "recording_streams.h"
 #include "smla/error.h"
 #include "smla/executor.h"
@@ -177,7 +178,8 @@ TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {
   EXPECT_EQ(streams.log.back(), "join");
   streams.log.clear();
   queries[1].dtype = DType::f32;  // layer 1's decode refuses it, with layer 0's fork pending
-  EXPECT_THROW(executor.run_step(c.inputs, queries, outs), Error);
+  test::expect_smla_error([&] { executor.run_step(c.inputs, queries, outs); }, ErrorKind::type,
+                          "query", "bf16", "f32");
   ASSERT_EQ(count("fork"), 1);
   EXPECT_EQ(streams.log.back(), "join");
 }

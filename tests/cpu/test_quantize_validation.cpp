@@ -153,7 +153,7 @@ TEST_F(QuantizeValidation, KvScaleNotFiniteOrNotPositive) {
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                     -std::numeric_limits<float>::infinity(), 0.0f, -0.5f}) {
     kv_scale = bad;
-    expect_error(ErrorKind::value, "kv_scale", "finite float > 0", "");
+    expect_error(ErrorKind::value, "kv_scale", "finite float > 0", std::to_string(bad));
   }
 }
 

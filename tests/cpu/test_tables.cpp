@@ -11,6 +11,7 @@
 
 #include "smla/error.h"
 #include "smla/tables.h"
+#include "error_check.h"
 #include "recording_streams.h"
 #include "step_case.h"
 
@@ -154,7 +155,8 @@ TEST(ModelPresets, ShapesOfSpec6) {
   EXPECT_EQ(v41[13].kv_source, 8);
   EXPECT_EQ(v41[42].compress_ratio, 0);
   EXPECT_EQ(v41[4].swa_group, 1);
-  EXPECT_THROW(model_preset("v5"), Error);
+  test::expect_smla_error([] { model_preset("v5"); }, ErrorKind::value, "model",
+                          "one of v4-flash", "v5");
 }
 
 TEST(SparseIndexTables, V41ThreeGroupsByHand) {
@@ -309,7 +311,8 @@ TEST(SparseIndexTables, UnknownLayerIsAnError) {
   const auto layers = model_layers(model_preset("v4-flash"), 1);
   test::RecordingStreams streams;
   SparseIndexTables tables(layers, streams);
-  EXPECT_THROW(tables.lookup(99, [](int) { return SparseIndexArgs{}; }), Error);
+  test::expect_smla_error([&] { tables.lookup(99, [](int) { return SparseIndexArgs{}; }); },
+                          ErrorKind::value, "layer", "a layer these tables were made for", "99");
 }
 
 }  // namespace

@@ -34,10 +34,10 @@ int64_t expect_equal_decodes(StepCase& c) {
 
     const TensorView q = c.bf16(T, kHeads);
     TensorView outs[2], lses[2];
-    for (int k = 0; k < 2; ++k) {
-      outs[k] = c.bf16(T, kHeads);  // random: every element must be written
+    for (int k = 0; k < 2; ++k) {  // poisoned differently: every element must be written
+      outs[k] = c.bf16(T, kHeads);
       lses[k] = c.zeros(DType::f32, {T, kHeads});
-      std::memset(lses[k].data, 0xff, T * kHeads * sizeof(float));
+      std::memset(lses[k].data, k ? 0xa5 : 0xff, T * kHeads * sizeof(float));
     }
     DecodeArgs table = direct_decode_args(l, full, q, outs[0]);
     DecodeArgs topk = topk_decode_args(l, swa, full.compressed, q, outs[1]);

@@ -138,7 +138,7 @@ TEST_F(Validation, RequiredTensorAbsent) {
     for (const Field& f : kTensorFields)
       if (std::string(f.name) == name) broken.*f.member = TensorView{};
     std::swap(a, broken);
-    expect_error(ErrorKind::value, name, "", "absent");
+    expect_error(ErrorKind::value, name, "[", "absent");  // its shape
     std::swap(a, broken);
   }
 }
@@ -423,7 +423,7 @@ TEST(BufferSizes, RefuseImpossibleArguments) {
 // The public entry point validates before it dispatches.
 TEST_F(Validation, PublicCallValidates) {
   a.query.dtype = DType::f32;
-  EXPECT_THROW(sparse_mla_decode(a), Error);
+  test::expect_smla_error([&] { sparse_mla_decode(a); }, ErrorKind::type, "query", "bf16", "f32");
 }
 
 }  // namespace

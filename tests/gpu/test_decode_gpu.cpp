@@ -212,6 +212,7 @@ TEST(GpuDecode, ThousandLaunchesOnOneCounterBuffer) {
   constexpr int kLaunches = 1000;
   DeviceMemory outs(out_bytes * kLaunches);
   ASSERT_NE(outs.get(), nullptr);
+  ASSERT_CUDA(cudaMemset(outs.get(), 0xff, out_bytes * kLaunches));  // unwritten: NaN
   for (int i = 0; i < kLaunches; ++i) {
     DecodeArgs a = d.args;
     a.out.data = static_cast<char*>(outs.get()) + i * out_bytes;
@@ -240,7 +241,12 @@ void expect_replays_equal_eager(DecodeCase& c, KvLayout layout, int replays, int
   ASSERT_CUDA(cudaStreamSynchronize(stream));
   d.fetch(c);
   const DecodeCase eager = c;
-  ASSERT_CUDA(cudaMemset(d.device_ptr(c.out), 0xff, c.out.bytes.size()));  // poison again
+  // Outputs poisoned again before each checked replay: each must write them all.
+  const auto poison = [&] {
+    ASSERT_CUDA(cudaMemsetAsync(d.device_ptr(c.out), 0xff, c.out.bytes.size(), stream));
+    if (c.lse.defined())
+      ASSERT_CUDA(cudaMemsetAsync(d.device_ptr(c.lse), 0xff, c.lse.bytes.size(), stream));
+  };
 
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -249,8 +255,10 @@ void expect_replays_equal_eager(DecodeCase& c, KvLayout layout, int replays, int
   ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
   ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (int i = 0; i < replays; ++i) {
+    const bool checked = i % check_every == check_every - 1;
+    if (checked) poison();
     ASSERT_CUDA(cudaGraphLaunch(exec, stream));
-    if (i % check_every == check_every - 1) {
+    if (checked) {
       ASSERT_CUDA(cudaStreamSynchronize(stream));
       d.fetch(c);
       ASSERT_EQ(c.out.bytes, eager.out.bytes) << "replay " << i;

@@ -17,6 +17,7 @@
 #include "cuda/index.h"
 #include "device_step.h"
 #include "direct_call.h"
+#include "ref_numeric.h"
 #include "smla/error.h"
 #include "smla/executor.h"
 #include "step_case.h"
@@ -153,11 +154,16 @@ struct StepOnStream {
       : streams(make_streams(DeviceMirror::kDevice, stream.get())),
         executor(g.layers, *streams, g.c.num_tokens(), g.max_columns, TableSharing::shared,
                  compressed) {}
-  // One step of `g`, run and waited for: its outputs' bytes.
+  // One step of `g`, run and waited for: its outputs' bytes, every element written (the
+  // outputs were poisoned with NaN), so that comparisons with them cannot pass on poison.
   std::vector<std::vector<std::byte>> eager_step(const GpuStep& g) {
     executor.run_step(g.inputs, g.queries, g.outs);
     stream.synchronize();
-    return g.out_bytes();
+    auto bytes = g.out_bytes();
+    for (size_t i = 0; i < bytes.size(); ++i)
+      EXPECT_FALSE(any_bf16_nan(bytes[i].data(), bytes[i].size()))
+          << "layer " << g.layers[i].spec.layer << ": an element not written";
+    return bytes;
   }
   TestStream stream;  // declared first: made before the streams that use it
   std::unique_ptr<Streams> streams;

@@ -11,6 +11,7 @@
 
 #include "device_step.h"
 #include "direct_call.h"
+#include "error_check.h"
 #include "smla/error.h"
 #include "smla/index.h"
 #include "step_case.h"
@@ -189,7 +190,8 @@ TEST(GpuIndex, OutOfRangePagesAndIndicesBecomePadding) {
       i32_data(topk)[t * topk.strides[0]] = static_cast<int32_t>(past + t);
       want[t * K + W] = -1;
     }
-  EXPECT_THROW(build(a, nullptr), Error);
+  test::expect_smla_error([&] { build(a, nullptr); }, ErrorKind::value, "topk_indices",
+                          "local indices below compressed.block_table pages", "topk_indices[");
   DeviceMirror gpu;
   Built device = build(a, &gpu);
   EXPECT_EQ(std::memcmp(device.indices.data(), want.data(), device.indices.size()), 0)
@@ -210,7 +212,8 @@ TEST(GpuIndex, OutOfRangePagesAndIndicesBecomePadding) {
       if (p / block_size >= pages) swa_want[t * W + (p - start)] = -1, ++dropped;
   }
   ASSERT_GT(dropped, 0);
-  EXPECT_THROW(build(swa, nullptr), Error);
+  test::expect_smla_error([&] { build(swa, nullptr); }, ErrorKind::value, "block_table",
+                          "a page for position", "[");
   DeviceMirror gpu2;
   device = build(swa, &gpu2);
   EXPECT_EQ(std::memcmp(device.indices.data(), swa_want.data(), device.indices.size()), 0)

@@ -16,6 +16,7 @@
 #include "cuda/quantize.h"
 #include "device_case.h"
 #include "device_step.h"
+#include "error_check.h"
 #include "quantize_inputs.h"
 #include "smla/error.h"
 #include "smla/quantize.h"
@@ -237,7 +238,8 @@ TEST(GpuQuantize, SlotsPastThePoolAreSkipped) {
     }
     Rows rows(past);
     fill_rows(rows, rng, 1.0f);
-    EXPECT_THROW(on_cpu(rows, slots, pool, 1.0f), Error);
+    test::expect_smla_error([&] { on_cpu(rows, slots, pool, 1.0f); }, ErrorKind::value, "slots",
+                            "slots in [0, num_blocks * block_size", "slots[");
     EXPECT_TRUE(same_bytes(on_gpu(rows, slots, pool, 1.0f), on_cpu(rows, as_padding, pool, 1.0f)))
         << shape.describe() << " (SMLA_TEST_SEED=" << seed << ")";
     const std::vector<int32_t> all_past(4, past);

@@ -90,13 +90,15 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
       const SparseIndexArgs swa = built(swa_only(full), make);
 
       const TensorView q_host = c.bf16(T, H), q = gpu(q_host);
+      // Poisoned differently, so that elements neither path writes do not compare equal.
       DecodeArgs table =
           direct_decode_args(l, full, q, gpu.output(DType::bf16, {T, H, kHeadDim}, 0xff));
       DecodeArgs topk = topk_decode_args(l, swa, full.compressed, q,
-                                         gpu.output(DType::bf16, {T, H, kHeadDim}, 0xff));
+                                         gpu.output(DType::bf16, {T, H, kHeadDim}, 0xa5));
+      table.lse = gpu.output(DType::f32, {T, H}, 0xff);
+      topk.lse = gpu.output(DType::f32, {T, H}, 0xa5);
       const int64_t K = full.out.sparse_indices.size(1);
       for (DecodeArgs* d : {&table, &topk}) {
-        d->lse = gpu.output(DType::f32, {T, H}, 0xff);
         if (!unsplit) add_split_buffers(*d, gpu, T, H, K);
         sparse_mla_decode(*d);
       }
