@@ -65,7 +65,8 @@ struct DecodeArgs {
 // launch on `stream` (a cudaStream_t; null = legacy default), capturable in a CUDA graph.
 void sparse_mla_decode(const DecodeArgs& args, void* stream = nullptr);
 
-// Bytes of multi-CTA counters for launches of up to `max_tokens` tokens of `num_heads` heads.
+// Bytes of multi-CTA counters for launches of up to `max_tokens` tokens of `num_heads` heads:
+// SPEC §3's max_rows = max_tokens x the finest head groups a plan may pick, computed here.
 size_t kv_counter_bytes(int64_t max_tokens, int num_heads);
 // Bytes of split-KV workspace enough for every launch of `num_heads` heads with at most
 // `num_tokens` tokens and `num_columns` columns on `device` (0 on the CPU).
