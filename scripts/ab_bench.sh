@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A/B timing of two smla_bench binaries on the same GPU, each shape and layout run A, B, A, B
-# so drift shows; prints the kernel microseconds of each run and B / A of the medians.
+# A/B timing of two smla_bench binaries on the same GPU, each shape and layout run A, B, B, A
+# (a drift then weighs on both alike); prints the kernel microseconds of each run and B / A of
+# the sums. A run that fails prints FAIL and leaves its ratio out.
 #   scripts/ab_bench.sh BENCH_A BENCH_B [HEADS:REQUESTS:TOKENS:TOPK ...]
 #   (default shapes: the issues' targets, H=64 128+512 and H=128 128+1024 at 128 x 2, 2 x 2)
 #   SMLA_AB_KV="bf16 fp8_ds_mla fp8_e4m3" picks the layouts.
@@ -14,13 +15,17 @@ us() {  # the us column of the bench's one result row, to two decimals (from its
   "$1" --kv "$2" --shape "$3" --csv "$csv" >/dev/null &&
     awk -F, -v kv="$2" '$1 == kv { print $8 }' "$csv"
 }
-printf '%-10s %-16s %8s %8s %8s %8s %7s\n' kv shape A1 B1 A2 B2 'B/A'
+printf '%-10s %-16s %8s %8s %8s %8s %7s\n' kv shape A1 B1 B2 A2 'B/A'
 for kv in ${SMLA_AB_KV:-bf16 fp8_ds_mla fp8_e4m3}; do
   for s in $shapes; do
     a1=$(us "$a" "$kv" "$s"); b1=$(us "$b" "$kv" "$s")
-    a2=$(us "$a" "$kv" "$s"); b2=$(us "$b" "$kv" "$s")
-    printf '%-10s %-16s %8s %8s %8s %8s %7s\n' "$kv" "$s" "$a1" "$b1" "$a2" "$b2" \
-      "$(awk -v a1="$a1" -v a2="$a2" -v b1="$b1" -v b2="$b2" \
-        'BEGIN { if (a1 + a2 > 0) printf "%.3f", (b1 + b2) / (a1 + a2); else print "-" }')"
+    b2=$(us "$b" "$kv" "$s"); a2=$(us "$a" "$kv" "$s")
+    ratio=-
+    if [ -n "$a1" ] && [ -n "$b1" ] && [ -n "$b2" ] && [ -n "$a2" ]; then
+      ratio=$(awk -v a1="$a1" -v a2="$a2" -v b1="$b1" -v b2="$b2" \
+        'BEGIN { printf "%.3f", (b1 + b2) / (a1 + a2) }')
+    fi
+    printf '%-10s %-16s %8s %8s %8s %8s %7s\n' "$kv" "$s" "${a1:-FAIL}" "${b1:-FAIL}" \
+      "${b2:-FAIL}" "${a2:-FAIL}" "$ratio"
   done
 done

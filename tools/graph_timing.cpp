@@ -45,18 +45,24 @@ double median_replay_ms(cudaGraph_t graph, cudaStream_t stream, int replays) {
   cudaGraphExec_t exec_handle = nullptr;
   SMLA_CUDA_CHECK(cudaGraphInstantiate(&exec_handle, graph, 0));
   const std::unique_ptr<CUgraphExec_st, ExecDestroy> exec(exec_handle);
-  const Event start = new_event(), stop = new_event();
+  // Replays queued back to back with an event between each two, after three warm-up replays
+  // that keep the stream busy while the rest are submitted: an interval is one replay's kernels,
+  // not the host's launch of it (an event recorded on an idle stream would time that too).
+  const int n = std::max(replays, 1);
+  std::vector<Event> marks;
+  for (int i = 0; i <= n; ++i) marks.push_back(new_event());
   for (int i = 0; i < 3; ++i) SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));
-  std::vector<float> ms(std::max(replays, 1));
-  for (float& m : ms) {
-    SMLA_CUDA_CHECK(cudaEventRecord(start.get(), stream));
+  for (int i = 0; i < n; ++i) {
+    SMLA_CUDA_CHECK(cudaEventRecord(marks[i].get(), stream));
     SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));
-    SMLA_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
-    SMLA_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-    SMLA_CUDA_CHECK(cudaEventElapsedTime(&m, start.get(), stop.get()));
   }
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return ms[ms.size() / 2];
+  SMLA_CUDA_CHECK(cudaEventRecord(marks[n].get(), stream));
+  SMLA_CUDA_CHECK(cudaEventSynchronize(marks[n].get()));
+  std::vector<float> ms(n);
+  for (int i = 0; i < n; ++i)
+    SMLA_CUDA_CHECK(cudaEventElapsedTime(&ms[i], marks[i].get(), marks[i + 1].get()));
+  std::nth_element(ms.begin(), ms.begin() + n / 2, ms.end());
+  return ms[n / 2];
 }
 
 }  // namespace smla::cli

@@ -1,6 +1,6 @@
 // CUDA graphs of captured work: the capture, and the median time of its replays from CUDA
-// events around each replay. Shared by smla_bench, smla_step_bench and `smla run`; include
-// only where CUDA is built.
+// events between replays queued back to back. Shared by smla_bench, smla_step_bench and
+// `smla run`; include only where CUDA is built.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -19,7 +19,8 @@ using Graph = std::unique_ptr<CUgraph_st, GraphDestroy>;
 Graph capture_graph(cudaStream_t stream, const std::function<void()>& enqueue);
 
 // Median milliseconds per replay of `graph` on `stream` over `replays` replays, after 3
-// untimed ones (the first uploads the graph).
+// untimed ones (the first uploads the graph) that keep the stream busy while the timed ones are
+// submitted, so that no interval holds the host's launch.
 double median_replay_ms(cudaGraph_t graph, cudaStream_t stream, int replays);
 
 }  // namespace smla::cli
