@@ -11,6 +11,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# A distribution's Python that refuses pip installs (PEP 668: Debian 12's) gets a virtual
+# environment in build-python/venv that still sees the system's packages (torch on a GPU machine).
+if "$PY" -c 'import sys, sysconfig, os
+sys.exit(not (sys.prefix == sys.base_prefix and
+              os.path.isfile(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))))'; then
+  [ -x build-python/venv/bin/python ] || "$PY" -m venv --system-site-packages build-python/venv
+  PY=build-python/venv/bin/python
+fi
 pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
 # Offline machines (the GPU machine) install missing modules from wheels carried in .whl/.
 wheels=(); [ -d .whl ] && wheels=(--no-index --find-links .whl)

@@ -10,6 +10,7 @@ command -v g++ >/dev/null || need+=(g++)
 # The Python package's tests: python3, pip, and the headers its extension builds against.
 command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)  # python_test.sh's venv
 python3 -c 'import os, sysconfig; assert os.path.isfile(sysconfig.get_paths()["include"] + "/Python.h")' \
   2>/dev/null || need+=(python3-dev)
 if [ ${#need[@]} -gt 0 ]; then
