@@ -5,7 +5,7 @@ layer's table lookups and attention - is captured into one CUDA graph and replay
 with new values written into the same buffers, as engines do. Without CUDA it runs the same
 loop on the CPU backend with NumPy arrays.
 
-    python examples/engine_decode_loop.py [--layers 8] [--requests 4] [--mtp 1] [--steps 5]
+    python examples/engine_decode_loop.py [--layers 8] [--requests 4] [--mtp 1] [--steps 5] [--cpu]
 """
 
 import argparse

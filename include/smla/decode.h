@@ -54,15 +54,18 @@ struct DecodeArgs {
   float bmm2_scale = 1.f;          // out = bmm2_scale * softmax . V
   TensorView out;                  // [T, H_out, 512] bf16, H_out >= H; heads >= H get zeros
   TensorView lse;                  // [T, H] f32, optional; natural log, without the sink
-  TensorView workspace;            // CUDA: u8; smaller than workspace_bytes(...) or absent
-                                   // only rules out splits reduced through the counters
-  TensorView kv_counters;          // CUDA: i32/u8 zeroed once; kv_counter_bytes(...) covers
-                                   // every plan (splits in clusters of <= 8 CTAs need neither)
+  TensorView workspace;            // CUDA: u8, contiguous, 16-byte aligned; smaller than
+                                   // workspace_bytes(...) or absent only rules out splits
+                                   // reduced through the counters
+  TensorView kv_counters;          // CUDA: i32/u8, contiguous, 4-byte aligned, apart from the
+                                   // workspace, zeroed once; kv_counter_bytes(...) covers every
+                                   // plan (splits in clusters of <= 8 CTAs need neither)
   int window = kWindow;            // W: columns [0, W) read the SWA pool
 };
 
-// Runs the op on the device of its tensors (all on one device). On CUDA it is one kernel
-// launch on `stream` (a cudaStream_t; null = legacy default), capturable in a CUDA graph.
+// Runs the op on the device of its tensors (all on one device; on CUDA it must be the current
+// device, cudaSetDevice, else an `unsupported` error). On CUDA it is one kernel launch on
+// `stream` (a cudaStream_t of that device; null = legacy default), capturable in a CUDA graph.
 void sparse_mla_decode(const DecodeArgs& args, void* stream = nullptr);
 
 // Bytes of multi-CTA counters for launches of up to `max_tokens` tokens of `num_heads` heads:

@@ -1,6 +1,7 @@
 """Persistent CUDA buffers for the decode op (SPEC §3), one of each per device, as PyTorch
-tensors: allocated and zeroed outside any graph capture, grown only, shared by every layer
-(their launches run one after another on one stream)."""
+tensors: allocated and zeroed outside any graph capture, grown only, shared by every caller in
+the process. Launches that use them must not overlap (one stream, as a model's layers run);
+launches on streams that may overlap need buffers of their own."""
 
 import sys
 
@@ -24,8 +25,8 @@ def _device(device):
 
 
 def _zeroed(kind: str, nbytes: int, device):
+    device = _device(device)  # imports torch
     torch = sys.modules["torch"]
-    device = _device(device)
     buffer = _buffers.get((kind, device))
     if buffer is not None and buffer.numel() >= nbytes:
         return buffer
@@ -53,10 +54,9 @@ def kv_counter_buffer(max_tokens: int, num_heads: int = _MAX_HEADS, device=None)
 
 def workspace_buffer(max_tokens: int, num_heads: int, max_columns: int, device=None):
     """Split-KV workspace (a uint8 torch tensor) for launches of up to `max_tokens` tokens,
-    `num_heads` heads and any width up to `max_columns` (a narrower launch may split more, so
-    every width counts). Smaller or absent is not an error: launches then split less."""
+    `num_heads` heads and any width up to `max_columns` (workspace_bytes covers every narrower
+    width). Smaller or absent is not an error: launches then split less."""
     dev = _device(device)
     where = ("cuda", dev.index) if dev.type == "cuda" else ("cpu", 0)
-    nbytes = max((workspace_bytes(max_tokens, num_heads, k, where)
-                  for k in range(4, max_columns + 1, 4)), default=0)
-    return _zeroed("workspace_buffer", nbytes, dev)
+    return _zeroed("workspace_buffer", workspace_bytes(max_tokens, num_heads, max_columns, where),
+                   dev)

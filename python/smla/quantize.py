@@ -1,7 +1,7 @@
 """Writing KV rows into a pool of any layout (include/smla/quantize.h)."""
 
 from . import _smla
-from ._arrays import device_of, on_device, stream_handle, tensor
+from ._arrays import device_of, on_device, scale, stream_handle, tensor
 
 
 def quantize_kv(*, rows, slots, pool, kv_scale=1.0, stream=None) -> None:
@@ -15,6 +15,6 @@ def quantize_kv(*, rows, slots, pool, kv_scale=1.0, stream=None) -> None:
     r = tensor(rows, "rows")
     device = device_of(r)
     args = dict(rows=r, slots=tensor(slots, "slots"), pool=tensor(pool, "pool", writable=True),
-                kv_scale=float(kv_scale), stream=stream_handle(stream, device, rows))
+                kv_scale=scale(kv_scale, "kv_scale"), stream=stream_handle(stream, device, rows))
     with on_device(device, rows):
         _smla.quantize_kv(**args)

@@ -683,6 +683,7 @@ def test_quantize_kv_fp8_ds_mla_feeds_the_decode_op():
     (lambda a: dict(a, rows=a["rows"].astype(np.float32)), TypeError, "rows"),
     (lambda a: dict(a, slots=np.array([0, 64], np.int32)), ValueError, "slots"),
     (lambda a: dict(a, kv_scale=0.0), ValueError, "kv_scale"),
+    (lambda a: dict(a, kv_scale="x"), TypeError, "kv_scale"),
 ])
 def test_quantize_kv_errors_name_the_argument(change, error, argument):
     args = dict(rows=np.zeros((2, D), np.float32).astype(BF16), slots=np.array([0, 1], np.int32),
