@@ -98,9 +98,9 @@ Invocation parse_args(int argc, const char* const* argv) {
   if (args.empty()) throw UsageError("no command");
   const auto is_help = [](std::string_view a) { return a == "--help" || a == "-h"; };
   Invocation inv;
-  if (is_help(args[0]) || args[0] == "help") {
-    if (args.size() > 1)
-      throw UsageError("help takes no arguments, got '" + std::string(args[1]) + "'");
+  if (is_help(args[0]) || args[0] == "help") {  // `help run` too: one text covers all
+    if (args.size() > 2 || (args.size() == 2 && args[1] != "run" && args[1] != "info"))
+      throw UsageError("help takes a command or nothing, got '" + std::string(args[1]) + "'");
     return inv;
   }
   if (args[0] != "info" && args[0] != "run")

@@ -2,6 +2,8 @@
 #include "graph_timing.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <vector>
 
 #include "cuda/check.h"
@@ -45,13 +47,31 @@ double median_replay_ms(cudaGraph_t graph, cudaStream_t stream, int replays) {
   cudaGraphExec_t exec_handle = nullptr;
   SMLA_CUDA_CHECK(cudaGraphInstantiate(&exec_handle, graph, 0));
   const std::unique_ptr<CUgraphExec_st, ExecDestroy> exec(exec_handle);
-  // Replays queued back to back with an event between each two, after three warm-up replays
-  // that keep the stream busy while the rest are submitted: an interval is one replay's kernels,
-  // not the host's launch of it (an event recorded on an idle stream would time that too).
+  // Replays queued back to back with an event between each two, behind enough untimed ones
+  // that the GPU is still busy with those when the host has submitted the last timed one: an
+  // interval is then one replay's kernels, not the host's launch of it (an event recorded on an
+  // idle stream would time that too). A graph whose kernels take less than its submission
+  // cannot be kept ahead of: its intervals hold the submission.
   const int n = std::max(replays, 1);
   std::vector<Event> marks;
   for (int i = 0; i <= n; ++i) marks.push_back(new_event());
-  for (int i = 0; i < 3; ++i) SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));
+  SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));  // uploads the graph
+  const auto host_start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 2; ++i) SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));
+  const double host_ms =  // a replay's submission
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start)
+          .count() / 2;
+  SMLA_CUDA_CHECK(cudaEventRecord(marks[0].get(), stream));
+  SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));
+  SMLA_CUDA_CHECK(cudaEventRecord(marks[1].get(), stream));
+  SMLA_CUDA_CHECK(cudaEventSynchronize(marks[1].get()));
+  float alone_ms = 0;  // one replay on an idle stream: at least its kernels
+  SMLA_CUDA_CHECK(cudaEventElapsedTime(&alone_ms, marks[0].get(), marks[1].get()));
+  // Pads p with p * alone >= (p + n) * host: the pads outlast the submissions, doubled for margin.
+  const double lead_ms = alone_ms - host_ms;
+  const int pads =
+      lead_ms > 0 ? int(std::min(2000.0, 3 + 2 * std::ceil(n * host_ms / lead_ms))) : 3;
+  for (int i = 0; i < pads; ++i) SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));
   for (int i = 0; i < n; ++i) {
     SMLA_CUDA_CHECK(cudaEventRecord(marks[i].get(), stream));
     SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));

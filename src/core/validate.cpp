@@ -242,10 +242,12 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   if (p.num_columns < a.window)
     fail(ErrorKind::value, "sparse_indices", "[T=" + T + ", K] with K >= window = " + num(a.window),
          shape_of(idx));
-  // K = W + P, P a multiple of 4 (SPEC §1): what sparse_index_columns gives for any W.
-  if ((p.num_columns - a.window) % 4 != 0)
+  // K = W + P, P a multiple of 4 (SPEC §1), or a DSpark width (a multiple of 64): what
+  // sparse_index_columns gives for any W.
+  if (p.num_columns % 4 != 0 && (p.num_columns - a.window) % 4 != 0)
     fail(ErrorKind::value, "sparse_indices",
-         "[T=" + T + ", K] with K - window = " + num(a.window) + " a multiple of 4",
+         "[T=" + T + ", K] with K or K - window (window = " + num(a.window) +
+             ") a multiple of 4",
          shape_of(idx));
   const bool topk = a.topk_columns.topk_indices.defined();
   if (!topk)

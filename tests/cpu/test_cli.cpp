@@ -35,7 +35,9 @@ TEST(RunArgs, HelpOnlyForKnownCommands) {
   EXPECT_EQ(parse({"run", "--requests", "5x", "--help"}).command, Command::help);
   EXPECT_EQ(parse({"info", "-h"}).command, Command::help);
   expect_usage_error({"bogus", "--help"}, "unknown command 'bogus'");
-  expect_usage_error({"help", "extra"}, "help takes no arguments, got 'extra'");
+  EXPECT_EQ(parse({"help", "run"}).command, Command::help);
+  EXPECT_EQ(parse({"--help", "info"}).command, Command::help);
+  expect_usage_error({"help", "extra"}, "help takes a command or nothing, got 'extra'");
   expect_usage_error({}, "no command");
 }
 

@@ -12,6 +12,7 @@
 #include "oracle.h"
 #include "smla/decode.h"
 #include "smla/error.h"
+#include "smla/index.h"
 
 namespace smla::test {
 namespace {
@@ -230,19 +231,21 @@ TEST_F(Validation, OutShape) {
   expect_error(ErrorKind::value, "out", "[T=6, H_out, 512]", "[5, 8, 512]");
 }
 
-// K = W + P with P a multiple of 4 (SPEC §1), whatever W is: a table that
-// sparse_index_columns sized for an odd window is accepted.
-TEST_F(Validation, ColumnsPastTheWindowNotMultipleOf4) {
+// K = W + P with P a multiple of 4 (SPEC §1), or a DSpark width (a multiple of 64), whatever W
+// is: the tables sparse_index_columns sizes for an odd window are accepted.
+TEST_F(Validation, ColumnsNotAMultipleOf4) {
   a.sparse_indices = view(DType::i32, {6, 130});
   expect_error(ErrorKind::value, "sparse_indices",
-               "[T=6, K] with K - window = 128 a multiple of 4", "[6, 130]");
+               "[T=6, K] with K or K - window (window = 128) a multiple of 4", "[6, 130]");
   a.window = 6;
-  a.sparse_indices = view(DType::i32, {6, 10});
   a.sparse_topk_lens = view(DType::i32, {6});  // zeros: within K
+  a.sparse_indices = view(DType::i32, {6, sparse_index_columns(6, 4, 0)});
   EXPECT_NO_THROW(validate_decode(a));
-  a.sparse_indices = view(DType::i32, {6, 12});
-  expect_error(ErrorKind::value, "sparse_indices", "[T=6, K] with K - window = 6 a multiple of 4",
-               "[6, 12]");
+  a.sparse_indices = view(DType::i32, {6, sparse_index_columns(6, 0, dspark_swa_width(6, 3))});
+  EXPECT_NO_THROW(validate_decode(a));
+  a.sparse_indices = view(DType::i32, {6, 11});
+  expect_error(ErrorKind::value, "sparse_indices",
+               "[T=6, K] with K or K - window (window = 6) a multiple of 4", "[6, 11]");
 }
 
 TEST_F(Validation, ColumnsBelowWindow) {
