@@ -134,10 +134,9 @@ Invocation parse_args(int argc, const char* const* argv) {
     flag.set(inv.run, flag.name, value);
   }
   // Layer l is in SWA group l % groups: more groups than layers would leave some empty.
-  for (const ModelPreset& p : model_presets())
-    if (p.name == inv.run.model && inv.run.groups > p.num_layers)
-      throw UsageError("--groups: expected at most the " + std::to_string(p.num_layers) +
-                       " layers of " + p.name + ", got " + std::to_string(inv.run.groups));
+  if (const int layers = model_preset(inv.run.model).num_layers; inv.run.groups > layers)
+    throw UsageError("--groups: expected at most the " + std::to_string(layers) + " layers of " +
+                     inv.run.model + ", got " + std::to_string(inv.run.groups));
   if (inv.run.mtp > inv.run.context)
     throw UsageError("--mtp: expected at most --context = " + std::to_string(inv.run.context) +
                      " tokens, got " + std::to_string(inv.run.mtp));

@@ -200,7 +200,7 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
     throw Error(ErrorKind::value, "--requests, --context, --mtp (with --model and --kv)",
                 "a step whose caches, queries and outputs fit in " +
                     (host_copies ? std::to_string(int64_t(limit / 1048576)) +
-                                       " MiB (two thirds of this machine's memory)"
+                                       " MiB (two thirds of this machine's or container's memory)"
                                  : std::string("memory")),
                 std::to_string(int64_t(pool_bytes / 1048576)) + " MiB of KV pools and " +
                     std::to_string(int64_t(row_bytes / 1048576)) + " MiB of queries and outputs");

@@ -43,7 +43,7 @@ struct DecodeArgs {
   TensorView query;                // [T, H, 512] bf16; f8e4m3 or bf16 with an f8e4m3 cache
   TensorView swa_kv_cache;         // pool read by columns c < window
   TensorView compressed_kv_cache;  // pool read by columns c >= window; absent: swa_kv_cache
-  TensorView sparse_indices;       // [T, K] i32 storage offsets, -1 = padding; K or K - W % 4 == 0
+  TensorView sparse_indices;       // [T, K] i32 storage offsets, -1 = padding; K or K - W: 4n
   TensorView sparse_topk_lens;     // [T] i32; absent with topk_columns
   TopkColumns topk_columns;        // optional: columns >= W from a top-k (sparse_indices >= W wide)
   TensorView seq_lens;             // [B] i32, KV length including the new tokens

@@ -57,10 +57,10 @@ int64_t sparse_index_columns(const SparseIndexArgs& args);
 int dspark_swa_width(int window, int num_draft_tokens);
 
 // Fills `out` (caller-allocated, shapes from sparse_index_columns) on the device of its tensors
-// (on CUDA the current device), on `stream` for device backends (CUDA: one kernel launch, capturable). Throws smla::Error
-// naming the first bad argument; values are checked for host tensors only (a device cannot read
-// them without a synchronisation): on CUDA, a column whose block-table page or top-k index is
-// out of range is -1 where the CPU throws.
+// (on CUDA the current device), on `stream` for device backends (CUDA: one kernel launch,
+// capturable). Throws smla::Error naming the first bad argument; values are checked for host
+// tensors only (a device cannot read them without a synchronisation): on CUDA, a column whose
+// block-table page or top-k index is out of range is -1 where the CPU throws.
 void build_sparse_indices(const SparseIndexArgs& args, void* stream = nullptr);
 
 }  // namespace smla

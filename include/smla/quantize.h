@@ -23,10 +23,10 @@ namespace smla {
 //   kv_scale  finite and > 0 for every layout; used by fp8_e4m3 pools only
 //
 // Runs on the device of its tensors (on CUDA the current device). Throws smla::Error naming
-// the first bad argument, before anything is written. Slot values
-// are checked for host tensors only: on CUDA (one kernel launch on `stream`, capturable, the
-// same bytes as the CPU) a row whose slot is >= num_blocks * block_size is skipped like
-// padding, and rows sharing a slot leave its bytes undefined.
+// the first bad argument, before anything is written. Slot values are checked for host tensors
+// only: on CUDA (one kernel launch on `stream`, capturable, the same bytes as the CPU) a row
+// whose slot is >= num_blocks * block_size is skipped like padding, and rows sharing a slot
+// leave its bytes undefined.
 void quantize_kv(const TensorView& rows, const TensorView& slots, const TensorView& pool,
                  float kv_scale = 1.0f, void* stream = nullptr);
 
