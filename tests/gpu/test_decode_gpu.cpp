@@ -325,6 +325,33 @@ TEST(GpuDecode, Fp8CachesAgainstOracleAndCpu) {
   EXPECT_EQ(cases, 120);
 }
 
+// Windows that are not a multiple of 4, so K reaching the kernel may not be one either (SPEC §1
+// takes K or K - window a multiple of 4): every layout, split and unsplit plans.
+TEST(GpuDecode, OddWindowsAgainstOracleAndCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Widths {
+    int window, compressed_width;
+  };
+  // K - window a multiple of 4 (K is not), then K a multiple of 4 (K - window is not).
+  const Widths widths[] = {{6, 64}, {6, 2}, {7, 4}, {7, 1}, {130, 512}, {130, 1022}, {1, 3}};
+  const std::pair<KvLayout, DType> kinds[] = {{KvLayout::bf16, DType::bf16},
+                                              {KvLayout::fp8_ds_mla, DType::bf16},
+                                              {KvLayout::fp8_e4m3, DType::f8e4m3}};
+  int cases = 0;
+  for (const auto& [layout, query] : kinds)
+    for (const Widths& w : widths)
+      for (int h : {8, 64, 128}) {
+        CaseSpec spec{.layout = layout, .query_dtype = query, .heads = h,
+                      .window = w.window, .compressed_width = w.compressed_width};
+        spec.requests = h >= 64 ? 2 : 3;
+        spec.max_q = 1 + cases % 4;
+        check_against_oracle_and_cpu(spec);
+        ++cases;
+        if (HasFailure()) return;
+      }
+  EXPECT_EQ(cases, 63);
+}
+
 // fp8 launches split over many CTAs, captured and replayed: bitwise equal to eager. Both kinds
 // of fp8 kernel: fp8_ds_mla (converted to bf16) and e4m3 with an e4m3 query (f16).
 TEST(GpuDecode, Fp8GraphReplayEqualsEagerBitwise) {
