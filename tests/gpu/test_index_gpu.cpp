@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "case_gen.h"
 #include "device_step.h"
 #include "direct_call.h"
 #include "error_check.h"
@@ -89,7 +90,9 @@ void add_odd_entries(StepCase& c, std::mt19937& rng) {
 
 TEST(GpuIndex, RandomStepsMatchTheCpuBitForBit) {
   SKIP_WITHOUT_GPU();
-  std::mt19937 rng(2024);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  std::mt19937 rng(static_cast<uint32_t>(seed));
   for (int trial = 0; trial < 40; ++trial) {
     const CaseShape s = random_shape(rng, trial);
     StepCase c(three_layers(std::uniform_int_distribution<int>(1, 4)(rng)), s, rng());
@@ -102,7 +105,9 @@ TEST(GpuIndex, RandomStepsMatchTheCpuBitForBit) {
 
 TEST(GpuIndex, RandomDsparkStepsMatchTheCpuBitForBit) {
   SKIP_WITHOUT_GPU();
-  std::mt19937 rng(77);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  std::mt19937 rng(static_cast<uint32_t>(seed));
   for (int trial = 0; trial < 16; ++trial) {
     const StepCase c({{.layer = 0, .num_heads = 1}}, random_dspark_shape(rng, trial), rng());
     expect_same(c, 0, trial % 3 == 1 ? 5 : 0, "trial " + std::to_string(trial));
@@ -135,7 +140,9 @@ TEST(GpuIndex, WideAndLongTablesMatchTheCpu) {
 // one-token requests also runs without cum_seq_lens_q (each token its own request).
 TEST(GpuIndex, ManyRequestsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  std::mt19937 rng(700);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  std::mt19937 rng(static_cast<uint32_t>(seed));
   std::vector<LayerSpec> layers = three_layers(2);
   layers[2].index_topk = 1500;
   for (const bool mixed : {true, false}) {
