@@ -179,7 +179,8 @@ std::string usage() {
          ")\n"
          "  --compressed-index auto|topk|table   compressed columns read from the top-k by the\n"
          "                    decode, or from a table built per key (SPEC §5); auto (default):\n"
-         "                    the top-k where no other layer would share the table\n";
+         "                    the top-k for a key whose table would serve one layer in some\n"
+         "                    SWA group\n";
 }
 
 }  // namespace smla::cli

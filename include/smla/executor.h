@@ -27,9 +27,9 @@ struct AttentionLayer {
 
 // Where a compressed layer's columns [W, K) come from. `table`: its own table, keyed as SPEC
 // §5 says. `topk`: the decode reads its index source's top-k (TopkColumns, bitwise the table's)
-// and the layer looks up its SWA group's "swa_only" table. `automatic`: topk for a layer whose
-// table no other layer of its run and SWA group would share (a build saved, nothing lost),
-// table for the others (docs/sparse_index.md says why).
+// and the layer looks up its SWA group's "swa_only" table. `automatic`: topk for every layer of
+// a run of one key in which some SWA group would hold the table for one layer only, table for
+// the other runs (docs/sparse_index.md says why).
 enum class CompressedIndex { table, topk, automatic };
 const char* compressed_index_name(CompressedIndex compressed);  // "table", "topk", "auto"
 

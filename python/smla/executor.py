@@ -54,8 +54,9 @@ class StepExecutor:
     Allocates zeroed counters and workspace for steps of up to `max_tokens` tokens and
     `max_columns` table columns. `compressed_index`: "topk" lets the decode read a compressed
     layer's columns from its top-k (the layer shares its group's SWA table); "table" builds each
-    compressed key's table as SPEC §5 says; "auto" (default) reads the top-k where no other
-    layer would share the table. The output bits are the same."""
+    compressed key's table as SPEC §5 says; "auto" (default) reads the top-k in every layer of
+    a run of one key where some SWA group would hold the table for one layer only. The output
+    bits are the same."""
 
     def __init__(self, layers: Sequence[AttentionLayer], max_tokens: int, max_columns: int,
                  stream=None, compressed_index: str = "auto"):

@@ -71,15 +71,17 @@ std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, Compressed
   std::vector<LayerSpec> specs(layers.begin(), layers.end());
   if (compressed == CompressedIndex::table) return specs;
   // A run is a stretch of consecutive equal keys; its table in a group serves the run's layers
-  // of that group (SparseIndexTables::store drops it at the group's next key).
+  // of that group (SparseIndexTables::store drops it at the group's next key). A run reads its
+  // columns one way: tables in some groups and the top-k in others measured slower than either
+  // (docs/sparse_index.md).
   for (size_t first = 0, end = 0; first < layers.size(); first = end) {
     const std::string key = sparse_index_key(layers[first], sharing);
     std::map<int, int> in_group;
     for (end = first; end < layers.size() && sparse_index_key(layers[end], sharing) == key; ++end)
       ++in_group[layers[end].swa_group];
-    for (size_t i = first; i < end; ++i)
-      if (compressed == CompressedIndex::topk || in_group[layers[i].swa_group] == 1)
-        specs[i].compress_ratio = 0;
+    const bool unshared = std::ranges::any_of(in_group, [](auto g) { return g.second == 1; });
+    if (compressed == CompressedIndex::topk || unshared)
+      for (size_t i = first; i < end; ++i) specs[i].compress_ratio = 0;
   }
   return specs;
 }

@@ -42,7 +42,8 @@ TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
     }
   // SPEC §6's patterns: V4.1's runs share, V4's ratio-4 and ratio-128 layers each have a key;
   // with the top-k read by the decode, a step builds one SWA table per group; automatic reads
-  // the top-k where a table would serve one layer (every V4 one, no V4.1 one with one group).
+  // the top-k in runs where a table would serve one layer of a group (every V4 run, no V4.1 run
+  // with one group).
   const auto v41 = model_layers(model_preset("v41-flash"), 1);
   const auto v4 = model_layers(model_preset("v4-flash"), 3);
   EXPECT_EQ(distinct_tables(v41, TableSharing::shared, CompressedIndex::table), 9);
@@ -55,6 +56,14 @@ TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
   EXPECT_EQ(distinct_tables(v4, TableSharing::shared, CompressedIndex::automatic), 3);
   EXPECT_EQ(distinct_tables(v41, TableSharing::shared, CompressedIndex::automatic), 9);
   EXPECT_EQ(distinct_tables(v41, TableSharing::none, CompressedIndex::automatic), 40);
+  // A run reads one way: with three groups V4.1's 4-layer runs (2, 1 and 1 layers a group) read
+  // the top-k in every group, its 6-layer runs (2 a group) build: 3 SWA tables + 3 x 3 (the
+  // rule per layer built 17); with two groups every run shares its tables.
+  const auto v41_3 = model_layers(model_preset("v41-flash"), 3);
+  EXPECT_EQ(distinct_tables(v41_3, TableSharing::shared, CompressedIndex::automatic), 12);
+  const auto v41_2 = model_layers(model_preset("v41-flash"), 2);
+  EXPECT_EQ(distinct_tables(v41_2, TableSharing::shared, CompressedIndex::automatic),
+            distinct_tables(v41_2, TableSharing::shared, CompressedIndex::table));
 }
 
 // `smla run --compressed-index`: auto by default, each of the three names, and a wrong one
