@@ -93,7 +93,8 @@ __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& 
 }
 
 // The last CTA of a split row sums every split's partial in split order (deterministic), each
-// thread a quarter, half or whole row slice of kHeads rows, into the output stage.
+// thread a sixteenth, eighth or quarter of one of kHeads (16, 32, 64) rows, into the output
+// stage.
 template <int kHeads>
 __device__ __forceinline__ void combine_rows(const DecodeParams& p, const float* row_partials,
                                              const float* weights, const float* factors,

@@ -66,7 +66,8 @@ struct Smem {  // byte offsets from a 1024-aligned base
   static constexpr int topk = xch + xch_bytes;
   // Each stage's column biases, float [stage][column] (publish_bias).
   static constexpr int bias = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
-  // full[stages], empty[stages] (kMaxStages each), then the seesaw's P handover (4)
+  // full[kStages<L>], then empty[kStages<L>] (room for kMaxStages each), then at 2 kMaxStages
+  // the seesaw's P handover (4)
   static constexpr int bars = bias + kMaxStages * kTileColumns * int(sizeof(float));
   static constexpr int flag = bars + (2 * kMaxStages + 4) * 8;
   static constexpr int counts = flag + 16;                        // per producer warp: top-k

@@ -80,11 +80,15 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns, K
 
 size_t workspace_bound(int64_t num_tokens, int num_heads, int64_t num_columns,
                        const Occupancy& occupancy) {
-  // Past sm_count rows of 64 heads no plan splits (splitting stops at two waves).
+  // A counter-reduced plan has at most two waves of CTAs of at most 64 heads: past
+  // kExactBoundTiles that cap is the bound, so a huge width costs no plan search per tile.
+  const size_t cap = 2 * size_t(occupancy.ctas) * partial_floats(kMmaRows) * sizeof(float);
   const int64_t tiles = (num_columns + kTileColumns - 1) / kTileColumns;
+  if (tiles > kExactBoundTiles) return cap;
+  // Past sm_count rows of 64 heads no plan splits (splitting stops at two waves).
   const int64_t blocks = (num_heads + kMmaRows - 1) / kMmaRows;
   size_t most = 0;
-  for (int64_t t = 1; t <= num_tokens && t * blocks <= occupancy.ctas; ++t)
+  for (int64_t t = 1; t <= num_tokens && t * blocks <= occupancy.ctas && most < cap; ++t)
     for (int64_t tile = 1; tile <= tiles; ++tile)
       for (KvLayout layout : kKvLayouts)
         most = std::max(most, plan_decode(t, num_heads, tile * kTileColumns, layout, occupancy,

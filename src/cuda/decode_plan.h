@@ -26,7 +26,7 @@ struct Occupancy {
   int ctas = 0;
   std::array<int, kMaxClusterSplits + 1> cluster_ctas{};
 };
-// Every SM usable by clusters of any size (for host-side tests); 0 SMs per cluster: none.
+// Every SM usable by clusters of any size (for host-side tests); clusters false: none.
 Occupancy uniform_occupancy(int sm_count, bool clusters = true);
 
 struct DecodePlan {
@@ -50,7 +50,9 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns, K
                        const Occupancy& occupancy, size_t workspace_limit, size_t counter_limit);
 
 // Workspace enough for every plan of `num_heads` heads with at most `num_tokens` tokens and
-// `num_columns` columns, in any cache layout: fewer of either may split more.
+// `num_columns` columns, in any cache layout: fewer of either may split more. Past
+// kExactBoundTiles tiles of columns, the most any plan can use (two waves of 64-head partials).
+inline constexpr int64_t kExactBoundTiles = 4096;
 size_t workspace_bound(int64_t num_tokens, int num_heads, int64_t num_columns,
                        const Occupancy& occupancy);
 

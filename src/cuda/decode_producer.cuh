@@ -2,7 +2,6 @@
 // bf16 whatever the cache layout (f16 in the kF16 kernels, whose scores read the raw e4m3
 // tiles), so the consumers' P.V runs one 16-bit wgmma path.
 #pragma once
-#include "core/numeric.h"
 #include "cuda/decode_layout.cuh"
 #include "cuda/decode_topk.cuh"
 #include "cuda/fp8_convert.cuh"
@@ -11,8 +10,7 @@ namespace smla::cuda {
 
 // Four lanes own one row of a tile: its column, source and bias (produce_bf16 spreads the
 // copies over the warp differently). Columns that are not attended (SPEC §2 rules 1-3) become
-// zero rows that are never read from memory. The lane's row, and the index of its column in
-// `tile` (no dependence on the row's metadata, so the first ones load while that is in flight).
+// zero rows that are never read from memory. The lane's row.
 __device__ __forceinline__ int producer_row() {
   return (threadIdx.x / 32) % 4 * 8 + threadIdx.x % 32 / 4;
 }
@@ -30,7 +28,8 @@ __device__ __forceinline__ bool topk_column(const DecodeParams& p, int col) {
   return reads_topk<kTopk>(p) && col >= p.window;
 }
 
-// The table's offset of this lane's column of `tile` (-1 for a staged top-k column).
+// The table's offset of this lane's column of `tile` (-1 for a staged top-k column): it does not
+// depend on the row's metadata, so the first tiles' load while that is in flight.
 template <int kTopk>
 __device__ __forceinline__ int32_t load_index(const DecodeParams& p, int token, int tile) {
   const int col = tile * kTileColumns + producer_row();

@@ -10,7 +10,6 @@
 #include <string>
 
 #include "core/index_rules.h"
-#include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/launch.h"

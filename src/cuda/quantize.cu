@@ -9,7 +9,6 @@
 #include <string>
 
 #include "core/quantize_rules.h"
-#include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/launch.h"

@@ -98,6 +98,21 @@ TEST(DecodePlan, WorkspaceBoundServesEverySmallerLaunch) {
     }
 }
 
+// Past kExactBoundTiles the bound is the two-wave cap, computed without a plan search per tile
+// (a width of 2^31 - 1 columns would have taken ~45 minutes), and no plan there exceeds it.
+TEST(DecodePlan, WorkspaceBoundOfAHugeWidthIsTheTwoWaveCap) {
+  for (const Occupancy& gpu : {kGpu, kNoClusters}) {
+    const size_t cap = 2 * size_t(gpu.ctas) * partial_floats(kMmaRows) * sizeof(float);
+    EXPECT_EQ(workspace_bound(40, 128, INT32_MAX, gpu), cap);
+    EXPECT_LE(workspace_bound(40, 128, kExactBoundTiles * kTileColumns, gpu), cap);
+    for (int64_t t : {1, 9, 40, 132})
+      for (KvLayout layout : kKvLayouts)
+        EXPECT_LE(plan_decode(t, 128, INT32_MAX, layout, gpu, SIZE_MAX, SIZE_MAX).workspace_bytes,
+                  cap)
+            << t << " tokens";
+  }
+}
+
 }  // namespace
 }  // namespace smla::cuda
 #endif
