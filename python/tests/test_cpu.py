@@ -117,7 +117,9 @@ def check(args, expected_out, expected_lse, heads):
     ref.assert_out_close(out[:, :heads], expected_out[:, :heads], ref.CPU_TOL)
     assert (out[:, heads:] == 0).all(), "padded heads must be zeros"
     if args["lse"] is not None:
-        np.testing.assert_allclose(args["lse"], expected_lse, rtol=1e-4, atol=1e-4)
+        # float32 sums of exact bf16 products: the C++ CPU tests' bound, NaN never accepted
+        np.testing.assert_allclose(args["lse"], expected_lse, rtol=1e-5, atol=1e-5,
+                                   equal_nan=False)
 
 
 def run_and_check(args, pools, query64=None):
@@ -179,7 +181,7 @@ def test_decode_strided_views_cross_without_copies():
     rng = ref.fresh_rng()
     args, pools = make_case(rng, heads=4, out_heads=6)
     # Every other head of a wider query, and rows of a wider index table.
-    wide_q = np.zeros((args["query"].shape[0], 8, D), BF16)
+    wide_q = np.full((args["query"].shape[0], 8, D), np.nan, np.float32).astype(BF16)
     wide_q[:, ::2] = args["query"]
     args["query"] = wide_q[:, ::2]
     wide_idx = np.zeros((args["sparse_indices"].shape[0], 2 * args["sparse_indices"].shape[1]),
@@ -189,7 +191,8 @@ def test_decode_strided_views_cross_without_copies():
     wide_out = np.full((args["out"].shape[0], 12, D), np.nan, np.float32).astype(BF16)
     args["out"] = wide_out[:, 3:9]
     run_and_check(args, pools)
-    assert np.isnan(wide_out[:, :3].astype(np.float32)).all(), "wrote outside the out view"
+    for outside in (wide_out[:, :3], wide_out[:, 9:]):
+        assert np.isnan(outside.astype(np.float32)).all(), "wrote outside the out view"
 
 
 def test_decode_raw_bits_with_dtype_give_the_same_result():
@@ -405,7 +408,7 @@ def test_engine_call_refuses_slots_and_copies():
 
 def test_buffer_sizes_and_capability():
     assert smla.workspace_bytes(64, 64, 640, "cpu") == 0
-    assert smla.kv_counter_bytes(64, 64) >= 0
+    assert (smla.kv_counter_bytes(64, 64) > 0) == smla.WITH_CUDA
     if not smla.WITH_CUDA:
         assert smla.kv_counter_bytes(64, 64) == 0
         assert "cuda: not built" in smla.backend_info()
@@ -662,11 +665,20 @@ def test_quantize_kv_fp8_ds_mla_feeds_the_decode_op():
     magnitudes = 2.0 ** rng.integers(-6, 7, (n, 8)).repeat(64, axis=1)
     rows = (rng.standard_normal((n, D)) * magnitudes).astype(BF16)
     smla.quantize_kv(rows=rows, slots=np.arange(n, dtype=np.int32), pool=view)
+    # Byte for byte what docs/decode.md's rule gives: the smallest UE8M0 scale 2^(e - 127) that
+    # keeps the group's max |x| within 448, then x * 2^(127 - e) cast to e4m3 (round to even).
+    x = rows[:, :448].astype(np.float32).reshape(n, 7, 64)
+    bits = np.abs(x).max(axis=2).view(np.uint32).astype(np.int64)
+    e = (bits >> 23) - 8 + ((bits & 0x7fffff) > 0x600000)
+    e = np.where(bits == 0, 127, np.maximum(e, 0)).astype(np.uint32)
+    inverse = ((254 - e) << 23).astype(np.uint32).view(np.float32)
+    codes = (x * inverse[:, :, None]).astype(E4M3).view(np.uint8).reshape(n, 448)
+    records = buf[:, :block_size * 576].reshape(n, 576)
+    scales = buf[:, block_size * 576:block_size * 584].reshape(n, 8)
+    assert (records[:, :448] == codes).all()
+    assert (scales[:, :7] == e).all()
     stored = ds_mla_rows(buf, block_size).reshape(n, D)
-    exact = rows.astype(np.float64)
-    group_max = np.abs(exact[:, :448]).reshape(n, 7, 64).max(axis=2).repeat(64, axis=1)
-    assert (np.abs(stored[:, :448] - exact[:, :448]) <= group_max / 16 + 1e-30).all()
-    assert (stored[:, 448:] == exact[:, 448:]).all()
+    assert (stored[:, 448:] == rows[:, 448:].astype(np.float64)).all()
 
     args, _ = make_case(rng, separate_pools=False)
     pool = ref.Pool(stored.reshape(blocks, block_size, D), block_size)

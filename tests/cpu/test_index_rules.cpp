@@ -23,7 +23,9 @@ int64_t counted_request(int64_t t, int64_t step, const std::vector<int64_t>& sta
 }
 
 TEST(IndexRules, RequestCountEqualsTheSearch) {
-  Rng rng(fresh_seed());
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  Rng rng(seed);
   for (int round = 0; round < 200; ++round) {
     const int64_t num_requests = rng.uniform(1, 1500);
     std::vector<int64_t> starts(num_requests + 1, 0);  // nondecreasing, empty requests too
@@ -38,7 +40,9 @@ TEST(IndexRules, RequestCountEqualsTheSearch) {
 
 // Whatever the starts (device data is not trusted), the count is a request: in [0, B).
 TEST(IndexRules, RequestCountOfBadStartsStaysARequest) {
-  Rng rng(fresh_seed());
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  Rng rng(seed);
   for (int round = 0; round < 200; ++round) {
     const int64_t num_requests = rng.uniform(1, 900);
     std::vector<int64_t> starts(num_requests + 1);

@@ -11,6 +11,7 @@
 
 #include "smla/error.h"
 #include "smla/tables.h"
+#include "case_gen.h"
 #include "error_check.h"
 #include "recording_streams.h"
 #include "step_case.h"
@@ -161,7 +162,9 @@ TEST(ModelPresets, ShapesOfSpec6) {
 
 TEST(SparseIndexTables, V41ThreeGroupsByHand) {
   const auto layers = model_layers(model_preset("v41-flash"), 3);
-  const test::StepCase c(layers, small_step(3), 1);
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  const test::StepCase c(layers, small_step(3), seed);
   test::RecordingStreams streams;
   SparseIndexTables tables(layers, streams);
   run_step(tables, c, layers);
@@ -206,7 +209,9 @@ class TablesOverPatterns : public testing::TestWithParam<Pattern> {};
 TEST_P(TablesOverPatterns, EachTableBuiltOnceForkedAsSpecSays) {
   const auto [model, groups] = GetParam();
   const auto layers = model_layers(model_preset(model), groups, true);
-  const test::StepCase c(layers, small_step(groups), 2);
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  const test::StepCase c(layers, small_step(groups), seed);
   test::RecordingStreams streams;
   SparseIndexTables tables(layers, streams);
   for (int step = 0; step < 2; ++step) {  // reset between steps: the same work again
@@ -250,7 +255,9 @@ std::vector<std::vector<int32_t>> step_tables(SparseIndexTables& tables, const t
 TEST_P(TablesOverPatterns, WithoutSharingEveryLayerBuildsAlone) {
   const auto [model, groups] = GetParam();
   const auto layers = model_layers(model_preset(model), groups, true);
-  const test::StepCase c(layers, small_step(groups), 2);
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  const test::StepCase c(layers, small_step(groups), seed);
   test::RecordingStreams shared_streams, streams;
   SparseIndexTables shared(layers, shared_streams);
   SparseIndexTables alone(layers, streams, TableSharing::none);
@@ -281,7 +288,9 @@ INSTANTIATE_TEST_SUITE_P(Models, TablesOverPatterns,
 
 TEST(SparseIndexTables, ErrorInAForkJoinsBeforePropagating) {
   const auto layers = model_layers(model_preset("v41-flash"), 2);
-  const test::StepCase c(layers, small_step(2), 3);
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  const test::StepCase c(layers, small_step(2), seed);
   test::RecordingStreams streams;
   SparseIndexTables tables(layers, streams);
   tables.reset();
