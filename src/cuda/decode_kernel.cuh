@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (topk)
 #pragma unroll
     for (int i = 0; i < 4; ++i) count += topk_counts[i];
-  w.set_length(p, topk ? p.window + topk_length(p, w, count) : w.topk_len);
+  w.set_length(p, topk ? p.window + compressed_length(p, w, count) : w.topk_len);
   if (threadIdx.x < 128) {
     ptx::reg_dealloc<kProducerRegs<L>>();
     if constexpr (L == KvLayout::bf16)

@@ -138,7 +138,8 @@ struct Work {
 
 // With TopkColumns, the row's compressed length as its table build writes it (SPEC §4), given
 // `count`, the token's top-k entries >= 0.
-__device__ __forceinline__ int topk_length(const DecodeParams& p, const Work& w, int count) {
+__device__ __forceinline__ int compressed_length(const DecodeParams& p, const Work& w,
+                                                 int count) {
   const TopkParams& k = p.topk;
   if (k.is_valid && !k.is_valid[int64_t(w.token) * k.valid_stride]) return 0;
   if (w.request < k.num_decodes) return count;

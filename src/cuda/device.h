@@ -19,8 +19,10 @@ class DeviceScope {
     if (previous_ != device) SMLA_CUDA_CHECK(cudaSetDevice(device));
     changed_ = previous_ != device;
   }
+  // A destructor cannot throw: a failed restore leaves `device` current, and the next call for
+  // the previous device is refused by require_usable (launches go to the current device).
   ~DeviceScope() {
-    if (changed_) cudaSetDevice(previous_);
+    if (changed_) (void)cudaSetDevice(previous_);
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
