@@ -121,7 +121,7 @@ struct ConsumerCore {
     else
       ptx::cp_async_wait<0>();
     ptx::fence_proxy_async();
-    ptx::named_sync(1, 256);
+    ptx::named_sync(kQueryBarrier, 256);
     // The rows start empty (here, not in init: o live across the query load costs spills).
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;

@@ -43,22 +43,22 @@ __device__ __forceinline__ void zero_tail_heads(const DecodeParams& p, int token
   }
 }
 
-// Output rows are staged as bf16 in the idle KV buffers (kStagePitch apart), then written in
+// Output rows are staged as bf16 in the idle KV buffers (kOutPitch apart), then written in
 // 16-byte chunks. Stages output columns (col, col + 1) of `row` (< heads_per_cta) from two f32
 // values.
 __device__ __forceinline__ void stage_pair(uint8_t* smem, int row, int col, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(smem + Smem::kv + row * kStagePitch + col * 2) =
+  *reinterpret_cast<__nv_bfloat162*>(smem + Smem::kv + row * kOutPitch + col * 2) =
       __floats2bfloat162_rn(a, b);
 }
 
 __device__ __forceinline__ void write_staged(const DecodeParams& p, const Work& w, uint8_t* smem,
                                              int thread) {
-  ptx::named_sync(5, 256);
+  ptx::named_sync(kEpilogueBarrier, 256);
   for (int i = thread; i < p.heads_per_cta * kRowChunks; i += 256) {
     const int row = i / kRowChunks, unit = i % kRowChunks, head = w.head0 + row;
     if (head < p.out_heads)
       reinterpret_cast<uint4*>(out_row(p, w.token, head))[unit] =
-          *reinterpret_cast<const uint4*>(smem + Smem::kv + row * kStagePitch + unit * 16);
+          *reinterpret_cast<const uint4*>(smem + Smem::kv + row * kOutPitch + unit * 16);
   }
   if (w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
 }
@@ -78,7 +78,7 @@ template <class Consumer>
 __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& w,
                                              const Consumer& c, uint8_t* smem, int thread) {
   // The stage overlays the KV tiles: the other warpgroup's last P.V may still read them.
-  ptx::named_sync(5, 256);
+  ptx::named_sync(kEpilogueBarrier, 256);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = c.row_of(r);
@@ -158,11 +158,11 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
              make_float2(c.row_max[r], c.row_sum[r]));
   }
   __threadfence();
-  ptx::named_sync(5, 256);
+  ptx::named_sync(kEpilogueBarrier, 256);
   int32_t* counter = p.counters + int64_t(w.token) * p.head_blocks + w.head_block;
   int* is_last = reinterpret_cast<int*>(smem + Smem::flag);
   if (thread == 0) *is_last = atomicAdd(counter, 1) == p.num_splits - 1;
-  ptx::named_sync(5, 256);
+  ptx::named_sync(kEpilogueBarrier, 256);
   if (!*is_last) return;
   __threadfence();
   if (thread == 0) *counter = 0;  // back to zero for the next launch (SPEC §3)
@@ -176,7 +176,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
     ml[i] =
         __ldcg(reinterpret_cast<const float2*>(row_partials + (i / heads) * stride + heads * 512) +
                i % heads);
-  ptx::named_sync(5, 256);
+  ptx::named_sync(kEpilogueBarrier, 256);
   if (thread < heads) {
     float m = -INFINITY, l = 0.f;
     for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, ml[s * heads + thread].x);
@@ -189,7 +189,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Work& 
     factors[thread] =
         thread < w.live_heads ? finish_row(p, w, smem, thread, m, l, true) : 0.f;
   }
-  ptx::named_sync(5, 256);
+  ptx::named_sync(kEpilogueBarrier, 256);
   switch (heads) {
     case 16: combine_rows<16>(p, row_partials, weights, factors, smem, thread); break;
     case 32: combine_rows<32>(p, row_partials, weights, factors, smem, thread); break;
@@ -213,7 +213,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
   const int heads = p.heads_per_cta, splits = p.num_splits;
   // O overlays the KV tiles and (max, sum) the query: the other warpgroup's last wgmma may
   // still read them.
-  ptx::named_sync(5, 256);
+  ptx::named_sync(kEpilogueBarrier, 256);
   float2* ml = reinterpret_cast<float2*>(smem + Smem::q);  // [row]
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -253,7 +253,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
             ? finish_row(p, w, smem, row, m, l, row * kRowChunks >= begin)  // lse: once
             : 0.f;
   }
-  ptx::named_sync(5, 256);
+  ptx::named_sync(kEpilogueBarrier, 256);
 
   // My chunks: the splits' O in split order, weighted, times the factor. One chunk a pass: this
   // code runs once a CTA, cold in the instruction cache (unrolled twice it was 2.3x the code and
@@ -261,7 +261,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
 #pragma unroll 1
   for (int i = begin + thread; i < end; i += 256) {
     const int row = i / kRowChunks, unit = i % kRowChunks;
-    const uint4* at = reinterpret_cast<const uint4*>(smem + Smem::kv + row * kStagePitch) + unit;
+    const uint4* at = reinterpret_cast<const uint4*>(smem + Smem::kv + row * kOutPitch) + unit;
     uint4 v[kMaxClusterSplits];
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s)

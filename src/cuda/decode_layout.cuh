@@ -105,12 +105,22 @@ static_assert(Smem::xch_bytes + kMaxTopk * 4 <= Smem::combine_bytes,
               "the staged top-k offsets fit where the combine goes");
 // The epilogue stages bf16 O rows from Smem::kv on (decode_epilogue.cuh); the pad spreads a
 // warp's fragment stores over the banks.
-constexpr int kRowChunks = 512 * 2 / 16;  // 16-byte chunks of a bf16 output row
-constexpr int kStagePitch = kRowChunks * 16 + 16;  // bytes per staged row
-constexpr int kStageBytes = kMmaRows * kStagePitch;
+constexpr int kRowChunks = 512 * 2 / 16;        // 16-byte chunks of a bf16 output row
+constexpr int kOutPitch = kRowChunks * 16 + 16;  // bytes per staged output row
+constexpr int kOutBytes = kMmaRows * kOutPitch;
+
+// Named barriers (0 is __syncthreads): the consumer warpgroups once their query landed; before
+// their final (base, sum) exchange; in the epilogue; and the producer meeting their staged
+// top-k offsets (all 384 threads).
+enum NamedBarrier : uint32_t {
+  kQueryBarrier = 1,
+  kFinishBarrier = 2,
+  kEpilogueBarrier = 5,
+  kTopkBarrier = 6,
+};
 template <KvLayout L>
 constexpr int kSmemBytes =
-    (Smem::end<L> > Smem::kv + kStageBytes ? Smem::end<L> : Smem::kv + kStageBytes) +
+    (Smem::end<L> > Smem::kv + kOutBytes ? Smem::end<L> : Smem::kv + kOutBytes) +
     1024;  // slack to align the base
 static_assert(kSmemBytes<KvLayout::bf16> <= 227 * 1024 &&
                   kSmemBytes<KvLayout::fp8_e4m3> <= 227 * 1024 &&

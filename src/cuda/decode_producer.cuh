@@ -43,7 +43,7 @@ template <int kTopk>
 struct IndexPipe {
   static constexpr int kAhead = 3;
   int32_t q[kAhead];
-  bool staged = false;  // the producer met the consumers at kStageBarrier
+  bool staged = false;  // the producer met the consumers at kTopkBarrier
 
   // Tile t's storage offset; then the pipe holds t+1..t+kAhead.
   __device__ __forceinline__ int32_t pop(const DecodeParams& p, const Work& w,
@@ -60,7 +60,7 @@ struct IndexPipe {
 
   // Every producer thread at the same tile (the test above is the tile's), once.
   __device__ __forceinline__ void wait_for_stage() {
-    ptx::named_sync(kStageBarrier, kThreads);
+    ptx::named_sync(kTopkBarrier, kThreads);
     staged = true;
   }
   // A CTA whose tiles read no top-k column still meets the consumers, before it ends.

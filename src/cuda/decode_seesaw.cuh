@@ -7,9 +7,6 @@
 
 namespace smla::cuda {
 
-// The named barrier of the final (base, sum) exchange (barrier 1 is the query's).
-constexpr uint32_t kFinishBarrier = 2;
-
 // The scores' first k steps that read Q from registers, as many as each consumer's registers
 // hold without spilling or serializing the wgmma (C7512): bf16 stages 11 of 32 at 232 registers
 // (128 x 2 H=128 -3.2%, H=64 -0.6%), 10 beside the split reductions (kQueryTma false: 11

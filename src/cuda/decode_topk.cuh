@@ -8,10 +8,9 @@ namespace smla::cuda {
 // TopkColumns. The producer warpgroup counts the token's top-k entries before the CTA's
 // barrier (the row's length needs them all); the consumer warpgroups translate them into
 // storage offsets in shared memory while their query loads, and the producer meets them at
-// kStageBarrier before its first tile with top-k columns. Thread i of n takes entries i + n k,
+// kTopkBarrier before its first tile with top-k columns. Thread i of n takes entries i + n k,
 // four at a time (each batch one top-k load and one block-table load deep).
 constexpr int kTopkBatch = 4;
-constexpr uint32_t kStageBarrier = 6;
 
 // How many of producer thread i's entries are >= 0.
 __device__ __forceinline__ int count_topk(const DecodeParams& p, int token, int i) {
@@ -56,7 +55,7 @@ __device__ __forceinline__ void stage_topk(const DecodeParams& p, int token, int
                                         p.compressed.span.divisor);
     }
   }
-  ptx::named_arrive(kStageBarrier, kThreads);
+  ptx::named_arrive(kTopkBarrier, kThreads);
 }
 
 }  // namespace smla::cuda
