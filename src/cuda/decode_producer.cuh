@@ -14,32 +14,33 @@ namespace smla::cuda {
 __device__ __forceinline__ int producer_row() {
   return (threadIdx.x / 32) % 4 * 8 + threadIdx.x % 32 / 4;
 }
-// kTopk: whether the launch reads TopkColumns, compiled in (1, 0: the kF16 kernels' producers)
-// or tested at run time (-1), whichever measured faster for the kernel (docs/kernel.md).
-template <int kTopk>
+// kProducerTopk: whether the launch reads TopkColumns, compiled in (1, 0: the kF16 kernels'
+// producers) or tested at run time (-1), whichever measured faster for the kernel
+// (docs/kernel.md).
+template <int kProducerTopk>
 __device__ __forceinline__ bool reads_topk(const DecodeParams& p) {
-  if constexpr (kTopk < 0)
+  if constexpr (kProducerTopk < 0)
     return p.topk.indices != nullptr;
   else
-    return kTopk;
+    return kProducerTopk;
 }
-template <int kTopk>
+template <int kProducerTopk>
 __device__ __forceinline__ bool topk_column(const DecodeParams& p, int col) {
-  return reads_topk<kTopk>(p) && col >= p.window;
+  return reads_topk<kProducerTopk>(p) && col >= p.window;
 }
 
 // The table's offset of this lane's column of `tile` (-1 for a staged top-k column): it does not
 // depend on the row's metadata, so the first tiles' load while that is in flight.
-template <int kTopk>
+template <int kProducerTopk>
 __device__ __forceinline__ int32_t load_index(const DecodeParams& p, int token, int tile) {
   const int col = tile * kTileColumns + producer_row();
-  if (col >= p.num_columns || topk_column<kTopk>(p, col)) return -1;
+  if (col >= p.num_columns || topk_column<kProducerTopk>(p, col)) return -1;
   return __ldg(p.sparse_indices + int64_t(token) * p.indices_stride + col);
 }
 
 // This lane's column offsets of tiles t to t+kAhead-1: the table's loaded kAhead tiles before
 // use, the top-k's read from the stage.
-template <int kTopk>
+template <int kProducerTopk>
 struct IndexPipe {
   static constexpr int kAhead = 3;
   int32_t q[kAhead];
@@ -48,13 +49,17 @@ struct IndexPipe {
   // Tile t's storage offset; then the pipe holds t+1..t+kAhead.
   __device__ __forceinline__ int32_t pop(const DecodeParams& p, const Work& w,
                                          const uint8_t* smem, int t) {
-    if (reads_topk<kTopk>(p) && !staged && (t + 1) * kTileColumns > p.window) wait_for_stage();
+    if (reads_topk<kProducerTopk>(p) && !staged && (t + 1) * kTileColumns > p.window)
+      wait_for_stage();
     const int col = t * kTileColumns + producer_row(), j = col - p.window;
     const int32_t* topk = reinterpret_cast<const int32_t*>(smem + Smem::topk);
-    const int32_t offset = !topk_column<kTopk>(p, col) ? q[0] : j < p.topk.top_k ? topk[j] : -1;
+    const int32_t offset = !topk_column<kProducerTopk>(p, col) ? q[0]
+                           : j < p.topk.top_k                   ? topk[j]
+                                                                : -1;
 #pragma unroll
     for (int k = 0; k + 1 < kAhead; ++k) q[k] = q[k + 1];
-    q[kAhead - 1] = t + kAhead < w.tile_end ? load_index<kTopk>(p, w.token, t + kAhead) : -1;
+    q[kAhead - 1] =
+        t + kAhead < w.tile_end ? load_index<kProducerTopk>(p, w.token, t + kAhead) : -1;
     return offset;
   }
 
@@ -65,7 +70,7 @@ struct IndexPipe {
   }
   // A CTA whose tiles read no top-k column still meets the consumers, before it ends.
   __device__ __forceinline__ void finish(const DecodeParams& p) {
-    if (reads_topk<kTopk>(p) && !staged) wait_for_stage();
+    if (reads_topk<kProducerTopk>(p) && !staged) wait_for_stage();
   }
 };
 
@@ -243,9 +248,9 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
 
 // fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage.
 // kF16: a raw buffer is copied into again once the consumers' scores of its tile are done.
-template <KvLayout L, bool kF16, int kTopk>
+template <KvLayout L, bool kF16, int kProducerTopk>
 __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w, uint8_t* smem,
-                                            IndexPipe<kTopk>& indices) {
+                                            IndexPipe<kProducerTopk>& indices) {
   constexpr int kStagesL = kStages<L>, kRaws = RawTile<L, kF16>::kBuffers;
   using Rows = Fp8Rows<L, kF16>;
   const int row = producer_row(), part = threadIdx.x % 4;
