@@ -17,7 +17,7 @@ constexpr float kRescaleThreshold = 8.f;
 // kQueryRegSteps: the scores' first k steps take Q from registers (A-operand words, loaded once
 // the query has landed), so that those wgmma read 1 KiB of shared memory, not 3: the score wgmma
 // are bound by their operand reads (docs/kernel.md).
-template <int kStages, bool kF16, int kQueryRegSteps>
+template <int kNumStages, bool kF16, int kQueryRegSteps>
 struct ConsumerCore {
   static constexpr int kPSteps = kTileColumns / 16;  // k16 steps of P.V
   static constexpr int kScoreSteps = 512 / (kF16 ? 32 : 16);
@@ -43,7 +43,7 @@ struct ConsumerCore {
     k_desc = ptx::sw128_desc(ptx::smem_addr(kF16 ? smem : smem + Smem::kv), 16, 1024);
     v_desc = ptx::sw128_desc(kv_half, kKvChunkBytes, 1024);
     full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
-    empty = full + kStages;
+    empty = full + kNumStages;
     xch = smem + Smem::xch;
     bias = reinterpret_cast<const float*>(smem + Smem::bias);
   }

@@ -229,17 +229,17 @@ __device__ __forceinline__ void copy_rows_bf16(uint8_t* dst, const RowSource& sr
 // bf16: rows land in their stage by cp.async. `indices` starts at the CTA's first tile.
 __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& w, uint8_t* smem,
                                              IndexPipe<-1>& indices) {
-  constexpr int kStagesL = kStages<KvLayout::bf16>;
+  constexpr int kNumStages = kStages<KvLayout::bf16>;
   const int row = producer_row(), part = threadIdx.x % 4;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
-  uint64_t* empty = full + kStagesL;
+  uint64_t* empty = full + kNumStages;
   int n = 0;
   for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
     const int32_t offset = indices.pop(p, w, smem, tile);
-    const int stage = n % kStagesL;
+    const int stage = n % kNumStages;
     const RowSource src = row_source(p, w, tile * kTileColumns + row, offset);
     uint8_t* dst = smem + Smem::kv + stage * kTileBytes;
-    if (n >= kStagesL) ptx::mbar_wait(&empty[stage], ((n / kStagesL) - 1) & 1);
+    if (n >= kNumStages) ptx::mbar_wait(&empty[stage], ((n / kNumStages) - 1) & 1);
     copy_rows_bf16(dst, src);
     ptx::cp_async_arrive(&full[stage]);  // when this thread's copies land
     publish_bias(smem, &full[stage], stage, row, part, src.valid);
@@ -251,11 +251,11 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
 template <KvLayout L, bool kF16, int kProducerTopk>
 __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w, uint8_t* smem,
                                             IndexPipe<kProducerTopk>& indices) {
-  constexpr int kStagesL = kStages<L>, kRaws = RawTile<L, kF16>::kBuffers;
+  constexpr int kNumStages = kStages<L>, kRaws = RawTile<L, kF16>::kBuffers;
   using Rows = Fp8Rows<L, kF16>;
   const int row = producer_row(), part = threadIdx.x % 4;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
-  uint64_t* empty = full + kStagesL;
+  uint64_t* empty = full + kNumStages;
   const auto raw_buffer = [smem](int i) { return smem + raw_offset<L, kF16>(i); };
   if (w.tile_begin >= w.tile_end) return;
   RowSource src =
@@ -274,8 +274,8 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // tile n's copies have landed
-    const int stage = n % kStagesL;
-    if (n >= kStagesL) ptx::mbar_wait(&empty[stage], ((n / kStagesL) - 1) & 1);
+    const int stage = n % kNumStages;
+    if (n >= kNumStages) ptx::mbar_wait(&empty[stage], ((n / kNumStages) - 1) & 1);
     Rows::convert(raw_buffer(n % kRaws), smem + Smem::kv + stage * kTileBytes, row, part);
     ptx::fence_proxy_async();  // st.shared, then wgmma reads
     ptx::mbar_arrive(&full[stage]);

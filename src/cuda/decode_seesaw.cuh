@@ -19,10 +19,10 @@ namespace smla::cuda {
 template <bool kF16, bool kCopiedRows, bool kQueryTma>
 constexpr int kSeesawQueryRegSteps = kF16 ? 6 : !kCopiedRows ? 4 : kQueryTma ? 11 : 10;
 
-template <int kStages, bool kF16, bool kCopiedRows, bool kQueryTma>
+template <int kNumStages, bool kF16, bool kCopiedRows, bool kQueryTma>
 struct SeesawConsumer
-    : ConsumerCore<kStages, kF16, kSeesawQueryRegSteps<kF16, kCopiedRows, kQueryTma>> {
-  using Core = ConsumerCore<kStages, kF16, kSeesawQueryRegSteps<kF16, kCopiedRows, kQueryTma>>;
+    : ConsumerCore<kNumStages, kF16, kSeesawQueryRegSteps<kF16, kCopiedRows, kQueryTma>> {
+  using Core = ConsumerCore<kNumStages, kF16, kSeesawQueryRegSteps<kF16, kCopiedRows, kQueryTma>>;
   using Core::empty, Core::full, Core::half, Core::lane, Core::bias, Core::o, Core::pack,
       Core::row_max, Core::row_sum, Core::tid, Core::warp, Core::xch;
   static constexpr int kRawBuffers = RawTile<KvLayout::fp8_e4m3, true>::kBuffers;  // kF16
@@ -43,7 +43,7 @@ struct SeesawConsumer
   // The CTA row (head - head0) of fragment row r.
   __device__ __forceinline__ int row_of(int r) const { return warp * 16 + lane / 4 + 8 * r; }
 
-  __device__ __forceinline__ void release(int tile) { ptx::mbar_arrive(&empty[tile % kStages]); }
+  __device__ __forceinline__ void release(int tile) { ptx::mbar_arrive(&empty[tile % kNumStages]); }
 
   // P word w, scaled (P of a partner tile moved to this warpgroup's base).
   static __device__ __forceinline__ uint32_t scaled(uint32_t w, float factor) {
@@ -88,7 +88,7 @@ struct SeesawConsumer
   __device__ __forceinline__ void mask_scores(int n, float (&s)[kScores], float (&tile_max)[2],
                                               const DecodeParams& p) const {
     ptx::fence_operands(s);
-    const float* b_col = bias + (n % kStages) * kTileColumns + 2 * (lane % 4);
+    const float* b_col = bias + (n % kNumStages) * kTileColumns + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float2 b = *reinterpret_cast<const float2*>(b_col + 8 * j);
@@ -145,9 +145,9 @@ struct SeesawConsumer
     held = -1;
     float s[kScores];
     if constexpr (own) {
-      ptx::mbar_wait(&full[n % kStages], (n / kStages) & 1);
+      ptx::mbar_wait(&full[n % kNumStages], (n / kNumStages) & 1);
       if constexpr (kCopiedRows) ptx::fence_proxy_async();
-      this->issue_scores(s, n % (kF16 ? kRawBuffers : kStages));
+      this->issue_scores(s, n % (kF16 ? kRawBuffers : kNumStages));
     }
     // The partner's base if above mine (so the two stay equal); o is not in flight.
     uint32_t their_pa[Core::kPSteps][4];
@@ -173,7 +173,7 @@ struct SeesawConsumer
       // the proxies before its handover, which this thread waited for (release and acquire
       // chain; the fence is cumulative). Waiting for `full` again here held 6% of the warp
       // samples (bf16 128 x 2 H=128).
-      this->issue_pv(their_pa, (n - 1) % kStages);
+      this->issue_pv(their_pa, (n - 1) % kNumStages);
     } else {
       ptx::wgmma_commit();  // an empty group, so that wait<1> below waits for the scores
     }
@@ -205,7 +205,7 @@ struct SeesawConsumer
     }
     if constexpr (own) {
       this->rescale_o(raise);
-      this->issue_pv(pa, n % kStages);
+      this->issue_pv(pa, n % kNumStages);
       held = n;
     }
   }
