@@ -41,6 +41,11 @@ void view(const TensorView& v, const std::string& name) {
          shape_of(v) + " with strides " + strides_of(v));
 }
 
+void int32_count(int64_t value, const std::string& name) {
+  if (value < 0 || value > INT32_MAX)
+    fail(ErrorKind::value, name, "0..2^31 - 1", std::to_string(value));
+}
+
 void disjoint(const TensorView& v, const std::string& name) {
   int dims[kMaxDims], n = 0;  // the dims of size > 1 by |stride| (insertion: at most 4)
   for (int d = 0; d < v.ndim; ++d) {

@@ -20,6 +20,9 @@ std::string strides_of(const TensorView& view);  // "[128, 1]"
 // and byte extent that fit in int64, so that no size arithmetic past this check overflows.
 void view(const TensorView& view, const std::string& name);
 
+// A count the backends keep in int: 0..2^31 - 1.
+void int32_count(int64_t value, const std::string& name);
+
 // An output's elements are disjoint: every dim of size > 1, in order of |stride|, steps past the
 // extent of the dims below it (a zero or overlapping stride would make writes race).
 void disjoint(const TensorView& view, const std::string& name);

@@ -24,13 +24,11 @@ void sparse_mla_decode(const DecodeArgs& args, void* stream) {
 // The buffer sizes' arguments: what a launch may have (decode validation's 32-bit limits).
 static void check_sizes(const char* tokens_name, int64_t tokens, int num_heads,
                         int64_t columns = 0) {
-  if (tokens < 0 || tokens > INT32_MAX)
-    check::fail(ErrorKind::value, tokens_name, "0..2^31 - 1", std::to_string(tokens));
+  check::int32_count(tokens, tokens_name);
   if (num_heads < 1 || num_heads > kMaxHeads)
     check::fail(ErrorKind::value, "num_heads", "1.." + std::to_string(kMaxHeads),
                 std::to_string(num_heads));
-  if (columns < 0 || columns > INT32_MAX)
-    check::fail(ErrorKind::value, "num_columns", "0..2^31 - 1", std::to_string(columns));
+  check::int32_count(columns, "num_columns");
 }
 
 size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {

@@ -13,8 +13,7 @@ using check::shape_of;
 std::string num(int64_t v) { return std::to_string(v); }
 
 void check_step(const StepMetadata& s, IndexProblem& p) {
-  if (s.num_tokens < 0 || s.num_tokens > INT32_MAX)
-    fail(ErrorKind::value, "num_tokens", "0..2^31 - 1", num(s.num_tokens));
+  check::int32_count(s.num_tokens, "num_tokens");
   p.num_tokens = s.num_tokens;
   const std::string T = num(s.num_tokens);
   check::tensor(s.seq_lens, "seq_lens", DType::i32, p.device, {-1}, "[B] i32");

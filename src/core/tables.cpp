@@ -68,8 +68,7 @@ SparseIndexTable SparseIndexTables::build(int layer, const TableInputs& inputs, 
   SparseIndexArgs args = inputs(layer);
   const int64_t T = args.step.num_tokens, K = sparse_index_columns(args);
   // Checked before the allocation they size (build_sparse_indices checks the rest).
-  if (T < 0 || T > INT32_MAX)
-    check::fail(ErrorKind::value, "num_tokens", "0..2^31 - 1", std::to_string(T));
+  check::int32_count(T, "num_tokens");
   if (K > INT32_MAX)
     check::fail(ErrorKind::value, "topk_indices", "a table width W + top_k < 2^31",
                 std::to_string(K) + " columns");
