@@ -35,9 +35,12 @@ PoolParams pool_params(const KvPool& pool, const char* name) {
           std::to_string(pool.span));
   p.span = FastDiv(uint32_t(pool.span));
   p.block_size = uint32_t(pool.block_size);
-  require(pool.block_size * kDsMlaRecordBytes <= UINT32_MAX, name,
-          "pages of at most 2^32 bytes on CUDA", std::to_string(pool.block_size) + " rows a page");
-  p.scales_offset_bytes = uint32_t(pool.block_size * kDsMlaRecordBytes);
+  if (pool.layout == KvLayout::fp8_ds_mla) {
+    require(pool.block_size * kDsMlaRecordBytes <= UINT32_MAX, name,
+            "fp8_ds_mla pages of at most 2^32 bytes of records on CUDA",
+            std::to_string(pool.block_size) + " rows a page");
+    p.scales_offset_bytes = uint32_t(pool.block_size * kDsMlaRecordBytes);
+  }
   return p;
 }
 
@@ -224,6 +227,12 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
       plan_decode(problem.num_tokens, problem.num_heads, problem.num_columns, problem.layout,
                   decode_occupancy(device), workspace_have, counters_have);
 
+  // The kernel counts CTAs and a token's output chunks in int.
+  require(plan.ctas <= INT32_MAX, "query", "at most 2^31 - 1 CTAs (tokens x head blocks) on CUDA",
+          std::to_string(problem.num_tokens) + " tokens, " + std::to_string(plan.ctas) + " CTAs");
+  require(problem.out_heads <= INT32_MAX / kRowChunks, "out",
+          "H_out below 2^31 / " + std::to_string(kRowChunks) + " on CUDA",
+          std::to_string(problem.out_heads));
   DecodeParams p{};
   p.query = q.data;
   p.q_token_stride = q.stride(0);
@@ -246,7 +255,6 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   p.lse_head_stride = args.lse.defined() ? args.lse.stride(1) : 0;
   p.scale_log2 = args.bmm1_scale * kLog2e;
   p.bmm2_scale = args.bmm2_scale;
-  p.num_tokens = int(problem.num_tokens);
   p.num_requests = int(problem.num_requests);
   p.num_heads = problem.num_heads;
   p.out_heads = problem.out_heads;

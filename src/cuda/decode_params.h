@@ -50,7 +50,7 @@ struct DecodeParams {
   int64_t lse_token_stride, lse_head_stride;
   float scale_log2;                  // bmm1_scale * log2(e)
   float bmm2_scale;
-  int num_tokens, num_requests, num_heads, out_heads, num_columns, window;
+  int num_requests, num_heads, out_heads, num_columns, window;
   // Work decomposition: CTA = (token, head block, split), splits fastest (a cluster's CTAs).
   int heads_per_cta, head_blocks, num_splits, tiles_per_split;
   bool cluster;                      // split rows reduced in their cluster, else as below
