@@ -8,11 +8,11 @@
 #include <map>
 #include <memory>
 #include <ostream>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "case_gen.h"
 #include "cuda/backend.h"
 #include "cuda/index.h"
 #include "device_step.h"
@@ -91,14 +91,15 @@ std::vector<LayerSpec> slice(const Pattern& p, int num_heads = 0) {
 }
 
 // A pattern's step on the host (StepCase) and on the GPU: layers with sinks on every other one,
-// random queries, and outs poisoned with NaN.
+// random queries, and outs poisoned with NaN. A fresh seed each time (SMLA_TEST_SEED replays
+// it): tests name it in a SCOPED_TRACE.
 struct GpuStep {
   explicit GpuStep(const Pattern& p, int num_heads = 0)
-      : specs(slice(p, num_heads)), c(specs, p.shape, 17) {
-    std::mt19937 rng(3);
+      : seed(fresh_seed()), specs(slice(p, num_heads)), c(specs, p.shape, seed) {
+    Rng rng(seed + 1);  // the sinks' own stream, so they do not shift the step's draws
     for (size_t i = 0; i < c.layers.size(); i += 2) {
       sinks.emplace_back(c.layers[i].spec.num_heads);
-      for (float& v : sinks.back()) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+      for (float& v : sinks.back()) v = static_cast<float>(rng.real(-1, 1));
       c.layers[i].sinks = make_view(sinks.back().data(), DType::f32, Device{},
                                     {static_cast<int64_t>(sinks.back().size())});
     }
@@ -138,6 +139,7 @@ struct GpuStep {
       CUDA_THROW(cudaMemsetAsync(o.data, 0xff, extent_bytes(o), stream));
   }
 
+  uint64_t seed;  // declared first: the step is made from it
   std::vector<LayerSpec> specs;
   StepCase c;
   std::list<std::vector<float>> sinks;
@@ -175,6 +177,7 @@ class GpuExecutor : public testing::TestWithParam<Pattern> {};
 void step_equals_direct_calls(const Pattern& pattern, CompressedIndex compressed) {
   const char* mode = compressed_index_name(compressed);
   GpuStep g(pattern);
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
   StepOnStream on(g, compressed);
   const auto stepped = on.eager_step(g);
   TestStream& stream = on.stream;
@@ -221,6 +224,7 @@ TEST_P(GpuExecutor, StepEqualsDirectCallsBitForBit) {
 TEST_P(GpuExecutor, CapturedStepReplaysBitwise) {
   SKIP_WITHOUT_GPU();
   GpuStep g(GetParam());
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
   StepOnStream on(g);
   const auto eager = on.eager_step(g);
   TestStream& stream = on.stream;
@@ -297,6 +301,7 @@ TEST(GpuTables, BookkeepingEqualsTheCpuPath) {
       const int all = static_cast<int>(model_layers(model_preset(model), groups, true).size());
       const Pattern p{model, groups, 0, all, decode_shape(groups)};
       GpuStep g(p, 4);  // few heads: the CPU decodes the step too
+      SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
       const auto cpu_streams = make_streams(Device{});
       StepExecutor cpu(g.c.layers, *cpu_streams, g.c.num_tokens(), g.max_columns);
       std::vector<TensorView> host_outs;
@@ -328,6 +333,7 @@ TEST(GpuTables, BookkeepingEqualsTheCpuPath) {
 TEST(GpuTables, CaptureBeforeAnEagerStepSaysSo) {
   SKIP_WITHOUT_GPU();
   GpuStep g({"v4-flash", 2, 0, 6, decode_shape(2)});
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
   StepOnStream on(g);
   TestStream& stream = on.stream;
   StepExecutor& executor = on.executor;
@@ -351,6 +357,7 @@ TEST(GpuTables, CaptureBeforeAnEagerStepSaysSo) {
 TEST(GpuTables, UnreadablePoolFailsWithTheDecodeError) {
   SKIP_WITHOUT_GPU();
   GpuStep g({"v4-flash", 1, 0, 4, decode_shape(1)});
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
   for (AttentionLayer& l : g.layers)
     l.swa_kv_cache.data = static_cast<char*>(l.swa_kv_cache.data) + 2;  // one bf16 off
   StepOnStream on(g);

@@ -126,10 +126,12 @@ TEST(GpuIndex, WideAndLongTablesMatchTheCpu) {
                     .span = 72,
                     .entries_per_page = 64,
                     .compressed_span = 64};
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
   for (const int topk : {1024, 2000}) {
     std::vector<LayerSpec> layers = three_layers(4);
     layers[2].index_topk = topk;
-    const StepCase c(layers, s, 3);
+    const StepCase c(layers, s, seed);
     for (int layer = 0; layer < 3; ++layer)
       expect_same(c, layer, topk > 1024 ? 3 : 0, "wide, top-k " + std::to_string(topk));
   }
@@ -180,7 +182,9 @@ TEST(GpuIndex, OutOfRangePagesAndIndicesBecomePadding) {
                     .num_decodes = 3,
                     .block_size = 16,
                     .span = 16};
-  StepCase c(three_layers(4), s, 9);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  StepCase c(three_layers(4), s, seed);
   const int64_t T = c.num_tokens();
   const int W = kWindow;
 
