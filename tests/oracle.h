@@ -182,9 +182,15 @@ struct Tolerance {
   double out_rtol, out_atol, lse_tol;
   // The CPU backend: bf16 rounding of the output plus float32 dot products.
   static Tolerance reference() { return {1.0 / 256, 1e-5, 1e-5}; }
-  // A kernel with lower-precision products; fp8 caches may round P or Q to 8 bits.
+  // A kernel with lower-precision products. fp8_ds_mla rows become bf16 exactly on load and
+  // then run the bf16 arithmetic: the bf16 output bound (7.7e-3 of the row max measured on an
+  // H200); its lse keeps the fp8 bound for now. fp8_e4m3 may round P or Q to 8 bits.
   static Tolerance device(KvLayout layout) {
-    return layout == KvLayout::bf16 ? Tolerance{1e-2, 1e-2, 1e-3} : Tolerance{3e-2, 3e-2, 1e-2};
+    switch (layout) {
+      case KvLayout::bf16: return {1e-2, 1e-2, 1e-3};
+      case KvLayout::fp8_ds_mla: return {1e-2, 1e-2, 1e-2};
+      default: return {3e-2, 3e-2, 1e-2};
+    }
   }
 };
 
