@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <list>
 #include <map>
 #include <memory>
 #include <ostream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,7 @@
 #include "cuda/index.h"
 #include "device_step.h"
 #include "direct_call.h"
+#include "oracle.h"
 #include "ref_numeric.h"
 #include "smla/error.h"
 #include "smla/executor.h"
@@ -292,8 +296,38 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuExecutor, testing::ValuesIn(patterns()), [](
          "groups";
 });
 
+// Whether a GPU output's bytes are within `tol` of the CPU's output `cpu` (host, contiguous,
+// [T, H, 512] bf16), as matches() holds a backend to the oracle: |gpu - cpu| <= out_rtol |cpu|
+// + out_atol x the (token, head) row's max |cpu|. NaN on either side never passes.
+testing::AssertionResult near_cpu(const std::vector<std::byte>& gpu, const TensorView& cpu,
+                                  Tolerance tol) {
+  if (gpu.size() != extent_bytes(cpu))
+    return testing::AssertionFailure() << gpu.size() << " bytes, the CPU's " << extent_bytes(cpu);
+  const auto* want = static_cast<const uint16_t*>(cpu.data);
+  std::ostringstream bad;
+  int64_t mismatches = 0;
+  for (int64_t row = 0; row < cpu.size(0) * cpu.size(1); ++row) {
+    double row_max = 0;
+    for (int d = 0; d < kHeadDim; ++d)
+      row_max = std::max(row_max, std::abs(ref_bf16(want[row * kHeadDim + d])));
+    for (int d = 0; d < kHeadDim; ++d) {
+      const int64_t i = row * kHeadDim + d;
+      uint16_t bits;
+      std::memcpy(&bits, gpu.data() + 2 * i, 2);
+      const double got = ref_bf16(bits), ref = ref_bf16(want[i]);
+      if (!(std::abs(got - ref) <= tol.out_rtol * std::abs(ref) + tol.out_atol * row_max) &&
+          mismatches++ < 8)
+        bad << "\n  out[" << row / cpu.size(1) << "," << row % cpu.size(1) << "," << d
+            << "] = " << fmt(got) << ", CPU " << fmt(ref);
+    }
+  }
+  if (mismatches == 0) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << mismatches << " mismatches with the CPU" << bad.str();
+}
+
 // (d) The same step's table bookkeeping through the CUDA path equals the CPU path's: builds,
 // forks in order, waiting layers, tables per group, bytes. Two steps: reset() starts afresh.
+// Each GPU step's outputs (poisoned before it) match the CPU's within the device tolerance.
 TEST(GpuTables, BookkeepingEqualsTheCpuPath) {
   SKIP_WITHOUT_GPU();
   for (const char* model : {"v4-flash", "v4-pro", "v41-flash"})
@@ -305,14 +339,18 @@ TEST(GpuTables, BookkeepingEqualsTheCpuPath) {
       const auto cpu_streams = make_streams(Device{});
       StepExecutor cpu(g.c.layers, *cpu_streams, g.c.num_tokens(), g.max_columns);
       std::vector<TensorView> host_outs;
-      for (const TensorView& q : g.host_queries)
+      for (const TensorView& q : g.host_queries) {
+        // NaN (0xffff) until the CPU writes them: an element it leaves fails the comparison.
         host_outs.push_back(g.c.zeros(DType::bf16, {q.size(0), q.size(1), kHeadDim}));
+        std::memset(host_outs.back().data, 0xff, extent_bytes(host_outs.back()));
+      }
       cpu.run_step(g.c.inputs, g.host_queries, host_outs);
 
       TestStream stream;
       const auto streams = make_streams(DeviceMirror::kDevice, stream.get());
       StepExecutor gpu(g.layers, *streams, g.c.num_tokens(), g.max_columns);
       for (int step = 0; step < 2; ++step) {
+        g.poison_outs(stream.get());  // so that step 1 must write its outputs too
         gpu.run_step(g.inputs, g.queries, g.outs);
         stream.synchronize();
         const TableStats &want = cpu.tables().stats(), &got = gpu.tables().stats();
@@ -324,6 +362,11 @@ TEST(GpuTables, BookkeepingEqualsTheCpuPath) {
         EXPECT_EQ(got.peak_tables, want.peak_tables) << where;
         EXPECT_EQ(got.bytes, want.bytes) << where;
         EXPECT_EQ(got.peak_bytes, want.peak_bytes) << where;
+        // The step's pools are bf16 (StepCase).
+        const auto outs = g.out_bytes();
+        for (size_t i = 0; i < outs.size(); ++i)
+          EXPECT_TRUE(near_cpu(outs[i], host_outs[i], Tolerance::device(KvLayout::bf16)))
+              << where << ", layer " << g.layers[i].spec.layer;
       }
     }
 }
