@@ -87,6 +87,22 @@ struct DeviceCase {
 
   void* device_ptr(const HostTensor& t) const { return tensors.at(&t)->get(); }
 
+  // The plan sparse_mla_decode(args) makes now, from the launch's inputs: the shape, the cache
+  // layout (swa_kv_cache's dtype), the occupancy (clusters off under CountersOnly) and the
+  // workspace and counter bytes given, which cap the counter-reduced splits.
+  cuda::DecodePlan plan() const {
+    const auto bytes = [](const TensorView& v) {
+      return v.defined() ? static_cast<size_t>(v.numel()) * dtype_size(v.dtype) : size_t{0};
+    };
+    const DType kv = args.swa_kv_cache.dtype;
+    const KvLayout layout = kv == DType::u8       ? KvLayout::fp8_ds_mla
+                            : kv == DType::f8e4m3 ? KvLayout::fp8_e4m3
+                                                  : KvLayout::bf16;
+    return cuda::plan_decode(
+        args.query.size(0), static_cast<int>(args.query.size(1)), args.sparse_indices.size(1),
+        layout, cuda::decode_occupancy(kDevice.id), bytes(args.workspace), bytes(args.kv_counters));
+  }
+
   // Copies the outputs back into the case (so the oracle comparison reads them).
   void fetch(DecodeCase& c) const {
     CUDA_THROW(cudaMemcpy(c.out.bytes.data(), device_ptr(c.out), c.out.bytes.size(),
