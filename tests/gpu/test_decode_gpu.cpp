@@ -6,6 +6,7 @@
 #include <iterator>
 #include <optional>
 #include <set>
+#include <string>
 
 #include "cuda/backend.h"
 #include "cuda/decode_plan.h"
@@ -214,6 +215,7 @@ TEST(GpuDecode, ThousandLaunchesOnOneCounterBuffer) {
   DecodeCase c = make_case({.heads = 64, .requests = 1, .max_q = 2, .compressed_width = 1024,
                             .sinks = SinkKind::finite, .masked = 0.02},
                            fresh_seed());
+  poison_unattended_rows(c);
   DeviceCase d(c);
   const size_t out_bytes = c.out.bytes.size();
   constexpr int kLaunches = 1000;
@@ -237,9 +239,10 @@ TEST(GpuDecode, ThousandLaunchesOnOneCounterBuffer) {
   EXPECT_TRUE(all_zero(d.counter_values()));
 }
 
-// `c` (a `layout` cache) launched eagerly, then captured on a non-blocking stream and replayed
-// `replays` times, its outputs fetched every `check_every` replays: each equals the eager launch
-// bitwise; the eager outputs match the oracle and the counters end zeroed.
+// `c` (a `layout` cache, its unattended rows poisoned) launched eagerly, then captured on a
+// non-blocking stream and replayed `replays` times, its outputs fetched every `check_every`
+// replays: each equals the eager launch bitwise; the eager outputs match the oracle and the
+// counters end zeroed.
 void expect_replays_equal_eager(DecodeCase& c, KvLayout layout, int replays, int check_every) {
   DeviceCase d(c);
   cudaStream_t stream;
@@ -284,6 +287,7 @@ TEST(GpuDecode, GraphReplayEqualsEagerBitwise) {
   SKIP_WITHOUT_GPU();
   DecodeCase c = make_case({.heads = 128, .requests = 2, .max_q = 3, .compressed_width = 512},
                            fresh_seed());
+  poison_unattended_rows(c);
   expect_replays_equal_eager(c, KvLayout::bf16, 100, 25);
 }
 
@@ -295,12 +299,21 @@ TEST(GpuDecode, SmallCountersOrWorkspaceFallBack) {
        {std::pair<size_t, size_t>{0, 0}, {4, SIZE_MAX}, {SIZE_MAX, 1 << 16}}) {
     DecodeCase c = make_case({.heads = 32, .requests = 2, .max_q = 2, .compressed_width = 1024},
                              fresh_seed());
+    poison_unattended_rows(c);
     DeviceCase d(c, counters, workspace);
+    const std::string what =
+        "counters " + std::to_string(counters) + " workspace " + std::to_string(workspace);
+    // Unlimited buffers split the rows (else nothing falls back); the given ones split fewer.
+    const cuda::DecodePlan full =
+        cuda::plan_decode(c.query.size(0), 32, c.sparse_indices.size(1), KvLayout::bf16,
+                          cuda::decode_occupancy(0), SIZE_MAX, SIZE_MAX);
+    ASSERT_GT(full.num_splits, 1) << what << "; " << c.summary;
+    EXPECT_LT(d.plan().num_splits, full.num_splits) << what << "; " << c.summary;
     sparse_mla_decode(d.args);
     ASSERT_CUDA(cudaDeviceSynchronize());
     d.fetch(c);
-    EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(KvLayout::bf16)))
-        << "counters " << counters << " workspace " << workspace;
+    EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(KvLayout::bf16))) << what;
+    EXPECT_TRUE(all_zero(d.counter_values())) << what;
   }
 }
 
@@ -371,6 +384,7 @@ TEST(GpuDecode, Fp8GraphReplayEqualsEagerBitwise) {
     DecodeCase c = make_case({.layout = layout, .query_dtype = query, .heads = 64, .requests = 1,
                               .max_q = 2, .compressed_width = 1024},
                              fresh_seed());
+    poison_unattended_rows(c);
     const cuda::DecodePlan plan =
         cuda::plan_decode(c.query.size(0), 64, c.sparse_indices.size(1), layout,
                           cuda::decode_occupancy(0), SIZE_MAX, SIZE_MAX);
