@@ -3,6 +3,8 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "cuda/check.h"
 #include "smla/error.h"
 
@@ -22,11 +24,15 @@ bool tensor_map(CUtensorMap* map, const void* base, bool bytes, int rank, const 
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   const cuuint32_t unit[5] = {1, 1, 1, 1, 1};
-  return encode(map, bytes ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                cuuint32_t(rank), const_cast<void*>(base),
-                dims, byte_strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const CUresult r =
+      encode(map, bytes ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             cuuint32_t(rank), const_cast<void*>(base), dims, byte_strides, box, unit,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_VALUE) return r == CUDA_SUCCESS;
+  // Not a refused layout but a failing driver: the caller's fallback would hide it.
+  throw Error(ErrorKind::runtime, "query", "cuTensorMapEncodeTiled to encode or refuse the map",
+              "CUresult " + std::to_string(int(r)));
 }
 
 }  // namespace smla::cuda
