@@ -12,9 +12,12 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "args.h"
 #include "ceilings.h"
+#include "csv_file.h"
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/decode_plan.h"
@@ -238,37 +241,66 @@ std::vector<Shape> issue_shapes() {
   return shapes;
 }
 
+constexpr const char* kUsage =
+    "usage: smla_bench [--csv PATH] [--shape HEADS:REQUESTS:TOKENS:TOPK] "
+    "[--kv bf16|fp8_ds_mla|fp8_e4m3 (default: all)]\n";
+
+// HEADS:REQUESTS:TOKENS:TOPK, each field whole and in range; else a UsageError naming it.
+Shape parse_shape(std::string_view text) {
+  constexpr std::string_view kFields[] = {"HEADS", "REQUESTS", "TOKENS", "TOPK"};
+  constexpr int kMost[] = {128, 1 << 16, 1024, 1 << 16};
+  int values[4];
+  for (int f = 0; f < 4; ++f) {
+    const size_t colon = f < 3 ? text.find(':') : text.size();
+    if (colon == std::string_view::npos)
+      throw cli::UsageError("--shape: expected HEADS:REQUESTS:TOKENS:TOPK, got too few fields");
+    values[f] = cli::number("--shape " + std::string(kFields[f]), text.substr(0, colon), 1,
+                            kMost[f]);
+    text.remove_prefix(std::min(text.size(), colon + 1));
+  }
+  return {values[0], values[1], values[2], values[3]};
+}
+
+struct Options {
+  std::string csv_path;
+  std::vector<Shape> shapes = issue_shapes();
+  std::vector<Layout> layouts{std::begin(kLayouts), std::end(kLayouts)};
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  const std::vector<std::string_view> words(argv + 1, argv + argc);
+  constexpr std::string_view valued[] = {"--csv", "--shape", "--kv"};
+  cli::parse_flags(words, valued, {}, [&](std::string_view flag, std::string_view value) {
+    if (flag == "--csv") o.csv_path = value;
+    if (flag == "--shape") o.shapes = {parse_shape(value)};
+    if (flag == "--kv") {
+      o.layouts.clear();
+      for (const Layout& l : kLayouts)
+        if (value == l.name) o.layouts = {l};
+      if (o.layouts.empty())
+        throw cli::UsageError("--kv: expected bf16|fp8_ds_mla|fp8_e4m3, got '" +
+                              std::string(value) + "'");
+    }
+  });
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string csv_path;
-  std::vector<Shape> shapes = issue_shapes();
-  std::vector<Layout> layouts(std::begin(kLayouts), std::end(kLayouts));
-  for (int i = 1; i < argc; ++i) {
-    Shape only{};
-    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) {
-      csv_path = argv[++i];
-    } else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc &&
-               std::sscanf(argv[++i], "%d:%d:%d:%d", &only.heads, &only.requests,
-                           &only.tokens_per_request, &only.topk) == 4) {
-      shapes = {only};
-    } else if (!std::strcmp(argv[i], "--kv") && i + 1 < argc) {
-      const std::string name = argv[++i];
-      layouts.clear();
-      for (const Layout& l : kLayouts)
-        if (name == l.name) layouts = {l};
-      if (layouts.empty()) {
-        std::fprintf(stderr, "smla_bench: --kv: expected bf16, fp8_ds_mla or fp8_e4m3, got %s\n",
-                     name.c_str());
-        return 2;
-      }
-    } else {
-      std::fprintf(stderr,
-                   "usage: smla_bench [--csv PATH] [--shape HEADS:REQUESTS:TOKENS:TOPK] "
-                   "[--kv bf16|fp8_ds_mla|fp8_e4m3 (default: all)]\n");
-      return 2;
-    }
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h"))
+      return std::fputs(kUsage, stdout) < 0;
+  Options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const cli::UsageError& e) {
+    std::fprintf(stderr, "smla_bench: %s\n%s", e.what(), kUsage);
+    return 2;
   }
+  const std::vector<Shape>& shapes = o.shapes;
+  const std::vector<Layout>& layouts = o.layouts;
   try {
     const double matmul_rate = bench::measure_bf16_matmul_rate();
     std::printf("ceilings: bf16 matmul %.0f TFLOP/s; random row gather", matmul_rate / 1e12);
@@ -292,7 +324,8 @@ int main(int argc, char** argv) {
     SMLA_CUDA_CHECK(cudaMalloc(&pool, kPoolBytes));
     std::mt19937 rng(2026);
 
-    FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
+    cli::CsvFile csv_file(o.csv_path);
+    FILE* csv = csv_file.get();
     if (csv)
       std::fprintf(csv,
                    "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,tflops,gbps,floor_us,"
@@ -318,7 +351,7 @@ int main(int argc, char** argv) {
                        r.anchor_us);
       }
     }
-    if (csv) std::fclose(csv);
+    csv_file.close();
     SMLA_CUDA_CHECK(cudaFree(pool));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "smla_bench: %s\n", e.what());

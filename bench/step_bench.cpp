@@ -1,16 +1,19 @@
 // Step benchmark: one whole decode step's attention for V4-Flash (43 layers) and V4.1-Flash (40),
 // 64 and 128 requests x 1 and 2 tokens, contexts 16K and 64K, bf16 caches. Each step runs
-// through the executor captured as one CUDA graph (after an eager step) three ways — compressed
-// columns read from the top-k by the decode (the default), SPEC §5's shared tables, and every
-// layer building its own: median replay time, the graph's nodes by kind, and its table builds
-// captured alone against the whole step. Prints a table; --csv writes it too.
+// through the executor captured as one CUDA graph (after an eager step) four ways — the
+// executor's automatic choice (the default), compressed columns read from the top-k by the
+// decode, SPEC §5's shared tables, and every layer building its own: median replay time, the
+// graph's nodes by kind, and its table builds captured alone against the whole step. Prints a
+// table; --csv writes it too.
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "csv_file.h"
 #include "graph_table.h"
 #include "run_stream.h"
 #include "smla/error.h"
@@ -24,10 +27,6 @@ using namespace smla::cli;
 namespace {
 
 constexpr int kReplays = 30;
-
-struct CloseFile {
-  void operator()(FILE* file) const { std::fclose(file); }
-};
 
 struct Options {
   std::string csv_path;
@@ -58,19 +57,22 @@ std::vector<RunOptions> steps(const Options& o) {
   return all;
 }
 
-bool parse(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
-      o.csv_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--quick"))
-      o.quick = true;
-    else if (!std::strcmp(argv[i], "--groups") && i + 1 < argc &&
-             std::sscanf(argv[++i], "%d", &o.groups) == 1 && o.groups >= 1 && o.groups <= 64)
-      continue;
-    else
-      return false;
-  }
-  return true;
+constexpr const char* kUsage =
+    "usage: smla_step_bench [--csv PATH] [--quick] [--groups N (default 3)]\n";
+
+// Throws UsageError; the groups are at most the layers of the smaller model (layer l is in
+// SWA group l % groups).
+Options parse(int argc, char** argv) {
+  Options o;
+  const std::vector<std::string_view> words(argv + 1, argv + argc);
+  constexpr std::string_view valued[] = {"--csv", "--groups"}, switches[] = {"--quick"};
+  parse_flags(words, valued, switches, [&](std::string_view flag, std::string_view value) {
+    if (flag == "--csv") o.csv_path = value;
+    if (flag == "--quick") o.quick = true;
+    if (flag == "--groups")
+      o.groups = number(flag, value, 1, model_preset("v41-flash").num_layers);
+  });
+  return o;
 }
 
 // The step of `r` on `device`, measured both ways; its pools live only as long as this call
@@ -86,9 +88,13 @@ StepGraphs measure(const RunOptions& r, Device device, const RunStream& stream, 
 
 int main(int argc, char** argv) {
   Options o;
-  if (!parse(argc, argv, o)) {
-    std::fprintf(stderr,
-                 "usage: smla_step_bench [--csv PATH] [--quick] [--groups N (default 3)]\n");
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h"))
+      return std::fputs(kUsage, stdout) < 0;
+  try {
+    o = parse(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "smla_step_bench: %s\n%s", e.what(), kUsage);
     return 2;
   }
   try {
@@ -101,10 +107,8 @@ int main(int argc, char** argv) {
         device_name(device).c_str(), o.groups, o.groups > 1 ? "s" : "", kReplays);
     std::printf("%-9s %6s %4s %3s %7s %6s  %s\n", "model", "layers", "req", "q", "context",
                 "KV GiB", graph_table_header().c_str());
-    const std::unique_ptr<FILE, CloseFile> csv_file(
-        o.csv_path.empty() ? nullptr : std::fopen(o.csv_path.c_str(), "w"));
+    CsvFile csv_file(o.csv_path);
     FILE* csv = csv_file.get();
-    if (!o.csv_path.empty() && !csv) throw std::runtime_error("cannot write " + o.csv_path);
     if (csv)
       std::fprintf(csv, "model,layers,requests,tokens_per_request,context,groups,kv_gib,%s\n",
                    graph_csv_header().c_str());
@@ -127,6 +131,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       if (csv) std::fflush(csv);
     }
+    csv_file.close();
     if (wrong) {
       std::fprintf(stderr, "smla_step_bench: %d graph problems (see above)\n", wrong);
       return 1;

@@ -4,7 +4,9 @@
 # benchmark, the Python package; a short table last. Full logs go to $OUT (or ./gpu-out), at
 # most 8 files: build.log, tests.log (tests and sanitizers), bench.log (benchmark, probes and
 # profile), bench.csv, run.log, step.log, step.csv, python.log. Uses a carried build dir
-# (default build-cuda) or builds one.
+# (default build-cuda): brings it up to date where it was configured for this tree, takes its
+# binaries as they are where it was not (binaries carried from another machine), configures and
+# builds it where it has neither. Exits 1 when any step failed.
 #   scripts/gpu_check.sh [tests] [sanitize] [bench] [probe] [profile] [run] [step] [python]
 #   (default: all but profile)
 set -uo pipefail
@@ -15,13 +17,21 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 steps=${*:-tests sanitize bench probe run step python}
 status=()
+failed=0
 declare -A begun  # logs written by this call: the first step to use one truncates it
 
-if [ ! -x "$BUILD/tests/smla_gpu_tests" ] || [ ! -x "$BUILD/smla_step_bench" ] ||
-  [ ! -x "$BUILD/smla_copy_probe" ] || [ ! -x "$BUILD/smla_wgmma_probe" ]; then
+binaries="smla smla_bench smla_step_bench smla_copy_probe smla_wgmma_probe tests/smla_gpu_tests"
+missing=$(for b in $binaries; do [ -x "$BUILD/$b" ] || echo "$b"; done)
+home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
+if [ "$home" = "$PWD" ] || { [ -z "$home" ] && [ -n "$missing" ]; }; then
   echo "== building in $BUILD"
-  cmake -S . -B "$BUILD" -G Ninja >"$OUT/build.log" 2>&1 && cmake --build "$BUILD" -j 16 >>"$OUT/build.log" 2>&1 ||
-    { tail -30 "$OUT/build.log"; exit 1; }
+  { [ -n "$home" ] || cmake -S . -B "$BUILD" -G Ninja; } >"$OUT/build.log" 2>&1 &&
+    cmake --build "$BUILD" -j 16 >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+elif [ -n "$missing" ]; then
+  echo "$BUILD lacks" $missing "and was configured for ${home:-no tree}: cannot build it here"
+  exit 1
+else
+  echo "== $BUILD's binaries as they are (configured for ${home:-no tree here}, not rebuilt)"
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
 
@@ -35,6 +45,7 @@ run_step() {  # name, log, command...   (steps may share a log: each appends its
   echo "== $name: $*" >>"$OUT/$log"
   "$@" >>"$OUT/$log" 2>&1
   local rc=$?
+  [ "$rc" = 0 ] || failed=1
   tail -n +"$from" "$OUT/$log" | tail -n 25
   status+=("$(printf '%-10s rc=%-3s %4ss  %s' "$name" "$rc" $((SECONDS - start)) "$log")")
 }
@@ -69,7 +80,7 @@ for step in $steps; do
       run_step run-v41 run.log "$BUILD/smla" run --device cuda --model v41-flash --groups 3 --mtp 2 --check 4
       run_step run-fp8 run.log "$BUILD/smla" run --device cuda --kv fp8_ds_mla --requests 64 --mtp 2 --check 4
       run_step run-e4m3 run.log "$BUILD/smla" run --device cuda --kv fp8_e4m3 --requests 64 --mtp 2 --check 8 ;;
-    step)  # the whole step three ways: top-k in the decode, shared tables, none (--quick: seconds)
+    step)  # the whole step four ways: auto, top-k in the decode, shared tables, none
       run_step step step.log "$BUILD/smla_step_bench" --csv "$OUT/step.csv" ;;
     python)  # builds the package with CUDA here (wheels it lacks come from a carried .whl/)
       run_step python python.log env SMLA_PYTHON_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 scripts/python_test.sh ;;
@@ -82,3 +93,4 @@ printf '%s\n' "${status[@]}"
 # the issues' target shapes: H=64/128 at 2 and 128 requests x 2 tokens, H=8/16/32 at 128 x 2
 [ -f "$OUT/bench.log" ] && grep -E "^(ceilings|workspace|kv )|^(bf16|fp8)[a-z0-9_]* +((64|128) +(2|128)|(8|16|32) +128) +2 " "$OUT/bench.log"
 [ -f "$OUT/step.log" ] && grep -E "^(model|v4|  graph WRONG)" "$OUT/step.log"
+exit $failed

@@ -11,16 +11,6 @@ namespace smla::cli {
 namespace {
 
 template <class T>
-T number(std::string_view flag, std::string_view text, T least, T most) {
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || value < least || value > most)
-    throw UsageError(std::string(flag) + ": expected an integer in [" + std::to_string(least) +
-                     ", " + std::to_string(most) + "], got '" + std::string(text) + "'");
-  return value;
-}
-
-template <class T>
 T choice(std::string_view flag, std::string_view text,
          std::initializer_list<std::pair<std::string_view, T>> options) {
   std::string names;
@@ -85,13 +75,42 @@ constexpr RunFlag kRunFlags[] = {
      }},
 };
 
-const RunFlag& run_flag(std::string_view name) {
-  for (const RunFlag& flag : kRunFlags)
-    if (flag.name == name) return flag;
-  throw UsageError("unknown flag " + std::string(name));
-}
-
 }  // namespace
+
+void parse_flags(std::span<const std::string_view> words,
+                 std::span<const std::string_view> valued,
+                 std::span<const std::string_view> switches,
+                 const std::function<void(std::string_view flag, std::string_view value)>& set) {
+  const auto in = [](std::span<const std::string_view> names, std::string_view name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  std::vector<std::string_view> given;  // a flag twice is a mistake, not "the last one wins"
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string_view word = words[i];
+    if (!word.starts_with("--"))
+      throw UsageError("unexpected argument '" + std::string(word) + "'");
+    const size_t eq = word.find('=');
+    const std::string_view flag = word.substr(0, eq);
+    const bool is_switch = in(switches, flag);
+    if (!is_switch && !in(valued, flag))  // known before its value is taken
+      throw UsageError("unknown flag " + std::string(flag));
+    if (in(given, flag)) throw UsageError(std::string(flag) + ": given twice");
+    given.push_back(flag);
+    std::string_view value;
+    if (is_switch) {
+      if (eq != std::string_view::npos)
+        throw UsageError(std::string(flag) + ": takes no value, got '" +
+                         std::string(word.substr(eq + 1)) + "'");
+    } else if (eq != std::string_view::npos) {
+      value = word.substr(eq + 1);
+    } else if (i + 1 < words.size()) {
+      value = words[++i];
+    } else {
+      throw UsageError(std::string(flag) + ": missing value");
+    }
+    set(flag, value);
+  }
+}
 
 Invocation parse_args(int argc, const char* const* argv) {
   const std::vector<std::string_view> args(argv + 1, argv + argc);
@@ -100,7 +119,8 @@ Invocation parse_args(int argc, const char* const* argv) {
   Invocation inv;
   if (is_help(args[0]) || args[0] == "help") {  // `help run` too: one text covers all
     if (args.size() > 2 || (args.size() == 2 && args[1] != "run" && args[1] != "info"))
-      throw UsageError("help takes a command or nothing, got '" + std::string(args[1]) + "'");
+      throw UsageError("help takes a command or nothing, got '" +
+                       std::string(args[args.size() > 2 ? 2 : 1]) + "'");
     return inv;
   }
   if (args[0] != "info" && args[0] != "run")
@@ -114,25 +134,12 @@ Invocation parse_args(int argc, const char* const* argv) {
     return inv;
   }
   inv.command = Command::run;
-  std::vector<std::string_view> given;  // a flag twice is a mistake, not "the last one wins"
-  for (size_t i = 1; i < args.size(); ++i) {
-    std::string_view word = args[i];
-    if (!word.starts_with("--"))
-      throw UsageError("unexpected argument '" + std::string(word) + "'");
-    const size_t eq = word.find('=');
-    const RunFlag& flag = run_flag(word.substr(0, eq));  // known before its value is taken
-    if (std::find(given.begin(), given.end(), flag.name) != given.end())
-      throw UsageError(std::string(flag.name) + ": given twice");
-    given.push_back(flag.name);
-    std::string_view value;
-    if (eq != std::string_view::npos)
-      value = word.substr(eq + 1);
-    else if (i + 1 < args.size())
-      value = args[++i];
-    else
-      throw UsageError(std::string(flag.name) + ": missing value");
-    flag.set(inv.run, flag.name, value);
-  }
+  std::vector<std::string_view> names;
+  for (const RunFlag& flag : kRunFlags) names.push_back(flag.name);
+  parse_flags(std::span(args).subspan(1), names, {}, [&](Text flag, Text value) {
+    for (const RunFlag& f : kRunFlags)
+      if (f.name == flag) f.set(inv.run, flag, value);
+  });
   // Layer l is in SWA group l % groups: more groups than layers would leave some empty.
   if (const int layers = model_preset(inv.run.model).num_layers; inv.run.groups > layers)
     throw UsageError("--groups: expected at most the " + std::to_string(layers) + " layers of " +

@@ -1,8 +1,12 @@
 // Command line of the `smla` tool: what each command was asked to do.
 #pragma once
+#include <charconv>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "smla/decode.h"
 #include "smla/executor.h"
@@ -38,5 +42,24 @@ struct UsageError : std::runtime_error {
 
 Invocation parse_args(int argc, const char* const* argv);
 std::string usage();
+
+// `text`, all of it, as an integer in [least, most]; else a UsageError naming `flag`.
+template <class T>
+T number(std::string_view flag, std::string_view text, T least, T most) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < least || value > most)
+    throw UsageError(std::string(flag) + ": expected an integer in [" + std::to_string(least) +
+                     ", " + std::to_string(most) + "], got '" + std::string(text) + "'");
+  return value;
+}
+
+// Walks `words`, each `--flag VALUE`, `--flag=VALUE` or, for a name in `switches`, `--flag`
+// alone (its value then empty), calling set(flag, value) in order. An unknown word, a flag given
+// twice or a missing value throws a UsageError naming it.
+void parse_flags(std::span<const std::string_view> words,
+                 std::span<const std::string_view> valued,
+                 std::span<const std::string_view> switches,
+                 const std::function<void(std::string_view flag, std::string_view value)>& set);
 
 }  // namespace smla::cli

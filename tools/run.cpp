@@ -61,7 +61,8 @@ int run_step(const RunOptions& o) {
                    .kv_bytes = step.kv_bytes,
                    .tolerance = tolerance(o.kv, device)};
   if (device.kind == DeviceKind::cpu) {
-    report.device = "cpu (" + std::to_string(cpu::num_threads()) + " threads)";
+    const int threads = cpu::num_threads();
+    report.device = "cpu (" + std::to_string(threads) + (threads > 1 ? " threads)" : " thread)");
   } else {
     // The first step loads the kernels and fills the streams' block cache: time the second.
     executor.run_step(step.device.inputs, step.device.queries, step.device.outs);

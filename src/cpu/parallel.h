@@ -8,7 +8,10 @@
 
 namespace smla::cpu {
 
-// Threads the CPU backend uses: SMLA_NUM_THREADS if set, else the hardware concurrency.
+constexpr int kMaxThreads = 4096;
+
+// Threads the CPU backend uses: SMLA_NUM_THREADS if set and not empty, else the hardware
+// concurrency; throws a value Error naming SMLA_NUM_THREADS for anything but 1..kMaxThreads.
 int num_threads();
 
 // Calls fn(i) for i in [0, n), split in contiguous ranges over up to num_threads() threads.

@@ -38,6 +38,7 @@ TEST(RunArgs, HelpOnlyForKnownCommands) {
   EXPECT_EQ(parse({"help", "run"}).command, Command::help);
   EXPECT_EQ(parse({"--help", "info"}).command, Command::help);
   expect_usage_error({"help", "extra"}, "help takes a command or nothing, got 'extra'");
+  expect_usage_error({"help", "run", "extra"}, "help takes a command or nothing, got 'extra'");
   expect_usage_error({}, "no command");
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/parallel.h"
+#include "smla/error.h"
 
 namespace smla::cpu {
 namespace {
@@ -34,9 +35,20 @@ TEST(Parallel, NumThreadsFromEnvironment) {
     ThreadsEnv env("3");
     EXPECT_EQ(num_threads(), 3);
   }
-  for (const char* bad : {"0", "-2", "abc", "4x", ""}) {
+  {
+    ThreadsEnv env("");  // set but empty: as if unset
+    EXPECT_EQ(num_threads(), fallback);
+  }
+  for (const char* bad : {"0", "-2", "abc", "4x", " 4", "4097", "99999999999"}) {
     ThreadsEnv env(bad);
-    EXPECT_EQ(num_threads(), fallback) << "'" << bad << "'";
+    try {
+      num_threads();
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::value);
+      EXPECT_EQ(e.argument(), "SMLA_NUM_THREADS");
+      EXPECT_EQ(e.got(), "'" + std::string(bad) + "'");
+    }
   }
 }
 
