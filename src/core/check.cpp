@@ -1,7 +1,9 @@
 #include "core/check.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <utility>
 
 namespace smla::check {
 
@@ -64,6 +66,27 @@ void disjoint(const TensorView& v, const std::string& name) {
     if (__builtin_mul_overflow(std::abs(v.strides[dims[i]]), v.shape[dims[i]], &below))
       below = INT64_MAX;
   }
+}
+
+// [lowest, highest] byte of a checked view's elements; empty views have none.
+static std::pair<intptr_t, intptr_t> byte_range(const TensorView& v) {
+  intptr_t low = reinterpret_cast<intptr_t>(v.data), high = low;
+  for (int d = 0; d < v.ndim; ++d) {
+    const intptr_t reach = intptr_t(v.shape[d] - 1) * v.strides[d] * intptr_t(dtype_size(v.dtype));
+    (reach < 0 ? low : high) += reach;
+  }
+  return {low, high + intptr_t(dtype_size(v.dtype)) - 1};
+}
+
+void apart(const TensorView& written, const char* written_name, const TensorView& other,
+           const char* other_name) {
+  if (!written.defined() || !other.defined() || written.numel() == 0 || other.numel() == 0)
+    return;
+  const auto [w0, w1] = byte_range(written);
+  const auto [o0, o1] = byte_range(other);
+  if (w0 <= o1 && o0 <= w1)
+    fail(ErrorKind::value, written_name, std::string("memory apart from ") + other_name,
+         "an overlap with " + std::string(other_name));
 }
 
 void tensor(const TensorView& v, const char* name, DType dtype, Device device,

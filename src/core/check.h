@@ -27,6 +27,12 @@ void int32_count(int64_t value, const std::string& name);
 // extent of the dims below it (a zero or overlapping stride would make writes race).
 void disjoint(const TensorView& view, const std::string& name);
 
+// Views that were checked by `view`: `written`'s bytes, from its lowest to its highest element,
+// apart from `other`'s (absent or empty views are apart from everything). Outputs of one call
+// must not overlap each other or its inputs: threads and CTAs would race on them.
+void apart(const TensorView& written, const char* written_name, const TensorView& other,
+           const char* other_name);
+
 // A present, consistent (`view`) tensor of `dtype` on `device` whose sizes match `shape` (-1 =
 // any size), with data behind it; `expected` describes the shape for the message.
 void tensor(const TensorView& view, const char* name, DType dtype, Device device,

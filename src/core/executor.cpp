@@ -92,13 +92,18 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
       table_specs_(table_specs(specs_of(layers_), compressed, sharing)),
       streams_(streams),
       tables_(table_specs_, streams_, sharing) {
-  for (size_t i = 0; i < layers_.size(); ++i)
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::string layer = "layers[" + std::to_string(i) + "].";
+    if (const int heads = layers_[i].spec.num_heads; heads < 1 || heads > kMaxHeads)
+      check::fail(ErrorKind::value, layer + "spec.num_heads", "1.." + std::to_string(kMaxHeads),
+                  std::to_string(heads));
     for (const auto& [name, scale] : {std::pair{"bmm1_scale", layers_[i].bmm1_scale},
                                       std::pair{"bmm2_scale", layers_[i].bmm2_scale}})
       if (!std::isfinite(scale))
-        check::fail(ErrorKind::value, "layers[" + std::to_string(i) + "]." + name,
+        check::fail(ErrorKind::value, layer + name,
                     "a finite float (bmm1_scale has no default: D^-0.5 in V4)",
                     std::to_string(scale));
+  }
   int max_heads = 1;
   for (const AttentionLayer& l : layers_) max_heads = std::max(max_heads, l.spec.num_heads);
   const bool gpu = streams_.device().kind != DeviceKind::cpu;  // the CPU needs no counters

@@ -10,6 +10,8 @@
 namespace smla {
 
 int64_t sparse_index_columns(int window, int64_t top_k, int decode_swa_width) {
+  if (window < 1) check::fail(ErrorKind::value, "window", ">= 1", std::to_string(window));
+  check::int32_count(top_k, "top_k");
   if (decode_swa_width > window) return decode_swa_width;
   return window + (top_k + 3) / 4 * 4;
 }

@@ -44,20 +44,11 @@ void check_tensor(const TensorView& v, const char* name, DType dtype, Device dev
 }
 
 // A scratch buffer (workspace, kv_counters): the kernel uses its bytes from `data` on, so they
-// must be the view's own (contiguous) and not the other buffer's.
-void check_scratch(const TensorView& v, const char* name, const TensorView& other) {
-  if (!v.defined()) return;
-  if (!v.is_contiguous())
+// must be the view's own (contiguous).
+void check_scratch(const TensorView& v, const char* name) {
+  if (v.defined() && !v.is_contiguous())
     fail(ErrorKind::value, name, "a contiguous buffer", shape_of(v) + " with strides " +
                                                           check::strides_of(v));
-  if (!other.defined() || v.numel() == 0 || other.numel() == 0) return;
-  const auto begin = [](const TensorView& t) { return static_cast<const std::byte*>(t.data); };
-  const auto end = [&](const TensorView& t) {
-    return begin(t) + t.numel() * int64_t(dtype_size(t.dtype));
-  };
-  if (begin(v) < end(other) && begin(other) < end(v))
-    fail(ErrorKind::value, name, "memory apart from the other scratch buffer",
-         "an overlap of workspace and kv_counters");
 }
 
 std::string item(const char* name, int64_t i, int64_t value) {
@@ -170,6 +161,11 @@ KvPool make_pool(const TensorView& v, const char* name) {
            "a page stride that is a multiple of 576 B and >= block_size * 584 = " + num(least) +
                " B",
            num(pool.block_stride_bytes) + " B");
+    // The view must cover those block_size * 584 bytes of its last page too.
+    if (pool.block_size > 1 && v.stride(1) < row)
+      fail(ErrorKind::value, name,
+           "a token stride >= 584 B (each page's block_size * 584 bytes are read and written)",
+           num(v.stride(1)) + " B");
     pool.span = pool.block_size;
     pool.token_stride_bytes = kDsMlaRecordBytes;
     return pool;
@@ -305,8 +301,28 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
       fail(ErrorKind::type, "kv_counters", "i32 or u8", dtype_name(a.kv_counters.dtype));
     check_device(a.kv_counters, "kv_counters", p.device);
   }
-  check_scratch(a.workspace, "workspace", a.kv_counters);
-  check_scratch(a.kv_counters, "kv_counters", a.workspace);
+  check_scratch(a.workspace, "workspace");
+  check_scratch(a.kv_counters, "kv_counters");
+  check::apart(a.workspace, "workspace", a.kv_counters, "kv_counters");
+  const std::pair<const TensorView&, const char*> others[] = {
+      {a.lse, "lse"},
+      {a.query, "query"},
+      {a.swa_kv_cache, "swa_kv_cache"},
+      {a.compressed_kv_cache, "compressed_kv_cache"},
+      {a.sparse_indices, "sparse_indices"},
+      {a.sparse_topk_lens, "sparse_topk_lens"},
+      {a.topk_columns.topk_indices, "topk_columns.topk_indices"},
+      {a.topk_columns.block_table, "topk_columns.block_table"},
+      {a.topk_columns.is_valid_token, "topk_columns.is_valid_token"},
+      {a.seq_lens, "seq_lens"},
+      {a.cum_seq_lens_q, "cum_seq_lens_q"},
+      {a.sinks, "sinks"},
+      {a.workspace, "workspace"},
+      {a.kv_counters, "kv_counters"}};
+  for (const auto& [other, name] : others) {
+    check::apart(a.out, "out", other, name);
+    if (&other != &a.lse) check::apart(a.lse, "lse", other, name);
+  }
 
   if (p.device.kind == DeviceKind::cpu) check_host_values(a, p);
   return p;

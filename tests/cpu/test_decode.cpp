@@ -9,6 +9,7 @@
 
 #include "oracle.h"
 #include "smla/decode.h"
+#include "threads_env.h"
 
 namespace smla::test {
 namespace {
@@ -234,15 +235,12 @@ TEST(Decode, UnattendedNanRowsDoNotLeak) {
 // Work is split per (token, head group); the split must not change a single bit.
 TEST(Decode, ThreadCountDoesNotChangeBits) {
   DecodeCase c = make_case({.heads = 40, .requests = 4}, fresh_seed());
-  const char* saved = std::getenv("SMLA_NUM_THREADS");
-  const std::string restore = saved ? saved : "";
-  setenv("SMLA_NUM_THREADS", "1", 1);
+  test::ThreadsEnv threads("1");
   sparse_mla_decode(c.args());
   const auto out = c.out.bytes, lse = c.lse.bytes;
   poison_outputs(c);
-  setenv("SMLA_NUM_THREADS", "5", 1);
+  threads.set("5");
   sparse_mla_decode(c.args());
-  saved ? setenv("SMLA_NUM_THREADS", restore.c_str(), 1) : unsetenv("SMLA_NUM_THREADS");
   EXPECT_EQ(out, c.out.bytes) << c.summary;
   EXPECT_EQ(lse, c.lse.bytes) << c.summary;
 }

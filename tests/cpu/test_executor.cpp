@@ -189,6 +189,24 @@ TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {
   EXPECT_EQ(streams.log.back(), "join");
 }
 
+TEST(Executor, LayersAreCheckedWhenMade) {
+  const auto all = model_layers(model_preset("v41-flash"), 1, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 2);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  test::CaseShape shape{
+      .q_lens = {1}, .seq_lens = {150}, .num_decodes = 1, .block_size = 64, .span = 64};
+  const test::StepCase c(specs, shape, 1);
+  test::RecordingStreams streams;
+  std::vector<AttentionLayer> layers = c.layers;
+  layers[1].spec.num_heads = 0;  // LayerSpec's default: a spec nobody filled in
+  test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
+                          "layers[1].spec.num_heads", "1..128", "0");
+  layers = c.layers;
+  layers[0].bmm1_scale = NAN;
+  test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
+                          "layers[0].bmm1_scale", "a finite float", "nan");
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Steps, ExecutorMatchesDirectCalls,
     testing::Values(

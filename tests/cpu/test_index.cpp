@@ -11,6 +11,7 @@
 #include "case_gen.h"
 #include "error_check.h"
 #include "step_case.h"
+#include "threads_env.h"
 
 namespace smla {
 namespace {
@@ -73,6 +74,12 @@ TEST(IndexColumns, WidthRules) {
                     "-500");
   test::expect_smla_error([] { dspark_swa_width(INT32_MAX - 10, 100); }, ErrorKind::value,
                     "num_draft_tokens", "2^31", "100");
+  test::expect_smla_error([] { sparse_index_columns(-128, 4, 0); }, ErrorKind::value, "window",
+                          ">= 1", "-128");
+  test::expect_smla_error([] { sparse_index_columns(128, -4, 0); }, ErrorKind::value, "top_k",
+                          "0..2^31 - 1", "-4");
+  test::expect_smla_error([] { sparse_index_columns(128, int64_t(1) << 31, 0); },
+                          ErrorKind::value, "top_k", "0..2^31 - 1", "2147483648");
 }
 
 // W = 4, SWA pages of 4 rows packed with a stride of 6 rows.
@@ -227,6 +234,29 @@ TEST(IndexDspark, NonCausalWindowPerToken) {
   EXPECT_EQ(b.indices, (Rows{draft, draft, draft, row({12, 13})}));
   EXPECT_EQ(b.lens, (std::vector<int32_t>{7, 7, 7, 4}));  // max(window len, W)
   EXPECT_EQ(b.seq_lens, (std::vector<int32_t>{10, 10, 10, 2}));
+}
+
+// Outputs may not share memory with each other or with the inputs: the builder's threads (or a
+// kernel's) would race on it, and lengths would land in the offsets.
+TEST(IndexErrors, OutputsApartFromEachOtherAndTheInputs) {
+  SwaOnlyCase c;
+  SparseIndexArgs a = c.args();
+  std::vector<int32_t> indices(3 * 4), lens(3);
+  a.out = {i32(indices, {3, 4}), i32(lens, {3}), {}};
+  ASSERT_NO_THROW(build_sparse_indices(a));
+  a.out.sparse_topk_lens = make_view(indices.data(), DType::i32, Device{}, {3}, {4});  // column 0
+  test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "sparse_indices",
+                          "memory apart from sparse_topk_lens", "an overlap with sparse_topk_lens");
+  a.out.sparse_topk_lens = i32(lens, {3});
+  std::copy(c.block_table.begin(), c.block_table.end(), indices.begin());
+  a.swa.block_table = i32(indices, {2, 2});  // the block table in the output's first row
+  test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "sparse_indices",
+                          "memory apart from block_table", "an overlap with block_table");
+  a.swa.block_table = i32(c.block_table, {2, 2});
+  a.out.sparse_topk_lens = make_view(c.seq_lens.data(), DType::i32, Device{}, {2}, {1});
+  a.out.sparse_topk_lens.shape[0] = 3;  // seq_lens and one more
+  test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "sparse_topk_lens",
+                          "memory apart from seq_lens", "an overlap with seq_lens");
 }
 
 TEST(IndexErrors, NameTheArgument) {
@@ -394,11 +424,10 @@ TEST(IndexRandom, ThreadCountDoesNotChangeTheRows) {
   SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
   const test::StepCase c(test::three_layers(4), s, seed);
   const SparseIndexArgs a = c.args(2);
-  setenv("SMLA_NUM_THREADS", "1", 1);
+  test::ThreadsEnv threads("1");
   const Built one = build(a);
-  setenv("SMLA_NUM_THREADS", "4", 1);
+  threads.set("4");
   const Built four = build(a);
-  unsetenv("SMLA_NUM_THREADS");
   EXPECT_EQ(one.indices, four.indices);
   EXPECT_EQ(one.lens, four.lens);
 }

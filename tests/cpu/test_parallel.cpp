@@ -1,6 +1,8 @@
 // The CPU backend's thread count and parallel loop.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <stdexcept>
@@ -9,25 +11,12 @@
 
 #include "cpu/parallel.h"
 #include "smla/error.h"
+#include "threads_env.h"
 
 namespace smla::cpu {
 namespace {
 
-// Sets SMLA_NUM_THREADS for one scope and restores it after.
-class ThreadsEnv {
- public:
-  explicit ThreadsEnv(const char* value) {
-    if (const char* old = std::getenv("SMLA_NUM_THREADS")) saved_ = old, had_ = true;
-    setenv("SMLA_NUM_THREADS", value, 1);
-  }
-  ~ThreadsEnv() {
-    had_ ? setenv("SMLA_NUM_THREADS", saved_.c_str(), 1) : unsetenv("SMLA_NUM_THREADS");
-  }
-
- private:
-  std::string saved_;
-  bool had_ = false;
-};
+using test::ThreadsEnv;
 
 TEST(Parallel, NumThreadsFromEnvironment) {
   const int fallback = std::max(1u, std::thread::hardware_concurrency());
@@ -59,6 +48,25 @@ TEST(Parallel, EachIndexOnce) {
     parallel_for(n, [&](int64_t i) { hits[i]++; });
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << i << " of " << n;
   }
+}
+
+TEST(Parallel, RangesWhoseThreadCannotStartRunOnTheCaller) {
+  // A child process whose address space holds at most ~128 thread stacks of 8 MiB (or ~512 of
+  // 2) asks for 4096 threads: the ranges left run on the caller, every index once.
+  EXPECT_EXIT(
+      {
+        rlimit limit{};
+        getrlimit(RLIMIT_AS, &limit);
+        limit.rlim_cur = rlim_t(1) << 30;
+        setrlimit(RLIMIT_AS, &limit);
+        setenv("SMLA_NUM_THREADS", "4096", 1);
+        std::vector<std::atomic<int>> hits(100000);
+        parallel_for(int64_t(hits.size()), [&](int64_t i) { hits[i]++; });
+        for (const std::atomic<int>& h : hits)
+          if (h.load() != 1) std::_Exit(1);
+        std::_Exit(0);
+      },
+      testing::ExitedWithCode(0), "");
 }
 
 TEST(Parallel, RethrowsOnTheCaller) {

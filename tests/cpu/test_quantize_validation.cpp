@@ -149,6 +149,12 @@ TEST_F(QuantizeValidation, DsMlaPageStrideNotAMultipleOf576) {
   expect_error(ErrorKind::value, "pool", "multiple of 576 B", "2336 B");
 }
 
+TEST_F(QuantizeValidation, DsMlaTokenStrideBelowARecordAndItsScales) {
+  // The view would end 8 B into its last page's last record: writing slot 7 would pass it.
+  pool = make_view(scratch.data(), DType::u8, Device{}, {2, 4, 584}, {5 * 576, 576, 1});
+  expect_error(ErrorKind::value, "pool", "token stride >= 584 B", "576 B");
+}
+
 TEST_F(QuantizeValidation, KvScaleNotFiniteOrNotPositive) {
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                     -std::numeric_limits<float>::infinity(), 0.0f, -0.5f}) {

@@ -179,6 +179,23 @@ TEST_F(Validation, OverlappingOutputs) {
   expect_error(ErrorKind::value, "lse", "non-overlapping", "[1, 1]");
 }
 
+// Nor may they alias each other or an input: a CTA's writes would race with another's reads.
+TEST_F(Validation, OutputsApartFromEachOtherAndTheInputs) {
+  const TensorView out = a.out, lse = a.lse;
+  ASSERT_TRUE(lse.defined());
+  a.lse = make_view(out.data, DType::f32, Device{}, {lse.size(0), lse.size(1)});
+  expect_error(ErrorKind::value, "out", "memory apart from lse", "an overlap with lse");
+  a.lse = lse;
+  a.out = make_view(a.query.data, DType::bf16, Device{}, {out.size(0), a.query.size(1), 512});
+  expect_error(ErrorKind::value, "out", "memory apart from query", "an overlap with query");
+  a.out = out;
+  const TensorView seq_lens = a.seq_lens;
+  a.seq_lens = make_view(lse.data, DType::i32, Device{}, {seq_lens.size(0)});  // inside lse
+  expect_error(ErrorKind::value, "lse", "memory apart from seq_lens", "an overlap with seq_lens");
+  a.seq_lens = seq_lens;
+  EXPECT_NO_THROW(validate_decode(a));
+}
+
 // The kernel uses a scratch buffer's bytes from its start: they must be its own.
 TEST_F(Validation, ScratchBuffersContiguousAndApart) {
   set_scratch_buffers();
@@ -356,6 +373,11 @@ TEST_F(Validation, DsMlaPageStride) {
                "9344 B");
   a.swa_kv_cache = view(DType::u8, {4, 16, 584}, {16 * 576, 584, 1});  // too small
   expect_error(ErrorKind::value, "swa_kv_cache", "multiple of 576 B", "9216 B");
+  // A token stride below 584 B: the view would end before its last page's block_size * 584 B.
+  a.swa_kv_cache = view(DType::u8, {4, 16, 584}, {17 * 576, 576, 1});
+  expect_error(ErrorKind::value, "swa_kv_cache", "token stride >= 584 B", "576 B");
+  a.swa_kv_cache = view(DType::u8, {4, 1, 584}, {1152, 0, 1});  // one slot a page: any stride
+  EXPECT_NO_THROW(validate_decode(a));
   a.swa_kv_cache = view(DType::u8, {4, 16, 1, 584}, {17 * 576, 584, 584, 1});
   EXPECT_NO_THROW(validate_decode(a));
 }
