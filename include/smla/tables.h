@@ -51,6 +51,9 @@ class SparseIndexTables {
   // up in the other groups (one per group). A hit on a forked table waits for its event.
   // The views stay valid until the group stores another compressed key, or reset().
   SparseIndexTable lookup(int layer, const TableInputs& inputs);
+  // The memory behind the views lookup(layer) returns now (null before its lookup): holding it
+  // keeps them valid past reset() and later stores, while `streams` lives.
+  std::shared_ptr<void> memory(int layer) const;
 
   // The current stream waits for every fork since the last join: before an index source's
   // indexer overwrites the top-k, and at the end of a step.

@@ -5,11 +5,12 @@ their raw bits with the dtype named, and so is any array wrapped in `with_dtype`
 are recognised by their type's module, so a NumPy caller never imports torch.
 """
 
+import operator
 import sys
 from typing import Any, NamedTuple
 
 from . import _smla
-from ._errors import type_error
+from ._errors import type_error, value_error
 
 # ml_dtypes dtype name -> (the NumPy integer type of the same size, smla's dtype name)
 _RAW_NUMPY = {"bfloat16": ("uint16", "bf16"), "float8_e4m3fn": ("uint8", "f8e4m3")}
@@ -30,7 +31,17 @@ def with_dtype(array, dtype: str) -> Typed:
 
 
 def _framework(x) -> str:
+    if isinstance(x, Typed):
+        x = x.array
     return type(x).__module__.partition(".")[0]
+
+
+def on_a_device(x) -> bool:
+    """Whether an array lives off the host (DLPack's device of anything that exports one)."""
+    if isinstance(x, Typed):
+        x = x.array
+    dlpack_device = getattr(x, "__dlpack_device__", None)
+    return dlpack_device is not None and dlpack_device()[0] not in (1, 3)  # CPU, CUDA host
 
 
 def _stream_framework(like) -> str:
@@ -44,10 +55,12 @@ def _stream_framework(like) -> str:
     return ""
 
 
-def tensor(x, name: str, writable: bool = False):
-    """The `_smla.Tensor` view of `x`, None for None. `name` is the argument's name, used in
-    errors; `writable` for outputs."""
+def tensor(x, name: str, writable: bool = False, required: str = ""):
+    """The `_smla.Tensor` view of `x`, None for None (a ValueError where `required` describes
+    what must come). `name` is the argument's name, used in errors; `writable` for outputs."""
     if x is None:
+        if required:
+            raise value_error(name, required, "None")
         return None
     dtype = None
     if isinstance(x, Typed):
@@ -126,15 +139,27 @@ class on_device:
             self._guard.__exit__(*exc)
 
 
+def integer(x, name: str) -> int:
+    """An integer argument: ints and NumPy integers, never a float or a bool (no truncation)."""
+    if isinstance(x, bool):
+        raise type_error(name, "an int", "a bool")
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise type_error(name, "an int", type(x).__name__) from None
+
+
 def scale(x, name: str) -> float:
     """A scale as a Python float: floats, NumPy scalars and one-element host tensors. A device
     tensor is refused: reading it would synchronise the stream and break graph capture."""
+    if isinstance(x, bool):
+        raise type_error(name, "a float", "a bool")
     if isinstance(x, (int, float)):
         return float(x)
-    device = getattr(x, "device", None)
-    if device is not None and "cuda" in str(device):
+    if on_a_device(x):
         raise type_error(name, "a Python float (a device tensor cannot be read without a "
-                         "synchronisation, which graph capture forbids)", f"a tensor on {device}")
+                         "synchronisation, which graph capture forbids)",
+                         f"a tensor on {getattr(x, 'device', 'a device')}")
     try:
         return float(x)
     except (TypeError, ValueError):

@@ -5,23 +5,21 @@ launches on streams that may overlap need buffers of their own."""
 
 import sys
 
+from . import _smla
+from ._arrays import parse_device
 from ._errors import runtime_error
 from .decode import kv_counter_bytes, workspace_bytes
 
-_MAX_HEADS = 128
 _buffers = {}  # (kind, torch.device) -> uint8 tensor
 # Replaced buffers stay alive: a captured graph keeps their addresses, not a reference.
 _retired = []
 
 
 def _device(device):
+    """A torch.device for any device parse_device takes (None: the current CUDA device)."""
     torch = sys.modules.get("torch") or __import__("torch")
-    if device is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+    kind, index = parse_device("cuda" if device is None else device)
+    return torch.device(kind, index) if kind == "cuda" else torch.device("cpu")
 
 
 def _zeroed(kind: str, nbytes: int, device):
@@ -44,7 +42,7 @@ def _zeroed(kind: str, nbytes: int, device):
     return fresh
 
 
-def kv_counter_buffer(max_tokens: int, num_heads: int = _MAX_HEADS, device=None):
+def kv_counter_buffer(max_tokens: int, num_heads: int = _smla.MAX_HEADS, device=None):
     """Zeroed multi-CTA KV counters (a uint8 torch tensor) on `device` (default: the current
     CUDA device) for launches of up to `max_tokens` tokens of up to `num_heads` heads. Every
     launch leaves them zero, so they are zeroed once; launches that overlap on one buffer race.

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import _smla
-from ._arrays import device_of, on_device, parse_device, scale, stream_handle, tensor
+from ._arrays import device_of, integer, on_device, parse_device, scale, stream_handle, tensor
 
 WINDOW = _smla.WINDOW
 
@@ -40,7 +40,7 @@ def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, 
     TypeError (dtype, device) or ValueError (shape, value) naming the argument;
     NotImplementedError for valid input this build or device cannot run."""
     topk = topk_columns if topk_columns is not None else TopkColumns(None, None, 0)
-    q = tensor(query, "query")
+    q = tensor(query, "query", required="a [T, H, 512] array")
     device = device_of(q)
     args = dict(
         query=q,
@@ -50,7 +50,7 @@ def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, 
         sparse_topk_lens=tensor(sparse_topk_lens, "sparse_topk_lens"),
         seq_lens=tensor(seq_lens, "seq_lens"),
         cum_seq_lens_q=tensor(cum_seq_lens_q, "cum_seq_lens_q"),
-        max_q_len=int(max_q_len),
+        max_q_len=integer(max_q_len, "max_q_len"),
         sinks=tensor(sinks, "sinks"),
         bmm1_scale=scale(bmm1_scale, "bmm1_scale"),
         bmm2_scale=scale(bmm2_scale, "bmm2_scale"),
@@ -58,12 +58,12 @@ def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, 
         lse=tensor(lse, "lse", writable=True),
         workspace=tensor(workspace, "workspace", writable=True),
         kv_counters=tensor(kv_counters, "kv_counters", writable=True),
-        window=int(window),
+        window=integer(window, "window"),
         topk_indices=tensor(topk.topk_indices, "topk_columns.topk_indices"),
         topk_block_table=tensor(topk.block_table, "topk_columns.block_table"),
         is_valid_token=tensor(topk.is_valid_token, "topk_columns.is_valid_token"),
-        num_decodes=int(topk.num_decodes),
-        compress_ratio=int(topk.compress_ratio),
+        num_decodes=integer(topk.num_decodes, "topk_columns.num_decodes"),
+        compress_ratio=integer(topk.compress_ratio, "topk_columns.compress_ratio"),
         stream=stream_handle(stream, device, query),
     )
     with on_device(device, query):
@@ -73,14 +73,16 @@ def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, 
 def kv_counter_bytes(max_tokens: int, num_heads: int) -> int:
     """Bytes of multi-CTA counters for launches of up to `max_tokens` tokens of `num_heads`
     heads (0 in a build without CUDA)."""
-    return _smla.kv_counter_bytes(int(max_tokens), int(num_heads))
+    return _smla.kv_counter_bytes(integer(max_tokens, "max_tokens"),
+                                  integer(num_heads, "num_heads"))
 
 
 def workspace_bytes(num_tokens: int, num_heads: int, num_columns: int, device="cuda") -> int:
     """Bytes of split-KV workspace a launch of this shape uses at most on `device` (0 on the
     CPU)."""
     kind, index = parse_device(device)
-    return _smla.workspace_bytes(int(num_tokens), int(num_heads), int(num_columns), kind, index)
+    return _smla.workspace_bytes(integer(num_tokens, "num_tokens"), integer(num_heads, "num_heads"),
+                                 integer(num_columns, "num_columns"), kind, index)
 
 
 def query_capability(head_size: int, query_dtype: str, kv_dtype: str, block_size: int,

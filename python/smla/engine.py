@@ -9,12 +9,16 @@ default here); scales are Python floats (or host scalars); `multi_ctas_kv_counte
 `workspace_buffer` may be any size (a small one only limits splitting).
 """
 
+import contextlib
 import sys
 
 from .buffers import kv_counter_buffer, workspace_buffer  # noqa: F401  (engines import these)
+from . import _smla
 from .decode import WINDOW, sparse_mla_decode
-from ._arrays import Typed
+from ._arrays import Typed, on_a_device
 from ._errors import value_error
+
+HEAD_DIM = _smla.HEAD_DIM
 
 __all__ = ["trtllm_batch_decode_sparse_mla_dsv4", "trtllm_decode_sparse_mla_dsv4",
            "kv_counter_buffer", "workspace_buffer"]
@@ -25,6 +29,15 @@ def _array(x):
     return x.array if isinstance(x, Typed) else x
 
 
+def _module(x):
+    """The array module of `x`: torch, cupy or numpy."""
+    name = type(_array(x)).__module__.partition(".")[0]
+    if name in ("torch", "cupy"):
+        return sys.modules[name]
+    import numpy as np
+    return np
+
+
 def _merge_tokens(x, name: str, ndim: int):
     """[B, q, ...] -> [B*q, ...] as a view (engines pass [T, 1, H, D] for DSpark); a tensor
     that would need a copy is refused (an output copy would lose the writes)."""
@@ -33,37 +46,52 @@ def _merge_tokens(x, name: str, ndim: int):
     if x is None or getattr(x, "ndim", ndim) != ndim + 1:
         return x
     shape = (x.shape[0] * x.shape[1],) + tuple(x.shape[2:])
-    try:
-        if type(x).__module__.startswith("torch"):
+    xp = _module(x)
+    if xp.__name__ == "torch":
+        try:
             return x.view(shape)
-        import numpy as np
-        return np.reshape(x, shape, copy=False)  # raises instead of copying
-    except (RuntimeError, AttributeError, ValueError):
-        raise value_error(name, "[B, q, ...] whose first two dims merge into T without a copy",
-                          f"shape {tuple(x.shape)}, strides {tuple(x.strides)}") from None
+        except RuntimeError:
+            pass
+    else:  # NumPy or CuPy (strides in bytes): dims 0 and 1 merge where 0 steps over all of 1
+        s0, s1 = x.strides[:2]
+        merged = s0 if x.shape[1] == 1 else s1 if x.shape[0] == 1 or s0 == x.shape[1] * s1 else None
+        if merged is not None:
+            return xp.lib.stride_tricks.as_strided(x, shape, (merged,) + tuple(x.strides[2:]))
+    raise value_error(name, "[B, q, ...] whose first two dims merge into T without a copy",
+                      f"shape {tuple(x.shape)}, strides {tuple(x.strides)}")
+
+
+def _call_stream(like, stream):
+    """A context in which PyTorch allocates and queues on the call's `stream`, where one is
+    given for PyTorch arrays: the temporaries below must be ordered with the kernel."""
+    if stream is None or _module(like).__name__ != "torch":
+        return contextlib.nullcontext()
+    torch = sys.modules["torch"]
+    if not isinstance(stream, torch.cuda.Stream):
+        handle = stream if isinstance(stream, int) else int(getattr(stream, "cuda_stream"))
+        stream = torch.cuda.ExternalStream(handle, device=_array(like).device)
+    return torch.cuda.stream(stream)
 
 
 def _uniform_cum(seq_lens, q_len: int):
     """cum_seq_lens_q for [B, q, H, D] queries: every request has q tokens (device-side
     arithmetic only, so it is capturable)."""
-    n = seq_lens.shape[0] + 1
-    if type(seq_lens).__module__.startswith("torch"):
-        torch = sys.modules["torch"]
-        return torch.arange(n, dtype=torch.int32, device=seq_lens.device) * q_len
-    import numpy as np
-    return (np.arange(n, dtype=np.int32) * q_len).astype(np.int32)
+    xp, n = _module(seq_lens), seq_lens.shape[0] + 1
+    if xp.__name__ == "torch":
+        return xp.arange(n, dtype=xp.int32, device=seq_lens.device) * q_len
+    return xp.arange(0, n * q_len, q_len, dtype=xp.int32)
 
 
 def _new_out(query):
     """An output like the query's tokens and heads, bf16 (engines usually pass one)."""
-    query = _array(query)
-    shape = tuple(query.shape[:-1]) + (512,)
-    if type(query).__module__.startswith("torch"):
-        torch = sys.modules["torch"]
-        return torch.empty(shape, dtype=torch.bfloat16, device=query.device)
+    xp, query = _module(query), _array(query)
+    shape = tuple(query.shape[:-1]) + (HEAD_DIM,)
+    if xp.__name__ == "torch":
+        return xp.empty(shape, dtype=xp.bfloat16, device=query.device)
+    if xp.__name__ == "cupy":  # no bf16 dtype: its bits, read as bf16
+        return Typed(xp.empty(shape, dtype=xp.uint16), "bf16")
     import ml_dtypes
-    import numpy as np
-    return np.empty(shape, dtype=ml_dtypes.bfloat16)
+    return xp.empty(shape, dtype=ml_dtypes.bfloat16)
 
 
 def trtllm_batch_decode_sparse_mla_dsv4(
@@ -83,17 +111,20 @@ def trtllm_batch_decode_sparse_mla_dsv4(
                           "True (smla reads storage offsets, SPEC §4: (slot / block_size) * span"
                           " + slot % block_size, equal to slots for unpacked pools)",
                           repr(sparse_indices_are_storage_offsets))
-    if out is None:
-        out = _new_out(query)
+    if query is None:
+        raise value_error("query", "a [T, H, 512] or [B, q, H, 512] array", "None")
     q_array = _array(query)
     q_len = q_array.shape[1] if getattr(q_array, "ndim", 3) == 4 else 1
+    with _call_stream(query, stream):
+        if out is None:
+            out = _new_out(query)
+        if cum_seq_lens_q is None and q_len > 1 and seq_lens is not None:
+            cum_seq_lens_q = _uniform_cum(seq_lens, q_len)
+            max_q_len = q_len if max_q_len is None else max_q_len
     query = _merge_tokens(query, "query", 3)
     result = out
     out = _merge_tokens(out, "out", 3)
     sparse_indices = _merge_tokens(sparse_indices, "sparse_indices", 2)
-    if cum_seq_lens_q is None and q_len > 1 and seq_lens is not None:
-        cum_seq_lens_q = _uniform_cum(seq_lens, q_len)
-        max_q_len = q_len if max_q_len is None else max_q_len
     if max_q_len is None:
         max_q_len = 1 if cum_seq_lens_q is None else _max_q_len(cum_seq_lens_q)
     sparse_mla_decode(
@@ -108,8 +139,7 @@ def trtllm_batch_decode_sparse_mla_dsv4(
 
 def _max_q_len(cum_seq_lens_q) -> int:
     """max_q_len from host offsets; device offsets would need a synchronisation."""
-    device = getattr(cum_seq_lens_q, "device", "cpu")
-    if "cuda" in str(device):
+    if on_a_device(cum_seq_lens_q):
         raise value_error("max_q_len", "an int (required with a device cum_seq_lens_q: reading "
                           "it would synchronise)", "None")
     import numpy as np

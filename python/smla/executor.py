@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence
 
 from . import _smla
-from ._arrays import device_of, on_device, scale, stream_handle, tensor
+from ._arrays import device_of, integer, on_device, scale, stream_handle, tensor
 from ._errors import value_error
-from .index import StepMetadata
+from .index import StepMetadata, step_metadata
 
 
 @dataclass
@@ -33,17 +33,14 @@ class StepInputs:
 
 
 def _inputs(inputs: StepInputs):
-    m = inputs.metadata
+    by_layer = {}
+    for name in ("compressed_block_tables", "topk_indices"):
+        by_layer[name] = {integer(k, f"{name} key"): tensor(t, f"{name}[{k}]")
+                          for k, t in getattr(inputs, name).items()}
     return _smla.make_step_inputs(
-        num_tokens=int(m.num_tokens), seq_lens=tensor(m.seq_lens, "seq_lens"),
-        cum_seq_lens_q=tensor(m.cum_seq_lens_q, "cum_seq_lens_q"),
-        is_valid_token=tensor(m.is_valid_token, "is_valid_token"),
-        num_decodes=int(m.num_decodes), max_q_len=int(m.max_q_len),
-        decode_swa_width=int(m.decode_swa_width),
-        block_tables=[tensor(t, "block_tables") for t in inputs.block_tables],
-        compressed_block_tables={int(k): tensor(t, "compressed_block_tables")
-                                 for k, t in inputs.compressed_block_tables.items()},
-        topk_indices={int(k): tensor(t, "topk_indices") for k, t in inputs.topk_indices.items()})
+        metadata=step_metadata(inputs.metadata),
+        block_tables=[tensor(t, f"block_tables[{g}]") for g, t in enumerate(inputs.block_tables)],
+        **by_layer)
 
 
 class StepExecutor:
@@ -63,7 +60,8 @@ class StepExecutor:
         layers = list(layers)
         if not layers:
             raise value_error("layers", "at least one layer", "none")
-        first = tensor(layers[0].swa_kv_cache, "swa_kv_cache")
+        first = tensor(layers[0].swa_kv_cache, "layers[0].swa_kv_cache",
+                       required="a KV pool [blocks, block_size, (1,) row]")
         self._device = device_of(first)
         self._like = layers[0].swa_kv_cache
         handle = stream_handle(stream, self._device, self._like)
@@ -77,7 +75,8 @@ class StepExecutor:
                 bmm1_scales=[scale(l.bmm1_scale, "bmm1_scale") for l in layers],
                 bmm2_scales=[scale(l.bmm2_scale, "bmm2_scale") for l in layers],
                 kind=self._device[0], id=self._device[1], stream=handle,
-                max_tokens=int(max_tokens), max_columns=int(max_columns),
+                max_tokens=integer(max_tokens, "max_tokens"),
+                max_columns=integer(max_columns, "max_columns"),
                 compressed_index=str(compressed_index))
 
     def begin_step(self, inputs: StepInputs) -> None:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import _smla
-from ._arrays import device_of, on_device, stream_handle, tensor
+from ._arrays import device_of, integer, on_device, stream_handle, tensor
 from .decode import WINDOW
 
 
@@ -61,32 +61,41 @@ class SparseIndexArgs:
 def sparse_index_columns(window: int, top_k: int, decode_swa_width: int = 0) -> int:
     """K of a table: window + round_up(top_k, 4) (top_k = 0 for SWA-only layers), or the DSpark
     width."""
-    return _smla.sparse_index_columns(window, top_k, decode_swa_width)
+    return _smla.sparse_index_columns(integer(window, "window"), integer(top_k, "top_k"),
+                                      integer(decode_swa_width, "decode_swa_width"))
 
 
 def dspark_swa_width(window: int, num_draft_tokens: int) -> int:
     """DSpark's SWA row width for k draft tokens: round_up(window + k, 64)."""
-    return _smla.dspark_swa_width(window, num_draft_tokens)
+    return _smla.dspark_swa_width(integer(window, "window"),
+                                  integer(num_draft_tokens, "num_draft_tokens"))
+
+
+def step_metadata(s: StepMetadata):
+    """The `_smla.StepMetadata` of `s` (views of its arrays, held alive)."""
+    return _smla.make_step_metadata(
+        num_tokens=integer(s.num_tokens, "num_tokens"),
+        seq_lens=tensor(s.seq_lens, "seq_lens"),
+        cum_seq_lens_q=tensor(s.cum_seq_lens_q, "cum_seq_lens_q"),
+        is_valid_token=tensor(s.is_valid_token, "is_valid_token"),
+        num_decodes=integer(s.num_decodes, "num_decodes"),
+        max_q_len=integer(s.max_q_len, "max_q_len"),
+        decode_swa_width=integer(s.decode_swa_width, "decode_swa_width"))
 
 
 def index_args(args: SparseIndexArgs):
     """The `_smla.IndexArgs` of `args` (views of its arrays, held alive)."""
-    s, w, c, o = args.step, args.swa, args.compressed, args.out
+    w, c, o = args.swa, args.compressed, args.out
     o = o or SparseIndexTable(None, None)
     return _smla.make_index_args(
-        num_tokens=int(s.num_tokens),
-        seq_lens=tensor(s.seq_lens, "seq_lens"),
-        cum_seq_lens_q=tensor(s.cum_seq_lens_q, "cum_seq_lens_q"),
-        is_valid_token=tensor(s.is_valid_token, "is_valid_token"),
-        num_decodes=int(s.num_decodes), max_q_len=int(s.max_q_len),
-        decode_swa_width=int(s.decode_swa_width),
+        step=step_metadata(args.step),
         block_table=tensor(w.block_table, "block_table"),
         swa_kv_cache=tensor(w.swa_kv_cache, "swa_kv_cache"),
-        compress_ratio=int(c.compress_ratio),
+        compress_ratio=integer(c.compress_ratio, "compress_ratio"),
         topk_indices=tensor(c.topk_indices, "topk_indices"),
         compressed_block_table=tensor(c.block_table, "compressed.block_table"),
         compressed_kv_cache=tensor(c.compressed_kv_cache, "compressed_kv_cache"),
-        window=int(args.window),
+        window=integer(args.window, "window"),
         sparse_indices=tensor(o.sparse_indices, "sparse_indices", writable=True),
         sparse_topk_lens=tensor(o.sparse_topk_lens, "sparse_topk_lens", writable=True),
         out_seq_lens=tensor(o.seq_lens, "out.seq_lens", writable=True))

@@ -12,7 +12,7 @@ def quantize_kv(*, rows, slots, pool, kv_scale=1.0, stream=None) -> None:
     TypeError / ValueError naming the argument, before anything is written. On CUDA it is one
     kernel on `stream` (default: the current stream of the rows' framework) writing the CPU's
     bytes; slot values are not read on the host there, and a slot past the pool is skipped."""
-    r = tensor(rows, "rows")
+    r = tensor(rows, "rows", required="bf16 rows [N, 512]")
     device = device_of(r)
     args = dict(rows=r, slots=tensor(slots, "slots"), pool=tensor(pool, "pool", writable=True),
                 kv_scale=scale(kv_scale, "kv_scale"), stream=stream_handle(stream, device, rows))

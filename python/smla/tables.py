@@ -19,8 +19,8 @@ class SparseIndexTables:
 
     def lookup(self, layer: int, inputs: Callable[[int], SparseIndexArgs]) -> SparseIndexTable:
         """The table of `layer`; `inputs(layer)` gives any layer's build arguments (outputs
-        unset). The arrays view the tables' memory (no copy): valid until the group stores
-        another compressed key, or reset()."""
+        unset). The arrays view the table's memory (no copy) and keep it: the next step's
+        tables, after reset(), are built elsewhere while they live."""
         with on_device(self._device, None):
             indices, lens, seq_lens = self._tables.lookup(
                 layer, lambda other: index_args(inputs(other)))

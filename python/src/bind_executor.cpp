@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "bindings.h"
+#include "index_args.h"
 #include "smla/error.h"
 #include "smla/executor.h"
 #include "table_stats.h"
@@ -21,20 +22,11 @@ struct Inputs {
   std::vector<nb::object> keep;
 };
 
-Inputs make_step_inputs(int64_t num_tokens, nb::handle seq_lens, nb::handle cum_seq_lens_q,
-                        nb::handle is_valid_token, int64_t num_decodes, int max_q_len,
-                        int decode_swa_width, const std::vector<nb::handle>& block_tables,
+Inputs make_step_inputs(nb::handle metadata, const std::vector<nb::handle>& block_tables,
                         const std::map<int, nb::handle>& compressed_block_tables,
                         const std::map<int, nb::handle>& topk_indices) {
   Inputs r;
-  StepMetadata& s = r.inputs.metadata;
-  s.num_tokens = num_tokens;
-  s.seq_lens = take(seq_lens, &r.keep);
-  s.cum_seq_lens_q = take(cum_seq_lens_q, &r.keep);
-  s.is_valid_token = take(is_valid_token, &r.keep);
-  s.num_decodes = num_decodes;
-  s.max_q_len = max_q_len;
-  s.decode_swa_width = decode_swa_width;
+  r.inputs.metadata = take_step(metadata, r.keep);
   for (nb::handle t : block_tables) r.inputs.block_tables.push_back(take(t, &r.keep));
   for (const auto& [layer, t] : compressed_block_tables)
     r.inputs.compressed_block_tables[layer] = take(t, &r.keep);
@@ -104,10 +96,7 @@ class Executor {
 
 void bind_executor(nb::module_& m) {
   nb::class_<Inputs>(m, "StepInputs", "smla::StepInputs with the arrays it views");
-  m.def("make_step_inputs", &make_step_inputs, nb::arg("num_tokens"), nb::arg("seq_lens").none(),
-        nb::arg("cum_seq_lens_q").none(), nb::arg("is_valid_token").none(),
-        nb::arg("num_decodes"), nb::arg("max_q_len"), nb::arg("decode_swa_width"),
-        nb::arg("block_tables"), nb::arg("compressed_block_tables"), nb::arg("topk_indices"));
+  m.def("make_step_inputs", &make_step_inputs, nb::arg("metadata"), nb::arg("block_tables"), nb::arg("compressed_block_tables"), nb::arg("topk_indices"));
 
   nb::class_<Executor>(m, "StepExecutor")
       .def(nb::init<const std::vector<LayerSpec>&, const std::vector<nb::handle>&,

@@ -1,6 +1,6 @@
 // Sparse-index table builders (SPEC §4). Field names are those of index.h's structs; the
-// Python layer's dataclasses (StepMetadata, SwaGroup, CompressedColumns, SparseIndexTable)
-// flatten into make_index_args.
+// Python layer's dataclasses flatten into make_step_metadata (StepMetadata) and
+// make_index_args (the rest).
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
@@ -11,22 +11,29 @@
 namespace smla::py {
 namespace {
 
-IndexArgs make_index_args(int64_t num_tokens, nb::handle seq_lens, nb::handle cum_seq_lens_q,
-                          nb::handle is_valid_token, int64_t num_decodes, int max_q_len,
-                          int decode_swa_width, nb::handle block_table, nb::handle swa_kv_cache,
+StepArgs make_step_metadata(int64_t num_tokens, nb::handle seq_lens, nb::handle cum_seq_lens_q,
+                            nb::handle is_valid_token, int64_t num_decodes, int max_q_len,
+                            int decode_swa_width) {
+  StepArgs r;
+  StepMetadata& s = r.step;
+  s.num_tokens = num_tokens;
+  s.seq_lens = take(seq_lens, &r.keep);
+  s.cum_seq_lens_q = take(cum_seq_lens_q, &r.keep);
+  s.is_valid_token = take(is_valid_token, &r.keep);
+  s.num_decodes = num_decodes;
+  s.max_q_len = max_q_len;
+  s.decode_swa_width = decode_swa_width;
+  return r;
+}
+
+IndexArgs make_index_args(nb::handle step, nb::handle block_table, nb::handle swa_kv_cache,
                           int compress_ratio, nb::handle topk_indices,
                           nb::handle compressed_block_table, nb::handle compressed_kv_cache,
                           int window, nb::handle sparse_indices, nb::handle sparse_topk_lens,
                           nb::handle out_seq_lens) {
   IndexArgs r;
   SparseIndexArgs& a = r.args;
-  a.step.num_tokens = num_tokens;
-  a.step.seq_lens = take(seq_lens, &r.keep);
-  a.step.cum_seq_lens_q = take(cum_seq_lens_q, &r.keep);
-  a.step.is_valid_token = take(is_valid_token, &r.keep);
-  a.step.num_decodes = num_decodes;
-  a.step.max_q_len = max_q_len;
-  a.step.decode_swa_width = decode_swa_width;
+  a.step = take_step(step, r.keep);
   a.swa.block_table = take(block_table, &r.keep);
   a.swa.swa_kv_cache = take(swa_kv_cache, &r.keep);
   a.compressed.compress_ratio = compress_ratio;
@@ -47,10 +54,12 @@ void bind_index(nb::module_& m) {
       .def_prop_ro("num_columns",
                    [](const IndexArgs& a) { return sparse_index_columns(a.args); });
 
-  m.def("make_index_args", &make_index_args, nb::arg("num_tokens"), nb::arg("seq_lens").none(),
-        nb::arg("cum_seq_lens_q").none(), nb::arg("is_valid_token").none(),
-        nb::arg("num_decodes"), nb::arg("max_q_len"), nb::arg("decode_swa_width"),
-        nb::arg("block_table").none(), nb::arg("swa_kv_cache").none(),
+  nb::class_<StepArgs>(m, "StepMetadata", "smla::StepMetadata with the arrays it views");
+  m.def("make_step_metadata", &make_step_metadata, nb::arg("num_tokens"),
+        nb::arg("seq_lens").none(), nb::arg("cum_seq_lens_q").none(),
+        nb::arg("is_valid_token").none(), nb::arg("num_decodes"), nb::arg("max_q_len"),
+        nb::arg("decode_swa_width"));
+  m.def("make_index_args", &make_index_args, nb::arg("step"), nb::arg("block_table").none(), nb::arg("swa_kv_cache").none(),
         nb::arg("compress_ratio"), nb::arg("topk_indices").none(),
         nb::arg("compressed_block_table").none(), nb::arg("compressed_kv_cache").none(),
         nb::arg("window"), nb::arg("sparse_indices").none(), nb::arg("sparse_topk_lens").none(),

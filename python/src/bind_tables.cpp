@@ -1,5 +1,6 @@
 // SparseIndexTables (SPEC §5), thin: the build arguments come from a Python callable returning
-// `_smla.IndexArgs`, and lookup returns arrays over the tables' own memory (no copy).
+// `_smla.IndexArgs`, and lookup returns arrays over the tables' own memory (no copy), which
+// they keep alive.
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -33,6 +34,13 @@ nb::dict stats_dict(const TableStats& s) {
 
 namespace {
 
+// The owner of arrays over a table: its memory, and the Tables object whose streams take that
+// memory back (members go in reverse order: the memory first). Arrays stay valid past reset().
+struct TableOwner {
+  nb::object tables;
+  std::shared_ptr<void> memory;
+};
+
 class Tables {
  public:
   Tables(const std::vector<LayerSpec>& layers, const std::string& kind, int id, uintptr_t stream)
@@ -46,8 +54,10 @@ class Tables {
       keep_.push_back(args);
       return nb::cast<const IndexArgs&>(args).args;
     });
-    return nb::make_tuple(as_array(t.sparse_indices, self), as_array(t.sparse_topk_lens, self),
-                          t.seq_lens.defined() ? as_array(t.seq_lens, self) : nb::none());
+    const nb::capsule owner(new TableOwner{nb::borrow(self), tables_->memory(layer)},
+                            [](void* p) noexcept { delete static_cast<TableOwner*>(p); });
+    return nb::make_tuple(as_array(t.sparse_indices, owner), as_array(t.sparse_topk_lens, owner),
+                          t.seq_lens.defined() ? as_array(t.seq_lens, owner) : nb::none());
   }
   void join() { tables_->join(); }
   void reset() {

@@ -1,5 +1,6 @@
-// `_smla.IndexArgs`: a smla::SparseIndexArgs together with the arrays its views point into, so
-// that tables (which call back for build arguments) can hold them past the Python call.
+// `_smla.StepMetadata` and `_smla.IndexArgs`: smla::StepMetadata / SparseIndexArgs together
+// with the arrays their views point into, so that tables (which call back for build arguments)
+// and executors can hold them past the Python call.
 #pragma once
 #include <vector>
 
@@ -8,9 +9,20 @@
 
 namespace smla::py {
 
+struct StepArgs {
+  StepMetadata step;
+  std::vector<nb::object> keep;
+};
+
 struct IndexArgs {
   SparseIndexArgs args;
   std::vector<nb::object> keep;
 };
+
+// The StepMetadata of a `_smla.StepMetadata` handle, which `keep` then holds.
+inline StepMetadata take_step(nb::handle step, std::vector<nb::object>& keep) {
+  keep.push_back(nb::borrow(step));
+  return nb::cast<const StepArgs&>(step).step;
+}
 
 }  // namespace smla::py

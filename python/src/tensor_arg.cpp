@@ -1,5 +1,7 @@
 #include "tensor_arg.h"
 
+#include <algorithm>
+
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -73,9 +75,18 @@ TensorView view_of(const Array& a, const std::string& name,
     throw Error(ErrorKind::value, name, "1.." + std::to_string(kMaxDims) + " dims",
                 std::to_string(a.ndim()) + " dims");
   v.ndim = static_cast<int>(a.ndim());
+  bool empty = false;
   for (int i = 0; i < v.ndim; ++i) {
     v.shape[i] = static_cast<int64_t>(a.shape(i));
     v.strides[i] = a.stride(i);  // nanobind counts strides in elements, as smla does
+    empty = empty || v.shape[i] == 0;
+  }
+  // An empty array's strides are arbitrary (NumPy 2 gives zeros): row-major ones, so that a
+  // T = 0 step passes the checks a non-empty one would.
+  int64_t step = 1;
+  for (int i = v.ndim - 1; empty && i >= 0; --i) {
+    v.strides[i] = step;
+    step *= std::max<int64_t>(v.shape[i], 1);
   }
   v.data = const_cast<void*>(static_cast<const void*>(a.data()));
   return v;

@@ -2,6 +2,7 @@
 in np_reference.py, on fresh random inputs, outputs poisoned with NaN before each call, and
 every pool row that no attended column points to poisoned too."""
 
+import gc
 import math
 
 import ml_dtypes
@@ -297,12 +298,29 @@ def bad(args, **changes):
      "compressed_kv_cache"),
     (lambda a: bad(a, swa_kv_cache=[1, 2, 3]), TypeError, "swa_kv_cache"),
     (lambda a: bad(a, window=0), ValueError, "window"),
+    (lambda a: bad(a, window=128.9), TypeError, "window"),  # never truncated
+    (lambda a: bad(a, max_q_len=3.7), TypeError, "max_q_len"),
+    (lambda a: bad(a, bmm1_scale=True), TypeError, "bmm1_scale"),
+    (lambda a: bad(a, query=None), ValueError, "query"),
+    (lambda a: bad(a, lse=a["out"][:, 0, :16].view(np.float32)), ValueError, "out"),  # in out
 ])
 def test_decode_errors_name_the_argument(change, error, argument):
     args, _ = make_case(ref.fresh_rng())
     with pytest.raises(error, match=f"smla: {argument}:") as info:
         smla.sparse_mla_decode(**change(args))
     assert info.value.argument == argument
+
+
+def test_decode_of_no_tokens_writes_nothing():
+    """An idle engine step: T = 0 arrays (NumPy 2 gives empty arrays zero strides)."""
+    args, _ = make_case(ref.fresh_rng())
+    empty = dict(args, query=args["query"][:0], sparse_indices=args["sparse_indices"][:0],
+                 sparse_topk_lens=args["sparse_topk_lens"][:0], out=args["out"][:0],
+                 lse=args["lse"][:0], seq_lens=args["seq_lens"][:0],
+                 cum_seq_lens_q=np.zeros(1, np.int32), max_q_len=1)
+    empty = {k: (np.empty(v.shape, v.dtype) if isinstance(v, np.ndarray) and v.size == 0 else v)
+             for k, v in empty.items()}
+    smla.sparse_mla_decode(**empty)
 
 
 def test_decode_read_only_output_is_refused():
@@ -558,6 +576,32 @@ def test_sparse_index_tables_share_and_fork():
         # Each run's first layer builds its group's table and forks the other group's.
         assert stats["forks"] == [(1, "swa_only"), (1, "2:2:4")]
         assert stats["waits"] == [1, 3]
+
+
+def test_table_arrays_outlive_reset_and_their_tables():
+    """An array from lookup keeps its table: the next step's builds (other pages) and dropping
+    the tables object leave it as it was."""
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    specs, _ = layers_and_pools(rng)
+    pages = [rng.permutation(40)[:16].reshape(4, 4).astype(np.int32) for _ in range(4)]
+
+    def inputs_of(groups):
+        return lambda layer: index_args(dict(c, block_table=groups[specs[layer].swa_group]),
+                                        specs[layer].compress_ratio)
+
+    tables = smla.SparseIndexTables(specs, "cpu")
+    kept = [tables.lookup(s.layer, inputs_of(pages[:2])) for s in specs]
+    expected = [(t.sparse_indices.copy(), t.sparse_topk_lens.copy()) for t in kept]
+    tables.reset()
+    for s in specs:
+        tables.lookup(s.layer, inputs_of(pages[2:]))
+    tables.reset()
+    del tables
+    gc.collect()
+    for table, (indices, lens) in zip(kept, expected):
+        np.testing.assert_array_equal(table.sparse_indices, indices)
+        np.testing.assert_array_equal(table.sparse_topk_lens, lens)
 
 
 def test_step_executor_matches_the_reference():

@@ -63,6 +63,12 @@ SparseIndexTable SparseIndexTables::lookup(int layer, const TableInputs& inputs)
   return table;
 }
 
+std::shared_ptr<void> SparseIndexTables::memory(int layer) const {
+  const size_t i = position(layer);
+  const auto stored = tables_.find({layers_[i].swa_group, keys_[i]});
+  return stored == tables_.end() ? nullptr : stored->second.memory;
+}
+
 SparseIndexTable SparseIndexTables::build(int layer, const TableInputs& inputs, const TableKey& key,
                                           void* stream) {
   SparseIndexArgs args = inputs(layer);
