@@ -43,6 +43,12 @@ void view(const TensorView& v, const std::string& name) {
          shape_of(v) + " with strides " + strides_of(v));
 }
 
+void memory(const TensorView& v, const std::string& name) {
+  if (v.size(-1) > 1 && v.stride(-1) != 1)
+    fail(ErrorKind::value, name, "a contiguous last dim (stride 1)", "stride " + num(v.stride(-1)));
+  if (v.numel() > 0 && v.data == nullptr) fail(ErrorKind::value, name, "data", "a null pointer");
+}
+
 void int32_count(int64_t value, const std::string& name) {
   if (value < 0 || value > INT32_MAX)
     fail(ErrorKind::value, name, "0..2^31 - 1", std::to_string(value));
@@ -87,6 +93,35 @@ void apart(const TensorView& written, const char* written_name, const TensorView
   if (w0 <= o1 && o0 <= w1)
     fail(ErrorKind::value, written_name, std::string("memory apart from ") + other_name,
          "an overlap with " + std::string(other_name));
+}
+
+void step_requests(const TensorView& seq_lens, const TensorView& cum, int64_t num_requests,
+                   int64_t num_tokens, const std::function<void(int64_t, int64_t)>& more) {
+  const auto item = [](const char* name, int64_t i, int64_t value) {
+    return std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(value);
+  };
+  const auto start = [&](int64_t b) -> int64_t { return cum.defined() ? at(cum, b) : b; };
+  if (start(0) != 0)
+    fail(ErrorKind::value, "cum_seq_lens_q", "cum_seq_lens_q[0] == 0",
+         item("cum_seq_lens_q", 0, start(0)));
+  for (int64_t b = 0; b < num_requests; ++b)
+    if (start(b + 1) < start(b))
+      fail(ErrorKind::value, "cum_seq_lens_q", "non-decreasing values",
+           item("cum_seq_lens_q", b, start(b)) + " > " +
+               item("cum_seq_lens_q", b + 1, start(b + 1)));
+  if (start(num_requests) != num_tokens)
+    fail(ErrorKind::value, "cum_seq_lens_q",
+         "cum_seq_lens_q[B] == T = " + std::to_string(num_tokens),
+         item("cum_seq_lens_q", num_requests, start(num_requests)));
+  for (int64_t b = 0; b < num_requests; ++b) {
+    const int64_t q_len = start(b + 1) - start(b), seq_len = at(seq_lens, b);
+    if (seq_len < q_len)
+      fail(ErrorKind::value, "seq_lens",
+           "seq_lens[" + std::to_string(b) + "] >= q_len = " + std::to_string(q_len) +
+               " (the new tokens' KV is written before attention)",
+           item("seq_lens", b, seq_len));
+    if (more) more(b, q_len);
+  }
 }
 
 void tensor(const TensorView& v, const char* name, DType dtype, Device device,

@@ -2,6 +2,7 @@
 // naming the argument, what was expected and what came.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
 
@@ -13,12 +14,17 @@ namespace smla::check {
 [[noreturn]] void fail(ErrorKind kind, const std::string& argument, const std::string& expected,
                        const std::string& got);
 
+inline std::string num(int64_t value) { return std::to_string(value); }
 std::string shape_of(const TensorView& view);    // "[4, 128]"
 std::string strides_of(const TensorView& view);  // "[128, 1]"
 
 // A present view's own consistency: 1..kMaxDims dims, non-negative sizes, and an element count
 // and byte extent that fit in int64, so that no size arithmetic past this check overflows.
 void view(const TensorView& view, const std::string& name);
+
+// A tensor the kernels read (past `view`): a contiguous last dim (vector loads on the GPU), and
+// data behind it.
+void memory(const TensorView& view, const std::string& name);
 
 // A count the backends keep in int: 0..2^31 - 1.
 void int32_count(int64_t value, const std::string& name);
@@ -37,6 +43,14 @@ void apart(const TensorView& written, const char* written_name, const TensorView
 // any size), with data behind it; `expected` describes the shape for the message.
 void tensor(const TensorView& view, const char* name, DType dtype, Device device,
             std::initializer_list<int64_t> shape, const std::string& expected);
+
+// A step's requests, read on the host: cum_seq_lens_q (absent: one token a request) starts at 0,
+// does not decrease and ends at num_tokens, and every seq_lens[b] >= its q_len (the new tokens'
+// KV is written before attention; so seq_lens[b] >= 0 too). Then each request's q_len goes to
+// `more`, for the caller's own rules.
+void step_requests(const TensorView& seq_lens, const TensorView& cum_seq_lens_q,
+                   int64_t num_requests, int64_t num_tokens,
+                   const std::function<void(int64_t request, int64_t q_len)>& more = {});
 
 // Element i of a 1-D i32 view / element (i, j) of a 2-D one (host memory).
 inline int32_t at(const TensorView& v, int64_t i) {

@@ -11,8 +11,8 @@ namespace smla {
 namespace {
 
 using check::fail;
+using check::num;
 using check::shape_of;
-std::string num(int64_t v) { return std::to_string(v); }
 
 void check_step(const StepMetadata& s, IndexProblem& p) {
   check::int32_count(s.num_tokens, "num_tokens");
@@ -36,28 +36,15 @@ void check_step(const StepMetadata& s, IndexProblem& p) {
 
 // seq_lens and cum_seq_lens_q on the host: request b's tokens are [cum[b], cum[b+1]).
 void check_step_values(const StepMetadata& s, const IndexProblem& p) {
-  const TensorView& cum = s.cum_seq_lens_q;
-  auto start = [&](int64_t b) -> int64_t { return cum.defined() ? check::at(cum, b) : b; };
-  if (start(0) != 0)
-    fail(ErrorKind::value, "cum_seq_lens_q", "cum_seq_lens_q[0] == 0", num(start(0)));
-  if (start(p.num_requests) != p.num_tokens)
-    fail(ErrorKind::value, "cum_seq_lens_q",
-         "cum_seq_lens_q[B] == num_tokens = " + num(p.num_tokens), num(start(p.num_requests)));
-  for (int64_t b = 0; b < p.num_requests; ++b) {
-    const int64_t q_len = start(b + 1) - start(b), seq_len = check::at(s.seq_lens, b);
-    if (q_len < 0)
-      fail(ErrorKind::value, "cum_seq_lens_q", "non-decreasing values",
-           "q_len " + num(q_len) + " for request " + num(b));
-    if (seq_len < q_len)
-      fail(ErrorKind::value, "seq_lens",
-           "seq_lens[" + num(b) + "] >= q_len = " + num(q_len) + " (new tokens' KV included)",
-           num(seq_len));
-    // The whole draft block sees one window of up to W + q_len positions.
-    if (p.dspark && q_len > p.num_columns - p.window)
-      fail(ErrorKind::value, "cum_seq_lens_q",
-           "q_len <= decode_swa_width - window = " + num(p.num_columns - p.window),
-           "q_len " + num(q_len) + " for request " + num(b));
-  }
+  check::step_requests(s.seq_lens, s.cum_seq_lens_q, p.num_requests, p.num_tokens,
+                       [&](int64_t b, int64_t q_len) {
+                         // The whole draft block sees one window of up to W + q_len positions.
+                         if (p.dspark && q_len > p.num_columns - p.window)
+                           fail(ErrorKind::value, "cum_seq_lens_q",
+                                "q_len <= decode_swa_width - window = " +
+                                    num(p.num_columns - p.window),
+                                "q_len " + num(q_len) + " for request " + num(b));
+                       });
 }
 
 int64_t check_block_table(const TensorView& table, const char* name, const IndexProblem& p) {

@@ -14,9 +14,8 @@ namespace smla {
 namespace {
 
 using check::fail;
+using check::num;
 using check::shape_of;
-
-std::string num(int64_t value) { return std::to_string(value); }
 
 void require_defined(const TensorView& v, const char* name, const char* what) {
   if (!v.defined()) fail(ErrorKind::value, name, what, "absent");
@@ -29,18 +28,11 @@ void check_device(const TensorView& v, const char* name, Device want) {
          device_name(v.device));
 }
 
-// Every tensor (past check::view): a contiguous last dim (vector loads on the GPU), and data.
-void check_memory(const TensorView& v, const char* name) {
-  if (v.size(-1) > 1 && v.stride(-1) != 1)
-    fail(ErrorKind::value, name, "a contiguous last dim (stride 1)", "stride " + num(v.stride(-1)));
-  if (v.numel() > 0 && v.data == nullptr) fail(ErrorKind::value, name, "data", "a null pointer");
-}
-
 // A tensor argument of fixed dtype on the query's device.
 void check_tensor(const TensorView& v, const char* name, DType dtype, Device device,
                   std::initializer_list<int64_t> shape, const std::string& expected) {
   check::tensor(v, name, dtype, device, shape, expected);
-  check_memory(v, name);
+  check::memory(v, name);
 }
 
 // A scratch buffer (workspace, kv_counters): the kernel uses its bytes from `data` on, so they
@@ -57,36 +49,14 @@ std::string item(const char* name, int64_t i, int64_t value) {
 
 // Values of host-resident index arguments (see the file comment for device data).
 void check_host_values(const DecodeArgs& a, const DecodeProblem& p) {
-  const TensorView& cum = a.cum_seq_lens_q;
-  if (cum.defined()) {
-    if (check::at(cum, 0) != 0)
-      fail(ErrorKind::value, "cum_seq_lens_q", "cum_seq_lens_q[0] == 0",
-           item("cum_seq_lens_q", 0, check::at(cum, 0)));
-    for (int64_t b = 0; b < p.num_requests; ++b)
-      if (check::at(cum, b + 1) < check::at(cum, b))
-        fail(ErrorKind::value, "cum_seq_lens_q", "non-decreasing values",
-             item("cum_seq_lens_q", b, check::at(cum, b)) + " > " +
-                 item("cum_seq_lens_q", b + 1, check::at(cum, b + 1)));
-    if (check::at(cum, p.num_requests) != p.num_tokens)
-      fail(ErrorKind::value, "cum_seq_lens_q", "cum_seq_lens_q[B] == T = " + num(p.num_tokens),
-           item("cum_seq_lens_q", p.num_requests, check::at(cum, p.num_requests)));
-  }
-  for (int64_t b = 0; b < p.num_requests; ++b) {
-    const int64_t q_len = cum.defined() ? check::at(cum, b + 1) - check::at(cum, b) : 1;
-    const int64_t seq_len = check::at(a.seq_lens, b);
-    if (q_len > a.max_q_len)
-      fail(ErrorKind::value, "max_q_len",
-           ">= every q_len (request " + num(b) + " has q_len " + num(q_len) + ")",
-           num(a.max_q_len));
-    if (seq_len < 0)
-      fail(ErrorKind::value, "seq_lens", "seq_lens[" + num(b) + "] >= 0",
-           item("seq_lens", b, seq_len));
-    if (seq_len < q_len)
-      fail(ErrorKind::value, "seq_lens",
-           "seq_lens[" + num(b) + "] >= q_len = " + num(q_len) +
-               " (the new tokens' KV is written before attention)",
-           item("seq_lens", b, seq_len));
-  }
+  check::step_requests(a.seq_lens, a.cum_seq_lens_q, p.num_requests, p.num_tokens,
+                       [&](int64_t b, int64_t q_len) {
+                         if (q_len > a.max_q_len)
+                           fail(ErrorKind::value, "max_q_len",
+                                ">= every q_len (request " + num(b) + " has q_len " +
+                                    num(q_len) + ")",
+                                num(a.max_q_len));
+                       });
   for (int64_t t = 0; t < p.num_tokens && !p.topk_columns; ++t) {
     const int32_t len = check::at(a.sparse_topk_lens, t);
     if (len < 0 || len > p.num_columns)
@@ -145,7 +115,7 @@ KvPool make_pool(const TensorView& v, const char* name) {
          "[blocks, block_size, " + num(row) + "] or [blocks, block_size, 1, " + num(row) +
              "] for a " + dtype_name(v.dtype) + " pool",
          shape_of(v));
-  check_memory(v, name);
+  check::memory(v, name);
   pool.base = static_cast<const std::byte*>(v.data);
   pool.num_blocks = v.size(0);
   pool.block_size = v.size(1);
@@ -200,7 +170,7 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   if (q.size(1) < 1) fail(ErrorKind::value, "query", "[T, H, 512] with H >= 1", shape_of(q));
   if (q.size(1) > kMaxHeads)
     fail(ErrorKind::unsupported, "query", "[T, H, 512] with H <= 128", shape_of(q));
-  check_memory(q, "query");
+  check::memory(q, "query");
   if (q.size(0) > INT32_MAX)
     fail(ErrorKind::unsupported, "query", "[T, H, 512] with T < 2^31", shape_of(q));
   p.num_tokens = q.size(0);

@@ -412,7 +412,7 @@ TEST_F(Validation, QLenAboveSeqLen) {
 
 TEST_F(Validation, NegativeSeqLen) {
   c.seq_lens.set<int32_t>(0, -5);
-  expect_error(ErrorKind::value, "seq_lens", "seq_lens[0] >= 0", "seq_lens[0] = -5");
+  expect_error(ErrorKind::value, "seq_lens", "seq_lens[0] >= q_len = 1", "seq_lens[0] = -5");
 }
 
 TEST_F(Validation, TopkLenOutsideColumns) {
