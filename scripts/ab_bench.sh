@@ -8,7 +8,9 @@
 set -uo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 BENCH_A BENCH_B [SHAPE ...]"; exit 2; }
 a=$1 b=$2; shift 2
-for bench in "$a" "$b"; do [ -x "$bench" ] || { echo "$0: $bench is not an executable"; exit 2; }; done
+for bench in "$a" "$b"; do
+  command -v "$bench" >/dev/null || { echo "$0: $bench is not an executable"; exit 2; }
+done
 failed=0
 shapes=${*:-64:128:2:512 128:128:2:1024 64:2:2:512 128:2:2:1024}
 csv=$(mktemp)

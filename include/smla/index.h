@@ -51,7 +51,8 @@ struct SparseIndexArgs {
 // K of a table: W + round_up(top_k, 4) (top_k = 0 for SWA-only layers), or the DSpark width;
 // a value error for window < 1 or top_k outside 0..2^31 - 1.
 int64_t sparse_index_columns(int window, int64_t top_k, int decode_swa_width);
-// K of the table `args` describe (top_k from its topk_indices).
+// K of the table `args` describe (top_k from its topk_indices); a value error naming
+// topk_indices past 2^31 - 1.
 int64_t sparse_index_columns(const SparseIndexArgs& args);
 
 // DSpark's SWA row width for k draft tokens: round_up(W + k, 64).

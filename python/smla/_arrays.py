@@ -152,7 +152,7 @@ def integer(x, name: str) -> int:
 def scale(x, name: str) -> float:
     """A scale as a Python float: floats, NumPy scalars and one-element host tensors. A device
     tensor is refused: reading it would synchronise the stream and break graph capture."""
-    if isinstance(x, bool):
+    if isinstance(x, bool) or str(getattr(x, "dtype", "")) in ("bool", "torch.bool"):
         raise type_error(name, "a float", "a bool")
     if isinstance(x, (int, float)):
         return float(x)

@@ -15,7 +15,7 @@ import sys
 from .buffers import kv_counter_buffer, workspace_buffer  # noqa: F401  (engines import these)
 from . import _smla
 from .decode import WINDOW, sparse_mla_decode
-from ._arrays import Typed, on_a_device
+from ._arrays import Typed, on_a_device, stream_handle
 from ._errors import value_error
 
 HEAD_DIM = _smla.HEAD_DIM
@@ -63,13 +63,14 @@ def _merge_tokens(x, name: str, ndim: int):
 
 def _call_stream(like, stream):
     """A context in which PyTorch allocates and queues on the call's `stream`, where one is
-    given for PyTorch arrays: the temporaries below must be ordered with the kernel."""
-    if stream is None or _module(like).__name__ != "torch":
+    given for PyTorch CUDA arrays: the temporaries below must be ordered with the kernel."""
+    array = _array(like)
+    if stream is None or _module(like).__name__ != "torch" or not array.is_cuda:
         return contextlib.nullcontext()
     torch = sys.modules["torch"]
     if not isinstance(stream, torch.cuda.Stream):
-        handle = stream if isinstance(stream, int) else int(getattr(stream, "cuda_stream"))
-        stream = torch.cuda.ExternalStream(handle, device=_array(like).device)
+        handle = stream_handle(stream, ("cuda", array.device.index))
+        stream = torch.cuda.ExternalStream(handle, device=array.device)
     return torch.cuda.stream(stream)
 
 

@@ -1,6 +1,7 @@
 #include "tensor_arg.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -81,12 +82,12 @@ TensorView view_of(const Array& a, const std::string& name,
     v.strides[i] = a.stride(i);  // nanobind counts strides in elements, as smla does
     empty = empty || v.shape[i] == 0;
   }
-  // An empty array's strides are arbitrary (NumPy 2 gives zeros): row-major ones, so that a
-  // T = 0 step passes the checks a non-empty one would.
+  // An empty array may come with zero strides (NumPy 2): row-major ones in their place, so that
+  // a T = 0 step passes the checks a non-empty one would; other strides stay (a padded page).
   int64_t step = 1;
   for (int i = v.ndim - 1; empty && i >= 0; --i) {
-    v.strides[i] = step;
-    step *= std::max<int64_t>(v.shape[i], 1);
+    if (v.strides[i] == 0) v.strides[i] = step;
+    step = std::max<int64_t>(v.shape[i], 1) * std::abs(v.strides[i]);
   }
   v.data = const_cast<void*>(static_cast<const void*>(a.data()));
   return v;

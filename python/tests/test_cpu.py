@@ -301,6 +301,7 @@ def bad(args, **changes):
     (lambda a: bad(a, window=128.9), TypeError, "window"),  # never truncated
     (lambda a: bad(a, max_q_len=3.7), TypeError, "max_q_len"),
     (lambda a: bad(a, bmm1_scale=True), TypeError, "bmm1_scale"),
+    (lambda a: bad(a, bmm2_scale=np.bool_(True)), TypeError, "bmm2_scale"),
     (lambda a: bad(a, query=None), ValueError, "query"),
     (lambda a: bad(a, lse=a["out"][:, 0, :16].view(np.float32)), ValueError, "out"),  # in out
 ])
@@ -311,8 +312,9 @@ def test_decode_errors_name_the_argument(change, error, argument):
     assert info.value.argument == argument
 
 
-def test_decode_of_no_tokens_writes_nothing():
-    """An idle engine step: T = 0 arrays (NumPy 2 gives empty arrays zero strides)."""
+def test_decode_of_no_tokens_is_checked_and_runs():
+    """An idle engine step: T = 0 arrays (NumPy 2 may give empty arrays zero strides) pass the
+    checks a non-empty step passes, and fail those it fails."""
     args, _ = make_case(ref.fresh_rng())
     empty = dict(args, query=args["query"][:0], sparse_indices=args["sparse_indices"][:0],
                  sparse_topk_lens=args["sparse_topk_lens"][:0], out=args["out"][:0],
@@ -321,6 +323,9 @@ def test_decode_of_no_tokens_writes_nothing():
     empty = {k: (np.empty(v.shape, v.dtype) if isinstance(v, np.ndarray) and v.size == 0 else v)
              for k, v in empty.items()}
     smla.sparse_mla_decode(**empty)
+    heads = args["query"].shape[1]
+    with pytest.raises(ValueError, match="smla: out:"):  # fewer heads than the query's
+        smla.sparse_mla_decode(**dict(empty, out=np.empty((0, heads - 1, D), BF16)))
 
 
 def test_decode_read_only_output_is_refused():

@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <utility>
+#include <numeric>
+#include <vector>
 
 namespace smla::check {
 
@@ -74,25 +75,60 @@ void disjoint(const TensorView& v, const std::string& name) {
   }
 }
 
-// [lowest, highest] byte of a checked view's elements; empty views have none.
-static std::pair<intptr_t, intptr_t> byte_range(const TensorView& v) {
-  intptr_t low = reinterpret_cast<intptr_t>(v.data), high = low;
+namespace {
+
+// A non-empty checked view's bytes: runs of `run` bytes (its last dim where contiguous, else one
+// element) at data + sum(i_d * step_d) over the other dims of size > 1, `steps` in bytes.
+struct Runs {
+  intptr_t low, high;  // lowest and highest byte
+  int64_t run;
+  std::vector<int64_t> steps;
+};
+
+Runs runs_of(const TensorView& v) {
+  const int64_t elem = int64_t(dtype_size(v.dtype));
+  Runs r{reinterpret_cast<intptr_t>(v.data), 0, elem, {}};
+  r.high = r.low;
   for (int d = 0; d < v.ndim; ++d) {
-    const intptr_t reach = intptr_t(v.shape[d] - 1) * v.strides[d] * intptr_t(dtype_size(v.dtype));
-    (reach < 0 ? low : high) += reach;
+    const int64_t step = v.strides[d] * elem, reach = (v.shape[d] - 1) * step;
+    (reach < 0 ? r.low : r.high) += reach;
+    if (d == v.ndim - 1 && step == elem)
+      r.run = v.shape[d] * elem;
+    else if (v.shape[d] > 1)
+      r.steps.push_back(std::abs(step));
   }
-  return {low, high + intptr_t(dtype_size(v.dtype)) - 1};
+  r.high += elem - 1;
+  return r;
 }
+
+}  // namespace
 
 void apart(const TensorView& written, const char* written_name, const TensorView& other,
            const char* other_name) {
   if (!written.defined() || !other.defined() || written.numel() == 0 || other.numel() == 0)
     return;
-  const auto [w0, w1] = byte_range(written);
-  const auto [o0, o1] = byte_range(other);
-  if (w0 <= o1 && o0 <= w1)
-    fail(ErrorKind::value, written_name, std::string("memory apart from ") + other_name,
-         "an overlap with " + std::string(other_name));
+  const Runs w = runs_of(written), o = runs_of(other);
+  if (w.high < o.low || o.high < w.low) return;
+  // Interleaved in one buffer (columns of one array, halves of its rows): every run starts at
+  // its view's data modulo the steps' gcd p, so runs that fit in p and start at residues apart
+  // by at least their lengths never meet.
+  int64_t p = 0;
+  for (const Runs* r : {&w, &o})
+    for (int64_t step : r->steps) p = std::gcd(p, step);
+  if (p > 0 && w.run <= p && o.run <= p) {
+    const int64_t gap = ((o.low - w.low) % p + p) % p;  // o's residue past w's
+    if (gap >= w.run && p - gap >= o.run) return;
+  }
+  fail(ErrorKind::value, written_name, std::string("memory apart from ") + other_name,
+       "an overlap with " + std::string(other_name));
+}
+
+void all_apart(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    for (auto later = out + 1; later != outputs.end(); ++later)
+      apart(out->view, out->name, later->view, later->name);
+    for (const Named& in : inputs) apart(out->view, out->name, in.view, in.name);
+  }
 }
 
 void step_requests(const TensorView& seq_lens, const TensorView& cum, int64_t num_requests,

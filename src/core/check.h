@@ -33,11 +33,20 @@ void int32_count(int64_t value, const std::string& name);
 // extent of the dims below it (a zero or overlapping stride would make writes race).
 void disjoint(const TensorView& view, const std::string& name);
 
-// Views that were checked by `view`: `written`'s bytes, from its lowest to its highest element,
-// apart from `other`'s (absent or empty views are apart from everything). Outputs of one call
-// must not overlap each other or its inputs: threads and CTAs would race on them.
+// Views that were checked by `view`: no byte of `written`'s elements is one of `other`'s. Exact
+// where their spans do not meet or they interleave in one buffer (every element's bytes at the
+// same residues modulo the gcd of their strides: columns of one array, halves of its rows);
+// anything else that meets counts as an overlap. Absent or empty views are apart from all.
 void apart(const TensorView& written, const char* written_name, const TensorView& other,
            const char* other_name);
+
+// Outputs of one call (or buffers it writes) must not overlap each other or its inputs: threads
+// and CTAs would race on them. Each of `outputs` apart from those after it and from `inputs`.
+struct Named {
+  const TensorView& view;
+  const char* name;
+};
+void all_apart(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs);
 
 // A present, consistent (`view`) tensor of `dtype` on `device` whose sizes match `shape` (-1 =
 // any size), with data behind it; `expected` describes the shape for the message.

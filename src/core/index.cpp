@@ -20,7 +20,13 @@ int64_t sparse_index_columns(const SparseIndexArgs& args) {
   const CompressedColumns& c = args.compressed;
   const int64_t top_k =
       c.compress_ratio > 0 && c.topk_indices.ndim == 2 ? c.topk_indices.size(1) : 0;
-  return sparse_index_columns(args.window, top_k, args.step.decode_swa_width);
+  const int64_t K = top_k <= INT32_MAX
+                        ? sparse_index_columns(args.window, top_k, args.step.decode_swa_width)
+                        : top_k;
+  if (K > INT32_MAX)
+    check::fail(ErrorKind::value, "topk_indices", "a table width W + top_k < 2^31",
+                std::to_string(K) + " columns");
+  return K;
 }
 
 int dspark_swa_width(int window, int num_draft_tokens) {

@@ -1,8 +1,6 @@
 // Argument checks of the index builders. Block-table and top-k values are checked by the CPU
 // backend as it reads them; a device backend cannot read them without a synchronisation.
-#include <iterator>
 #include <string>
-#include <utility>
 
 #include "core/check.h"
 #include "core/index_problem.h"
@@ -101,8 +99,7 @@ IndexProblem validate_index(const SparseIndexArgs& a) {
     p.compressed = check_pool(c.compressed_kv_cache, "compressed_kv_cache", p);
   }
 
-  p.num_columns = sparse_index_columns(p.window, p.top_k, a.step.decode_swa_width);
-  check::int32_count(p.num_columns, "K (the table's columns)");
+  p.num_columns = sparse_index_columns(a);
   const std::string K = num(p.num_columns);
   check::tensor(a.out.sparse_indices, "sparse_indices", DType::i32, p.device,
                 {p.num_tokens, p.num_columns}, "[T = " + T + ", K = " + K + "] i32");
@@ -117,25 +114,16 @@ IndexProblem validate_index(const SparseIndexArgs& a) {
   } else if (a.out.seq_lens.defined())
     fail(ErrorKind::value, "out.seq_lens", "absent (only the DSpark window writes it)",
          describe(a.out.seq_lens));
-  const std::pair<const TensorView&, const char*> outputs[] = {
-      {a.out.sparse_indices, "sparse_indices"},
-      {a.out.sparse_topk_lens, "sparse_topk_lens"},
-      {a.out.seq_lens, "out.seq_lens"}};
-  const std::pair<const TensorView&, const char*> inputs[] = {
-      {a.step.seq_lens, "seq_lens"},
-      {a.step.cum_seq_lens_q, "cum_seq_lens_q"},
-      {a.step.is_valid_token, "is_valid_token"},
-      {a.swa.block_table, "block_table"},
-      {a.compressed.topk_indices, "topk_indices"},
-      {a.compressed.block_table, "compressed.block_table"}};
-  for (size_t i = 0; i < std::size(outputs); ++i) {
-    for (size_t j = i + 1; j < std::size(outputs); ++j)
-      check::apart(outputs[i].first, outputs[i].second, outputs[j].first, outputs[j].second);
-    for (const auto& [input, name] : inputs)
-      if (ratio > 0 || (&input != &a.compressed.topk_indices &&
-                        &input != &a.compressed.block_table))  // ignored without a ratio
-        check::apart(outputs[i].first, outputs[i].second, input, name);
-  }
+  const TensorView ignored{};  // a layer without a ratio reads no compressed columns
+  check::all_apart({{a.out.sparse_indices, "sparse_indices"},
+                    {a.out.sparse_topk_lens, "sparse_topk_lens"},
+                    {a.out.seq_lens, "out.seq_lens"}},
+                   {{a.step.seq_lens, "seq_lens"},
+                    {a.step.cum_seq_lens_q, "cum_seq_lens_q"},
+                    {a.step.is_valid_token, "is_valid_token"},
+                    {a.swa.block_table, "block_table"},
+                    {ratio > 0 ? a.compressed.topk_indices : ignored, "topk_indices"},
+                    {ratio > 0 ? a.compressed.block_table : ignored, "compressed.block_table"}});
 
   if (p.device.kind == DeviceKind::cpu) check_step_values(a.step, p);
   return p;

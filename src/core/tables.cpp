@@ -72,12 +72,9 @@ std::shared_ptr<void> SparseIndexTables::memory(int layer) const {
 SparseIndexTable SparseIndexTables::build(int layer, const TableInputs& inputs, const TableKey& key,
                                           void* stream) {
   SparseIndexArgs args = inputs(layer);
-  const int64_t T = args.step.num_tokens, K = sparse_index_columns(args);
   // Checked before the allocation they size (build_sparse_indices checks the rest).
+  const int64_t T = args.step.num_tokens, K = sparse_index_columns(args);
   check::int32_count(T, "num_tokens");
-  if (K > INT32_MAX)
-    check::fail(ErrorKind::value, "topk_indices", "a table width W + top_k < 2^31",
-                std::to_string(K) + " columns");
   const bool dspark = args.step.decode_swa_width > args.window;
   // One allocation: indices, lengths, and (DSpark) the per-token seq_lens.
   const size_t bytes = sizeof(int32_t) * static_cast<size_t>(T * K + T + (dspark ? T : 0));

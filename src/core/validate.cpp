@@ -88,7 +88,7 @@ void check_topk_columns(const DecodeArgs& a, DecodeProblem& p) {
          shape_of(a.sparse_topk_lens));
   p.topk_columns = true;
   p.top_k = c.topk_indices.size(1);
-  p.num_columns = sparse_index_columns(p.window, c.topk_indices.size(1), 0);
+  p.num_columns = p.top_k < INT32_MAX ? sparse_index_columns(p.window, p.top_k, 0) : p.top_k;
   if (p.num_columns >= INT32_MAX)
     fail(ErrorKind::unsupported, "topk_columns.topk_indices", "W + top_k < 2^31",
          shape_of(c.topk_indices));
@@ -273,26 +273,24 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   }
   check_scratch(a.workspace, "workspace");
   check_scratch(a.kv_counters, "kv_counters");
-  check::apart(a.workspace, "workspace", a.kv_counters, "kv_counters");
-  const std::pair<const TensorView&, const char*> others[] = {
-      {a.lse, "lse"},
-      {a.query, "query"},
-      {a.swa_kv_cache, "swa_kv_cache"},
-      {a.compressed_kv_cache, "compressed_kv_cache"},
-      {a.sparse_indices, "sparse_indices"},
-      {a.sparse_topk_lens, "sparse_topk_lens"},
-      {a.topk_columns.topk_indices, "topk_columns.topk_indices"},
-      {a.topk_columns.block_table, "topk_columns.block_table"},
-      {a.topk_columns.is_valid_token, "topk_columns.is_valid_token"},
-      {a.seq_lens, "seq_lens"},
-      {a.cum_seq_lens_q, "cum_seq_lens_q"},
-      {a.sinks, "sinks"},
-      {a.workspace, "workspace"},
-      {a.kv_counters, "kv_counters"}};
-  for (const auto& [other, name] : others) {
-    check::apart(a.out, "out", other, name);
-    if (&other != &a.lse) check::apart(a.lse, "lse", other, name);
-  }
+  const TensorView ignored{};  // without TopkColumns its views are not read (nor checked)
+  const TopkColumns& columns = a.topk_columns;
+  check::all_apart({{a.out, "out"},
+                    {a.lse, "lse"},
+                    {a.workspace, "workspace"},
+                    {a.kv_counters, "kv_counters"}},
+                   {{a.query, "query"},
+                    {a.swa_kv_cache, "swa_kv_cache"},
+                    {a.compressed_kv_cache, "compressed_kv_cache"},
+                    {a.sparse_indices, "sparse_indices"},
+                    {a.sparse_topk_lens, "sparse_topk_lens"},
+                    {p.topk_columns ? columns.topk_indices : ignored, "topk_columns.topk_indices"},
+                    {p.topk_columns ? columns.block_table : ignored, "topk_columns.block_table"},
+                    {p.topk_columns ? columns.is_valid_token : ignored,
+                     "topk_columns.is_valid_token"},
+                    {a.seq_lens, "seq_lens"},
+                    {a.cum_seq_lens_q, "cum_seq_lens_q"},
+                    {a.sinks, "sinks"}});
 
   if (p.device.kind == DeviceKind::cpu) check_host_values(a, p);
   return p;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <exception>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -39,7 +38,7 @@ void parallel_for(int64_t n, Fn&& fn) {
   int64_t started = 1;  // range 0 is the caller's
   try {
     for (; started < workers; ++started) threads.emplace_back(range, started);
-  } catch (const std::system_error&) {  // no more threads to be had
+  } catch (...) {  // no more threads to be had (std::system_error, std::bad_alloc)
   }
   range(0);
   for (int64_t w = started; w < workers; ++w) range(w);

@@ -257,6 +257,12 @@ TEST(IndexErrors, OutputsApartFromEachOtherAndTheInputs) {
   a.out.sparse_topk_lens.shape[0] = 3;  // seq_lens and one more
   test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "sparse_topk_lens",
                           "memory apart from seq_lens", "an overlap with seq_lens");
+  // Columns of one [T, K + 1] buffer share no element: the table, then its lengths.
+  std::vector<int32_t> both(3 * 5, -7);
+  a.out = {make_view(both.data(), DType::i32, Device{}, {3, 4}, {5, 1}),
+           make_view(both.data() + 4, DType::i32, Device{}, {3}, {5}), {}};
+  build_sparse_indices(a);
+  EXPECT_EQ(both, (std::vector<int32_t>{30, 31, 32, -1, 4, 13, 14, 15, 42, 4, 14, 15, 42, 43, 4}));
 }
 
 TEST(IndexErrors, NameTheArgument) {

@@ -4,6 +4,9 @@
 #include <sys/resource.h>
 
 #include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -51,20 +54,26 @@ TEST(Parallel, EachIndexOnce) {
 }
 
 TEST(Parallel, RangesWhoseThreadCannotStartRunOnTheCaller) {
-  // A child process whose address space holds at most ~128 thread stacks of 8 MiB (or ~512 of
-  // 2) asks for 4096 threads: the ranges left run on the caller, every index once.
+  // A child process whose address space holds a few dozen thread stacks asks for 4096 threads:
+  // the ranges left run on the caller (fewer distinct threads than ranges), every index once.
   EXPECT_EXIT(
       {
         rlimit limit{};
         getrlimit(RLIMIT_AS, &limit);
-        limit.rlim_cur = rlim_t(1) << 30;
+        limit.rlim_cur = rlim_t(512) << 20;
         setrlimit(RLIMIT_AS, &limit);
         setenv("SMLA_NUM_THREADS", "4096", 1);
         std::vector<std::atomic<int>> hits(100000);
-        parallel_for(int64_t(hits.size()), [&](int64_t i) { hits[i]++; });
+        std::mutex mutex;
+        std::set<std::thread::id> threads;
+        parallel_for(int64_t(hits.size()), [&](int64_t i) {
+          hits[i]++;
+          const std::lock_guard<std::mutex> lock(mutex);
+          threads.insert(std::this_thread::get_id());
+        });
         for (const std::atomic<int>& h : hits)
           if (h.load() != 1) std::_Exit(1);
-        std::_Exit(0);
+        std::_Exit(threads.size() < 4096 ? 0 : 2);
       },
       testing::ExitedWithCode(0), "");
 }

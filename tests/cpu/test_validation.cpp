@@ -194,6 +194,21 @@ TEST_F(Validation, OutputsApartFromEachOtherAndTheInputs) {
   expect_error(ErrorKind::value, "lse", "memory apart from seq_lens", "an overlap with seq_lens");
   a.seq_lens = seq_lens;
   EXPECT_NO_THROW(validate_decode(a));
+  // Buffers the kernel writes count as outputs.
+  set_scratch_buffers();
+  const TensorView workspace = a.workspace;
+  a.workspace = make_view(a.sparse_indices.data, DType::u8, Device{}, {64});
+  expect_error(ErrorKind::value, "workspace", "memory apart from sparse_indices",
+               "an overlap with sparse_indices");
+  a.workspace = workspace;
+  // Halves of one buffer's rows interleave without sharing a byte: the query's and out's.
+  const int64_t T = a.query.size(0), H = a.query.size(1);
+  std::vector<std::byte> both(T * H * 1024 * 2);
+  a.query = make_view(both.data(), DType::bf16, Device{}, {T, H, 512}, {H * 1024, 1024, 1});
+  a.out = make_view(both.data() + 1024, DType::bf16, Device{}, {T, H, 512}, {H * 1024, 1024, 1});
+  EXPECT_NO_THROW(validate_decode(a));
+  a.out = make_view(both.data() + 512, DType::bf16, Device{}, {T, H, 512}, {H * 1024, 1024, 1});
+  expect_error(ErrorKind::value, "out", "memory apart from query", "an overlap with query");
 }
 
 // The kernel uses a scratch buffer's bytes from its start: they must be its own.
