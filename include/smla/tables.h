@@ -45,6 +45,9 @@ class SparseIndexTables {
   // `streams` orders the builds and must outlive this object.
   SparseIndexTables(std::span<const LayerSpec> layers, Streams& streams,
                     TableSharing sharing = TableSharing::shared);
+  ~SparseIndexTables();  // joins
+  SparseIndexTables(const SparseIndexTables&) = delete;
+  SparseIndexTables& operator=(const SparseIndexTables&) = delete;
 
   // The table of `layer` (its SWA group, its key). A miss builds it on the current stream,
   // stores it, then forks onto the side stream the builds the run's later layers will look
@@ -52,7 +55,8 @@ class SparseIndexTables {
   // The views stay valid until the group stores another compressed key, or reset().
   SparseIndexTable lookup(int layer, const TableInputs& inputs);
   // The memory behind the views lookup(layer) returns now (null before its lookup): holding it
-  // keeps them valid past reset() and later stores, while `streams` lives.
+  // keeps them valid past reset() and later stores, while `streams` lives. Dropping it hands
+  // the block to the next build at once: its users must have been queued on the current stream.
   std::shared_ptr<void> memory(int layer) const;
 
   // The current stream waits for every fork since the last join: before an index source's

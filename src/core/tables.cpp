@@ -104,7 +104,12 @@ void SparseIndexTables::store(const TableKey& key, Stored stored) {
         continue;
       }
       stats_.bytes -= it->second.bytes;
-      pending_.erase(it->first);
+      // A forked build nobody looked up may still be writing the block: the current stream,
+      // on which the block is next handed out, waits for it first.
+      if (const auto event = pending_.find(it->first); event != pending_.end()) {
+        streams_.wait(event->second);
+        pending_.erase(event);
+      }
       it = tables_.erase(it);
     }
   }
@@ -147,6 +152,13 @@ void SparseIndexTables::fork(size_t leader, const TableInputs& inputs) {
     } catch (...) {
     }
     throw;
+  }
+}
+
+SparseIndexTables::~SparseIndexTables() {
+  try {  // blocks go back to the streams' cache: no side-stream build may still write them
+    join();
+  } catch (...) {
   }
 }
 

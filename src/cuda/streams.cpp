@@ -55,10 +55,15 @@ class CudaStreams final : public Streams {
                                        SMLA_CUDA_CHECK(cudaMalloc(&block, bytes));
                                        return block;
                                      },
+                                 // Must not throw (the cache's destructor calls it, maybe
+                                 // at exit): unchecked calls, a failure leaks the block.
                                  .release =
-                                     [id = device.id](void* block) {
-                                       const DeviceScope scope(id);
-                                       cudaFree(block);
+                                     [id = device.id](void* block) noexcept {
+                                       int previous = id;
+                                       (void)cudaGetDevice(&previous);
+                                       if (previous != id) (void)cudaSetDevice(id);
+                                       (void)cudaFree(block);
+                                       if (previous != id) (void)cudaSetDevice(previous);
                                      },
                                  .capturing =
                                      [current = current_, id = device.id] {

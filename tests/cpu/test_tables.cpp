@@ -316,6 +316,28 @@ TEST(SparseIndexTables, ErrorInAForkJoinsBeforePropagating) {
   EXPECT_EQ(streams.log.size(), 2u);
 }
 
+// A forked table that no lookup waited for, dropped when its group stores the next key: the
+// current stream, which hands its block out next, waits for the fork first.
+TEST(SparseIndexTables, DroppedForkedTableIsWaitedFor) {
+  const auto layers = model_layers(model_preset("v41-flash"), 2);
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  const test::StepCase c(layers, small_step(2), seed);
+  test::RecordingStreams streams;
+  SparseIndexTables tables(layers, streams);
+  const TableInputs inputs = [&](int layer) { return c.args(layer); };
+  tables.lookup(0, inputs);
+  tables.lookup(1, inputs);
+  tables.join();
+  streams.log.clear();
+  tables.lookup(2, inputs);  // group 0 leads "2:2:2" and forks group 1's table (layer 3's)
+  ASSERT_EQ(tables.stats().forks.back(), (TableKey{1, "2:2:2"}));
+  tables.lookup(9, inputs);  // group 1's next key, layer 3 never looked up
+  ASSERT_EQ(layers[9].swa_group, 1);
+  EXPECT_EQ(streams.log, (std::vector<std::string>{"fork", "record 0", "wait 0", "fork",
+                                                    "record 0"}));
+}
+
 TEST(SparseIndexTables, UnknownLayerIsAnError) {
   const auto layers = model_layers(model_preset("v4-flash"), 1);
   test::RecordingStreams streams;
