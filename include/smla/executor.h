@@ -58,7 +58,9 @@ class StepExecutor {
 
   void begin_step(const StepInputs& inputs);  // resets the tables; keeps a copy of `inputs`
   // `layer`'s attention of query [T, H, 512] into out [T, H_out, 512] on the current stream.
-  // An index source joins first: its indexer would overwrite the top-k that forks read.
+  // Layers run in model order, each next index source's indexer between two calls (SPEC §5):
+  // a layer followed by an index source joins after its decode, since that indexer may
+  // overwrite a top-k the forks read (an index source joins before its lookup too).
   void run_layer(int layer, const TensorView& query, const TensorView& out);
   void end_step();  // joins, so a graph capture of the step ends joined
 
@@ -78,8 +80,12 @@ class StepExecutor {
   // Whether `layer` reads its compressed columns from the top-k in the decode.
   bool reads_topk(int layer) const;
   SparseIndexArgs table_inputs(int layer) const;
+  // Whether the layer at `position` runs the indexer whose top-k its run's tables read.
+  bool is_index_source(size_t position) const;
   // The layer's table; an index source joins first (its indexer would overwrite forks' top-k).
   SparseIndexTable table_of(const AttentionLayer& layer);
+  // After the work of the layer at `position`: joins if an index source's indexer comes next.
+  void before_next(size_t position);
   // begin_step, layer_work(i) for each layer in order, end_step; ends joined on an error too.
   void each_layer(const StepInputs& inputs, const std::function<void(size_t)>& layer_work);
 

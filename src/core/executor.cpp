@@ -148,12 +148,18 @@ void StepExecutor::begin_step(const StepInputs& inputs) {
   inputs_ = inputs;
 }
 
+bool StepExecutor::is_index_source(size_t i) const {
+  const LayerSpec& spec = table_specs_[i];  // what its table reads
+  return spec.compress_ratio > 0 && spec.index_topk > 0 && spec.index_source == spec.layer;
+}
+
 SparseIndexTable StepExecutor::table_of(const AttentionLayer& l) {
-  const LayerSpec& spec = table_specs_[position(l.spec.layer)];  // what its table reads
-  const bool index_source =
-      spec.compress_ratio > 0 && spec.index_topk > 0 && spec.index_source == spec.layer;
-  if (index_source) tables_.join();
+  if (is_index_source(position(l.spec.layer))) tables_.join();
   return tables_.lookup(l.spec.layer, [this](int other) { return table_inputs(other); });
+}
+
+void StepExecutor::before_next(size_t i) {
+  if (i + 1 < layers_.size() && is_index_source(i + 1)) tables_.join();
 }
 
 void StepExecutor::run_layer(int layer, const TensorView& query, const TensorView& out) {
@@ -197,6 +203,7 @@ void StepExecutor::run_layer(int layer, const TensorView& query, const TensorVie
   args.kv_counters = counters_view_;
   args.window = l.spec.window;
   sparse_mla_decode(args, streams_.current());
+  before_next(position(layer));
 }
 
 void StepExecutor::end_step() { tables_.join(); }
@@ -228,7 +235,10 @@ void StepExecutor::run_step(const StepInputs& inputs, std::span<const TensorView
 }
 
 void StepExecutor::build_tables(const StepInputs& inputs) {
-  each_layer(inputs, [this](size_t i) { table_of(layers_[i]); });
+  each_layer(inputs, [this](size_t i) {
+    table_of(layers_[i]);
+    before_next(i);
+  });
 }
 
 }  // namespace smla

@@ -189,6 +189,39 @@ TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {
   EXPECT_EQ(streams.log.back(), "join");
 }
 
+// The caller runs an index source's indexer between the layer before it and its own run_layer:
+// forks that may still read the top-k it overwrites are joined by then (SPEC §5).
+TEST(Executor, JoinsBeforeTheNextIndexSourcesIndexer) {
+  const auto all = model_layers(model_preset("v41-flash"), 3, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 3);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  ASSERT_EQ(specs[2].index_source, 2);  // layer 2 computes its own top-k
+  test::CaseShape shape{.q_lens = {1, 2, 1},
+                        .seq_lens = {150, 260, 40},
+                        .num_decodes = 3,
+                        .num_groups = 3,
+                        .block_size = 64,
+                        .span = 64};
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  test::StepCase c(specs, shape, seed);
+  const int64_t T = c.num_tokens();
+  int64_t max_columns = 0;
+  for (const AttentionLayer& l : c.layers)
+    max_columns = std::max(max_columns, sparse_index_columns(c.args(l.spec.layer)));
+  test::RecordingStreams streams;
+  // Tables for compressed keys too: the top-k read in a decode needs no join.
+  StepExecutor executor(c.layers, streams, T, max_columns, TableSharing::shared,
+                        CompressedIndex::table);
+  executor.begin_step(c.inputs);
+  executor.run_layer(0, c.bf16(T, kHeads), c.bf16(T, kHeads));  // forks groups 1 and 2
+  ASSERT_EQ(std::count(streams.log.begin(), streams.log.end(), "fork"), 1);
+  EXPECT_NE(streams.log.back(), "join");  // layer 1 is no index source
+  executor.run_layer(1, c.bf16(T, kHeads), c.bf16(T, kHeads));
+  EXPECT_EQ(streams.log.back(), "join");  // layer 2's indexer comes next
+  executor.end_step();
+}
+
 TEST(Executor, LayersAreCheckedWhenMade) {
   const auto all = model_layers(model_preset("v41-flash"), 1, false);
   std::vector<LayerSpec> specs(all.begin(), all.begin() + 2);
