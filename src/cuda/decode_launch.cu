@@ -192,7 +192,7 @@ bool is_decode_kernel(const void* func) {
 
 void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) {
   const int device = problem.device.id;
-  require_usable(problem.device, "query", stream);
+  require_usable(problem.device, "query");
   if (problem.num_tokens == 0) return;
 
   // Rows of 8-element units: 16 bytes for a bf16 query, 8 for an e4m3 one.

@@ -38,9 +38,8 @@ int current_device();
 // Throws ErrorKind::unsupported naming `argument` unless `ok`.
 void require(bool ok, const char* argument, const std::string& expected, const std::string& got);
 // Throws ErrorKind::unsupported naming `argument` unless `device` is a Hopper GPU that this
-// build runs on and the current CUDA device (launches go to the current device), and a value
-// error naming `stream` when the stream belongs to another device.
-void require_usable(Device device, const char* argument, void* stream);
+// build runs on and the current CUDA device (launches go to the current device).
+void require_usable(Device device, const char* argument);
 // Throws ErrorKind::unsupported naming `argument` unless `view` (if present) starts at a multiple
 // of its element size: a misaligned access would kill the CUDA context.
 void require_aligned(const TensorView& view, const char* argument);

@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) build_index_kernel(const IndexParams
 const void* index_kernel() { return reinterpret_cast<const void*>(&build_index_kernel); }
 
 void build_sparse_indices(const IndexProblem& problem, const SparseIndexArgs& a, void* stream) {
-  require_usable(problem.device, "sparse_indices", stream);
+  require_usable(problem.device, "sparse_indices");
   if (problem.num_tokens == 0) return;
   // Shapes alone say so; the CPU finds it reading cum_seq_lens_q.
   if (problem.num_requests == 0)

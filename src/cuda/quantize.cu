@@ -97,7 +97,7 @@ const void* quantize_kernel() { return reinterpret_cast<const void*>(&quantize_k
 
 void quantize_kv(const QuantizeProblem& problem, const TensorView& rows, const TensorView& slots,
                  void* stream) {
-  require_usable(problem.device, "pool", stream);
+  require_usable(problem.device, "pool");
   if (problem.num_rows == 0) return;
   // Element-aligned data (what a typed tensor has): a misaligned access would kill the context.
   require_aligned(rows, "rows");
