@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <set>
 #include <string>
 
 #include "core/check.h"
+#include "core/layer_runs.h"
 
 namespace smla {
 namespace {
@@ -74,14 +74,11 @@ std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, Compressed
   // of that group (SparseIndexTables::store drops it at the group's next key). A run reads its
   // columns one way: tables in some groups and the top-k in others measured slower than either
   // (docs/sparse_index.md).
-  for (size_t first = 0, end = 0; first < layers.size(); first = end) {
-    const std::string key = sparse_index_key(layers[first], sharing);
-    std::map<int, int> in_group;
-    for (end = first; end < layers.size() && sparse_index_key(layers[end], sharing) == key; ++end)
-      ++in_group[layers[end].swa_group];
-    const bool unshared = std::ranges::any_of(in_group, [](auto g) { return g.second == 1; });
+  for (const LayerRun& run : layer_runs(layers, sharing)) {
+    const bool unshared =
+        std::ranges::any_of(run.layers_in_group, [](auto g) { return g.second == 1; });
     if (compressed == CompressedIndex::topk || unshared)
-      for (size_t i = first; i < end; ++i) specs[i].compress_ratio = 0;
+      for (size_t i = run.first; i < run.end; ++i) specs[i].compress_ratio = 0;
   }
   return specs;
 }
@@ -114,12 +111,7 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
 }
 
 size_t StepExecutor::position(int layer) const {
-  const auto it =
-      std::lower_bound(layers_.begin(), layers_.end(), layer,
-                       [](const AttentionLayer& l, int id) { return l.spec.layer < id; });
-  if (it == layers_.end() || it->spec.layer != layer)
-    check::fail(ErrorKind::value, "layer", "a layer of this executor", std::to_string(layer));
-  return static_cast<size_t>(it - layers_.begin());
+  return layer_position(table_specs_, layer, "a layer of this executor");
 }
 
 bool StepExecutor::reads_topk(int layer) const {

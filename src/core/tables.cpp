@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "core/layer_runs.h"
 
 namespace smla {
 
@@ -28,24 +29,16 @@ SparseIndexTables::SparseIndexTables(std::span<const LayerSpec> layers, Streams&
     keys_.push_back(sparse_index_key(layers_[i], sharing));
   }
   run_end_.resize(layers_.size());
-  for (size_t first = 0, end = 0; first < layers_.size(); first = end) {
-    std::set<int> groups;
-    for (end = first; end < layers_.size() && keys_[end] == keys_[first]; ++end)
-      groups.insert(layers_[end].swa_group);
-    std::fill(run_end_.begin() + first, run_end_.begin() + end, end);
+  for (const LayerRun& run : layer_runs(layers_, sharing)) {
+    std::fill(run_end_.begin() + run.first, run_end_.begin() + run.end, run.end);
     // A fork builds at most one table per group other than the leader's.
-    most_forks = std::max(most_forks, static_cast<int>(groups.size()) - 1);
+    most_forks = std::max(most_forks, static_cast<int>(run.layers_in_group.size()) - 1);
   }
   streams_.reserve_events(most_forks);
 }
 
 size_t SparseIndexTables::position(int layer) const {
-  const auto it = std::lower_bound(layers_.begin(), layers_.end(), layer,
-                                   [](const LayerSpec& s, int id) { return s.layer < id; });
-  if (it == layers_.end() || it->layer != layer)
-    check::fail(ErrorKind::value, "layer", "a layer these tables were made for",
-                std::to_string(layer));
-  return static_cast<size_t>(it - layers_.begin());
+  return layer_position(layers_, layer, "a layer these tables were made for");
 }
 
 SparseIndexTable SparseIndexTables::lookup(int layer, const TableInputs& inputs) {
