@@ -22,6 +22,22 @@ namespace {
 
 constexpr int kHeads = 2, kOutHeads = 4;  // out padded past the query's heads
 
+// A small step over three SWA groups: three decode requests on 64-row pages.
+const test::CaseShape kThreeRequests{.q_lens = {1, 2, 1},
+                                     .seq_lens = {150, 260, 40},
+                                     .num_decodes = 3,
+                                     .num_groups = 3,
+                                     .block_size = 64,
+                                     .span = 64};
+
+// The widest table any layer of `c` reads.
+int64_t max_columns_of(const test::StepCase& c) {
+  int64_t most = 0;
+  for (const AttentionLayer& l : c.layers)
+    most = std::max(most, sparse_index_columns(c.args(l.spec.layer)));
+  return most;
+}
+
 struct Case {
   const char* model;
   int groups;
@@ -157,23 +173,15 @@ TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {
   const auto all = model_layers(model_preset("v41-flash"), 3, false);
   std::vector<LayerSpec> specs(all.begin(), all.begin() + 6);
   for (LayerSpec& s : specs) s.num_heads = kHeads;
-  test::CaseShape shape{.q_lens = {1, 2, 1},
-                        .seq_lens = {150, 260, 40},
-                        .num_decodes = 3,
-                        .num_groups = 3,
-                        .block_size = 64,
-                        .span = 64};
-  test::StepCase c(specs, shape, 3);
+  test::StepCase c(specs, kThreeRequests, 3);
   const int64_t T = c.num_tokens();
   std::vector<TensorView> queries, outs;
-  int64_t max_columns = 0;
-  for (const AttentionLayer& l : c.layers) {
+  for (size_t i = 0; i < c.layers.size(); ++i) {
     queries.push_back(c.bf16(T, kHeads));
     outs.push_back(c.bf16(T, kHeads));
-    max_columns = std::max(max_columns, sparse_index_columns(c.args(l.spec.layer)));
   }
   test::RecordingStreams streams;
-  StepExecutor executor(c.layers, streams, T, max_columns);
+  StepExecutor executor(c.layers, streams, T, max_columns_of(c));
   executor.run_step(c.inputs, queries, outs);
   const auto count = [&](const char* entry) {
     return std::count(streams.log.begin(), streams.log.end(), entry);
@@ -196,22 +204,13 @@ TEST(Executor, JoinsBeforeTheNextIndexSourcesIndexer) {
   std::vector<LayerSpec> specs(all.begin(), all.begin() + 3);
   for (LayerSpec& s : specs) s.num_heads = kHeads;
   ASSERT_EQ(specs[2].index_source, 2);  // layer 2 computes its own top-k
-  test::CaseShape shape{.q_lens = {1, 2, 1},
-                        .seq_lens = {150, 260, 40},
-                        .num_decodes = 3,
-                        .num_groups = 3,
-                        .block_size = 64,
-                        .span = 64};
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
-  test::StepCase c(specs, shape, seed);
+  test::StepCase c(specs, kThreeRequests, seed);
   const int64_t T = c.num_tokens();
-  int64_t max_columns = 0;
-  for (const AttentionLayer& l : c.layers)
-    max_columns = std::max(max_columns, sparse_index_columns(c.args(l.spec.layer)));
   test::RecordingStreams streams;
   // Tables for compressed keys too: the top-k read in a decode needs no join.
-  StepExecutor executor(c.layers, streams, T, max_columns, TableSharing::shared,
+  StepExecutor executor(c.layers, streams, T, max_columns_of(c), TableSharing::shared,
                         CompressedIndex::table);
   executor.begin_step(c.inputs);
   executor.run_layer(0, c.bf16(T, kHeads), c.bf16(T, kHeads));  // forks groups 1 and 2
