@@ -133,9 +133,6 @@ void all_apart(std::initializer_list<Named> outputs, std::initializer_list<Named
 
 void step_requests(const TensorView& seq_lens, const TensorView& cum, int64_t num_requests,
                    int64_t num_tokens, const std::function<void(int64_t, int64_t)>& more) {
-  const auto item = [](const char* name, int64_t i, int64_t value) {
-    return std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(value);
-  };
   const auto start = [&](int64_t b) -> int64_t { return cum.defined() ? at(cum, b) : b; };
   if (start(0) != 0)
     fail(ErrorKind::value, "cum_seq_lens_q", "cum_seq_lens_q[0] == 0",
@@ -147,13 +144,13 @@ void step_requests(const TensorView& seq_lens, const TensorView& cum, int64_t nu
                item("cum_seq_lens_q", b + 1, start(b + 1)));
   if (start(num_requests) != num_tokens)
     fail(ErrorKind::value, "cum_seq_lens_q",
-         "cum_seq_lens_q[B] == T = " + std::to_string(num_tokens),
+         "cum_seq_lens_q[B] == T = " + num(num_tokens),
          item("cum_seq_lens_q", num_requests, start(num_requests)));
   for (int64_t b = 0; b < num_requests; ++b) {
     const int64_t q_len = start(b + 1) - start(b), seq_len = at(seq_lens, b);
     if (seq_len < q_len)
       fail(ErrorKind::value, "seq_lens",
-           "seq_lens[" + std::to_string(b) + "] >= q_len = " + std::to_string(q_len) +
+           "seq_lens[" + num(b) + "] >= q_len = " + num(q_len) +
                " (the new tokens' KV is written before attention)",
            item("seq_lens", b, seq_len));
     if (more) more(b, q_len);

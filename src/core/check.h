@@ -15,6 +15,10 @@ namespace smla::check {
                        const std::string& got);
 
 inline std::string num(int64_t value) { return std::to_string(value); }
+// "name[i] = value", how a message names one element of an argument.
+inline std::string item(const char* name, int64_t i, int64_t value) {
+  return std::string(name) + "[" + num(i) + "] = " + num(value);
+}
 std::string shape_of(const TensorView& view);    // "[4, 128]"
 std::string strides_of(const TensorView& view);  // "[128, 1]"
 

@@ -16,7 +16,7 @@ using check::fail;
 using check::num;
 using check::shape_of;
 
-std::string item(int64_t i, int64_t value) { return "slots[" + num(i) + "] = " + num(value); }
+std::string item(int64_t i, int64_t value) { return check::item("slots", i, value); }
 
 // Every slot inside the pool's real rows or negative, and no slot written twice (the result
 // would depend on the order of the writes).

@@ -14,6 +14,7 @@ namespace smla {
 namespace {
 
 using check::fail;
+using check::item;
 using check::num;
 using check::shape_of;
 
@@ -41,10 +42,6 @@ void check_scratch(const TensorView& v, const char* name) {
   if (v.defined() && !v.is_contiguous())
     fail(ErrorKind::value, name, "a contiguous buffer", shape_of(v) + " with strides " +
                                                           check::strides_of(v));
-}
-
-std::string item(const char* name, int64_t i, int64_t value) {
-  return std::string(name) + "[" + num(i) + "] = " + num(value);
 }
 
 // Values of host-resident index arguments (see the file comment for device data).
