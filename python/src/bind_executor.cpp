@@ -96,7 +96,8 @@ class Executor {
 
 void bind_executor(nb::module_& m) {
   nb::class_<Inputs>(m, "StepInputs", "smla::StepInputs with the arrays it views");
-  m.def("make_step_inputs", &make_step_inputs, nb::arg("metadata"), nb::arg("block_tables"), nb::arg("compressed_block_tables"), nb::arg("topk_indices"));
+  m.def("make_step_inputs", &make_step_inputs, nb::arg("metadata"), nb::arg("block_tables"),
+        nb::arg("compressed_block_tables"), nb::arg("topk_indices"));
 
   nb::class_<Executor>(m, "StepExecutor")
       .def(nb::init<const std::vector<LayerSpec>&, const std::vector<nb::handle>&,

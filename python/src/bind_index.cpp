@@ -59,8 +59,8 @@ void bind_index(nb::module_& m) {
         nb::arg("seq_lens").none(), nb::arg("cum_seq_lens_q").none(),
         nb::arg("is_valid_token").none(), nb::arg("num_decodes"), nb::arg("max_q_len"),
         nb::arg("decode_swa_width"));
-  m.def("make_index_args", &make_index_args, nb::arg("step"), nb::arg("block_table").none(), nb::arg("swa_kv_cache").none(),
-        nb::arg("compress_ratio"), nb::arg("topk_indices").none(),
+  m.def("make_index_args", &make_index_args, nb::arg("step"), nb::arg("block_table").none(),
+        nb::arg("swa_kv_cache").none(), nb::arg("compress_ratio"), nb::arg("topk_indices").none(),
         nb::arg("compressed_block_table").none(), nb::arg("compressed_kv_cache").none(),
         nb::arg("window"), nb::arg("sparse_indices").none(), nb::arg("sparse_topk_lens").none(),
         nb::arg("out_seq_lens").none());
