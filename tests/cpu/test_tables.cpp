@@ -32,6 +32,18 @@ test::CaseShape small_step(int groups) {
           .span = 64};
 }
 
+// A step of `layers` on fresh random inputs, and tables over streams that log each ordering
+// call. The test names `seed` in a SCOPED_TRACE.
+struct LoggedStep {
+  LoggedStep(std::vector<LayerSpec> specs, int groups)
+      : layers(std::move(specs)), c(layers, small_step(groups), seed), tables(layers, streams) {}
+  std::vector<LayerSpec> layers;
+  uint64_t seed = test::fresh_seed();
+  test::StepCase c;
+  test::RecordingStreams streams;
+  SparseIndexTables tables;
+};
+
 // The rows of a table, copied out (a table's memory goes when its group moves on).
 std::vector<int32_t> contents(const SparseIndexTable& t) {
   const int32_t* i = t.sparse_indices.ptr<int32_t>();
@@ -161,12 +173,9 @@ TEST(ModelPresets, ShapesOfSpec6) {
 }
 
 TEST(SparseIndexTables, V41ThreeGroupsByHand) {
-  const auto layers = model_layers(model_preset("v41-flash"), 3);
-  const uint64_t seed = test::fresh_seed();
+  LoggedStep logged(model_layers(model_preset("v41-flash"), 3), 3);
+  auto& [layers, seed, c, streams, tables] = logged;
   SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
-  const test::StepCase c(layers, small_step(3), seed);
-  test::RecordingStreams streams;
-  SparseIndexTables tables(layers, streams);
   run_step(tables, c, layers);
   // Layer 0 (group 0) forks group 1's swa_only table; each compressed run's first layer forks
   // the two other groups' tables.
@@ -208,12 +217,9 @@ class TablesOverPatterns : public testing::TestWithParam<Pattern> {};
 
 TEST_P(TablesOverPatterns, EachTableBuiltOnceForkedAsSpecSays) {
   const auto [model, groups] = GetParam();
-  const auto layers = model_layers(model_preset(model), groups, true);
-  const uint64_t seed = test::fresh_seed();
+  LoggedStep logged(model_layers(model_preset(model), groups, true), groups);
+  auto& [layers, seed, c, streams, tables] = logged;
   SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
-  const test::StepCase c(layers, small_step(groups), seed);
-  test::RecordingStreams streams;
-  SparseIndexTables tables(layers, streams);
   for (int step = 0; step < 2; ++step) {  // reset between steps: the same work again
     run_step(tables, c, layers);
     const TableStats& stats = tables.stats();
@@ -287,12 +293,9 @@ INSTANTIATE_TEST_SUITE_P(Models, TablesOverPatterns,
                          });
 
 TEST(SparseIndexTables, ErrorInAForkJoinsBeforePropagating) {
-  const auto layers = model_layers(model_preset("v41-flash"), 2);
-  const uint64_t seed = test::fresh_seed();
+  LoggedStep logged(model_layers(model_preset("v41-flash"), 2), 2);
+  auto& [layers, seed, c, streams, tables] = logged;
   SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
-  const test::StepCase c(layers, small_step(2), seed);
-  test::RecordingStreams streams;
-  SparseIndexTables tables(layers, streams);
   tables.reset();
   // Layer 3, in group 1, is the fork target of the run that layer 2 leads.
   const TableInputs inputs = [&](int layer) {
@@ -319,12 +322,9 @@ TEST(SparseIndexTables, ErrorInAForkJoinsBeforePropagating) {
 // A forked table that no lookup waited for, dropped when its group stores the next key: the
 // current stream, which hands its block out next, waits for the fork first.
 TEST(SparseIndexTables, DroppedForkedTableIsWaitedFor) {
-  const auto layers = model_layers(model_preset("v41-flash"), 2);
-  const uint64_t seed = test::fresh_seed();
+  LoggedStep logged(model_layers(model_preset("v41-flash"), 2), 2);
+  auto& [layers, seed, c, streams, tables] = logged;
   SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
-  const test::StepCase c(layers, small_step(2), seed);
-  test::RecordingStreams streams;
-  SparseIndexTables tables(layers, streams);
   const TableInputs inputs = [&](int layer) { return c.args(layer); };
   tables.lookup(0, inputs);
   tables.lookup(1, inputs);
