@@ -27,6 +27,18 @@ std::string dlpack_name(nb::dlpack::dtype d) {
   return base + std::to_string(d.bits) + (d.lanes != 1 ? "x" + std::to_string(d.lanes) : "");
 }
 
+// For the dtypes engines hold indices and scales in, the conversion that smla takes (arrays are
+// never converted here: a copy per call would hide its cost).
+std::string conversion_hint(nb::dlpack::dtype d) {
+  if (d.lanes != 1) return "";
+  const auto code = static_cast<Code>(d.code);
+  if ((code == Code::Int && d.bits != 32) || (code == Code::UInt && d.bits >= 32))
+    return ": indices, lengths and offsets are int32 (.to(torch.int32) or .astype(numpy.int32))";
+  if (code == Code::Float && d.bits != 32)
+    return ": sinks and lse are float32 (.float() or .astype(numpy.float32)), rows bf16";
+  return "";
+}
+
 // The smla dtype a DLPack dtype is, if any.
 std::optional<DType> native(nb::dlpack::dtype d) {
   if (d.lanes != 1) return std::nullopt;
@@ -59,7 +71,7 @@ TensorView view_of(const Array& a, const std::string& name,
     throw Error(ErrorKind::type, name,
                 "bf16, f8e4m3 (float8_e4m3fn), f32, i32 or u8 elements (a uint16/uint8 array "
                 "holding bf16/fp8 bits: smla.with_dtype(array, 'bf16'/'f8e4m3'))",
-                dlpack_name(d));
+                dlpack_name(d) + conversion_hint(d));
   }
   switch (a.device_type()) {
     case nb::device::cpu::value:

@@ -312,6 +312,15 @@ def test_decode_errors_name_the_argument(change, error, argument):
     assert info.value.argument == argument
 
 
+def test_dtype_errors_name_the_conversion_taken():
+    """int64 indices and float64 arrays, which engines hold, are refused with the conversion."""
+    args, _ = make_case(ref.fresh_rng())
+    with pytest.raises(TypeError, match="got int64: indices, lengths and offsets are int32"):
+        smla.sparse_mla_decode(**bad(args, seq_lens=args["seq_lens"].astype(np.int64)))
+    with pytest.raises(TypeError, match=r"got float64: sinks and lse are float32 \(\.float\(\)"):
+        smla.sparse_mla_decode(**bad(args, lse=args["lse"].astype(np.float64)))
+
+
 def test_decode_of_no_tokens_is_checked_and_runs():
     """An idle engine step: T = 0 arrays (NumPy 2 may give empty arrays zero strides) pass the
     checks a non-empty step passes, and fail those it fails."""
@@ -535,7 +544,11 @@ def test_build_sparse_indices_errors_name_the_argument():
     args = index_args(c, 4)
     args.out = smla.SparseIndexTable(np.zeros((4, W + 12), np.int32), np.zeros(4, np.int32))
     args.swa.block_table = c["block_table"].astype(np.int64)
-    with pytest.raises(TypeError, match="smla: block_table:"):
+    with pytest.raises(TypeError, match="smla: block_table: .*, got int64: indices, lengths and "
+                       r"offsets are int32 \(\.to\(torch\.int32\)"):
+        smla.build_sparse_indices(args)
+    args.swa.block_table = c["block_table"].astype(np.uint16)  # no int32 hint: bf16 bits, maybe
+    with pytest.raises(TypeError, match="smla: block_table: .*with_dtype.*, got uint16$"):
         smla.build_sparse_indices(args)
     args.swa.block_table = c["block_table"]
     args.out.sparse_indices = np.zeros((4, W + 4), np.int32)

@@ -8,10 +8,28 @@
 
 namespace smla::cuda {
 
+// Errors that asynchronous work leaves on the context for every later call to return: the call
+// that sees one need not be the one that caused it.
+inline bool is_sticky(cudaError_t status) {
+  switch (status) {
+    case cudaErrorIllegalAddress: case cudaErrorLaunchTimeout: case cudaErrorAssert:
+    case cudaErrorHardwareStackError: case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress: case cudaErrorInvalidAddressSpace: case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure: case cudaErrorTensorMemoryLeak: case cudaErrorContained:
+    case cudaErrorMpsClientTerminated: case cudaErrorExternalDevice:
+      return true;
+    default:
+      return false;
+  }
+}
+
 inline void check(cudaError_t status, const char* call) {
-  if (status != cudaSuccess)
-    throw Error(ErrorKind::runtime, call, "cudaSuccess",
-                std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")");
+  if (status == cudaSuccess) return;
+  std::string got = std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")";
+  if (is_sticky(status))
+    got += "; a sticky error: earlier asynchronous work on this device may have caused it, and "
+           "the process must restart to use CUDA again";
+  throw Error(ErrorKind::runtime, call, "cudaSuccess", got);
 }
 
 }  // namespace smla::cuda

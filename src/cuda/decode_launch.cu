@@ -17,10 +17,8 @@
 namespace smla::cuda {
 namespace {
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 PoolParams pool_params(const KvPool& pool, const char* name) {
-  require(aligned16(pool.base) && pool.token_stride_bytes % 16 == 0 &&
+  require(aligned(pool.base, 16) && pool.token_stride_bytes % 16 == 0 &&
               pool.block_stride_bytes % 16 == 0,
           name, "16-byte aligned rows on CUDA",
           "base " + std::to_string(reinterpret_cast<uintptr_t>(pool.base) % 16) +
@@ -93,14 +91,17 @@ bool query_by_tma(const DecodePlan& plan, const TensorView& q, const DecodeProbl
   return plan.num_splits == 1 && plan.heads_per_cta == kMmaRows && query_map(q, problem, &tp.q_map);
 }
 
-// Sets the kernel's shared-memory size once per device (before its first launch or query).
+// Sets the kernel's shared-memory size once per device (`device` current), before its first
+// launch or query: a call costs ~240 ns on an H200, and the runtime keeps the setting across a
+// cudaDeviceReset (GpuDecode.DecodesAgainAfterADeviceReset).
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma = false>
 void allow_large_smem(int device) {
-  static std::array<std::atomic<bool>, 64> done{};
-  if (done[device].load()) return;
+  static PerDevice<std::atomic<bool>> done;
+  std::atomic<bool>& set = done.at(device);
+  if (set.load()) return;
   SMLA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<L, kTopk, kF16, kQueryTma>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<L>));
-  done[device].store(true);
+  set.store(true);
 }
 
 // The kernels: per cache layout, reading a table or (kTopk) a top-k, for an e4m3 cache with an
@@ -140,12 +141,13 @@ void use_cluster_reduction(bool enabled) { cluster_reduction.store(enabled); }
 
 Occupancy decode_occupancy(int device) {
   // Every decode kernel takes a whole SM (its shared memory), so one kernel's answer holds for all.
-  static std::array<std::array<std::atomic<int>, kMaxClusterSplits + 1>, 64> cache{};
+  static PerDevice<std::array<std::atomic<int>, kMaxClusterSplits + 1>> cache;
   Occupancy o;
   o.ctas = sm_count(device);
   if (!cluster_reduction.load()) return o;
+  auto& cached = cache.at(device);
   for (int c = 2; c <= kMaxClusterSplits; ++c) {
-    int clusters = cache[device][c].load(std::memory_order_relaxed);
+    int clusters = cached[c].load(std::memory_order_relaxed);
     if (clusters == 0) {
       allow_large_smem<KvLayout::bf16, false, false>(device);
       cudaLaunchAttribute attr = cluster_attribute(c);
@@ -158,7 +160,7 @@ Occupancy decode_occupancy(int device) {
       SMLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(
           &clusters, decode_kernel<KvLayout::bf16, false, false, false>, &config));
       clusters = std::max(clusters, 0) + 1;  // cached + 1, so that 0 means not yet asked
-      cache[device][c].store(clusters, std::memory_order_relaxed);
+      cached[c].store(clusters, std::memory_order_relaxed);
     }
     o.cluster_ctas[c] = (clusters - 1) * c;
   }
@@ -172,8 +174,7 @@ size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
 }
 
 size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, int device) {
-  if (const std::string why = unsupported_reason(device); !why.empty())
-    throw Error(ErrorKind::unsupported, "device", "a CUDA device that can run the kernels", why);
+  require_supported(device);
   // The occupancy query and the kernel attribute it sets act on the current device, and are
   // cached per device: `device` must be current for them.
   const DeviceScope scope(device);
@@ -198,11 +199,11 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   // Rows of 8-element units: 16 bytes for a bf16 query, 8 for an e4m3 one.
   const TensorView& q = args.query;
   const bool q_fp8 = problem.query_dtype == DType::f8e4m3;
-  require(aligned16(q.data) && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0, "query",
+  require(aligned(q.data, 16) && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0, "query",
           q_fp8 ? "8-byte aligned rows on CUDA (16-byte aligned start)"
                 : "16-byte aligned rows on CUDA",
           describe(q));
-  require(reinterpret_cast<uintptr_t>(args.out.data) % 16 == 0 && args.out.stride(0) % 8 == 0 &&
+  require(aligned(args.out.data, 16) && args.out.stride(0) % 8 == 0 &&
               args.out.stride(1) % 8 == 0,
           "out", "16-byte aligned rows on CUDA", describe(args.out));
 
@@ -217,10 +218,10 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
     require_aligned(*view, name);
   const size_t workspace_have = bytes_of(args.workspace);
   const size_t counters_have = bytes_of(args.kv_counters);
-  require(!args.workspace.defined() || aligned16(args.workspace.data), "workspace",
+  require(!args.workspace.defined() || aligned(args.workspace.data, 16), "workspace",
           "16-byte alignment", "a misaligned pointer");
   require(
-      !args.kv_counters.defined() || reinterpret_cast<uintptr_t>(args.kv_counters.data) % 4 == 0,
+      !args.kv_counters.defined() || aligned(args.kv_counters.data, 4),
       "kv_counters", "4-byte alignment", "a misaligned pointer");
   // Too small a workspace or counter buffer only limits splitting (SPEC §3: fall back).
   const DecodePlan plan =

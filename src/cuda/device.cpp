@@ -2,7 +2,6 @@
 
 #include <cuda_runtime.h>
 
-#include <array>
 #include <atomic>
 #include <string>
 
@@ -11,14 +10,19 @@
 
 namespace smla::cuda {
 
+void require_device_index(int device, int count) {
+  if (device < 0 || device >= count)
+    throw Error(ErrorKind::value, "device", "a CUDA device index below " + std::to_string(count),
+                std::to_string(device));
+}
+
 int sm_count(int device) {
-  static std::array<std::atomic<int>, 64> cache{};
-  if (device < 0 || device >= int(cache.size()))
-    throw Error(ErrorKind::value, "device", "a CUDA device index below 64", std::to_string(device));
-  int count = cache[device].load(std::memory_order_relaxed);
+  static PerDevice<std::atomic<int>> cache;
+  std::atomic<int>& cached = cache.at(device);
+  int count = cached.load(std::memory_order_relaxed);
   if (count == 0) {
     SMLA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    cache[device].store(count, std::memory_order_relaxed);
+    cached.store(count, std::memory_order_relaxed);
   }
   return count;
 }
@@ -51,9 +55,14 @@ void require(bool ok, const char* argument, const std::string& expected, const s
   if (!ok) throw Error(ErrorKind::unsupported, argument, expected, got);
 }
 
+void require_supported(int device) {
+  const std::string why = unsupported_reason(device);
+  require(why.empty(), "device", "a CUDA device that can run the kernels", why);
+}
+
 void require_aligned(const TensorView& view, const char* argument) {
   const size_t size = dtype_size(view.dtype);
-  require(!view.defined() || reinterpret_cast<uintptr_t>(view.data) % size == 0, argument,
+  require(!view.defined() || aligned(view.data, size), argument,
           std::to_string(size) + "-byte aligned " + dtype_name(view.dtype) + " data",
           "a misaligned pointer");
 }

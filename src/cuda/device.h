@@ -2,6 +2,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -32,11 +33,35 @@ class DeviceScope {
   bool changed_ = false;
 };
 
+// Throws ErrorKind::value naming "device" unless 0 <= device < count.
+void require_device_index(int device, int count);
+
+// Per-device values a process computes once (facts of the hardware, not of a context, so a
+// cudaDeviceReset leaves them true): `at` throws ErrorKind::value past the 64 devices it holds.
+template <class T>
+class PerDevice {
+ public:
+  T& at(int device) {
+    require_device_index(device, int(values_.size()));
+    return values_[device];
+  }
+
+ private:
+  std::array<T, 64> values_{};
+};
+
 int sm_count(int device);
 int current_device();
 
+inline bool aligned(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
 // Throws ErrorKind::unsupported naming `argument` unless `ok`.
 void require(bool ok, const char* argument, const std::string& expected, const std::string& got);
+// Throws ErrorKind::unsupported naming "device" unless `device` is a Hopper GPU that this build
+// runs on.
+void require_supported(int device);
 // Throws ErrorKind::unsupported naming `argument` unless `device` is a Hopper GPU that this
 // build runs on and the current CUDA device (launches go to the current device).
 void require_usable(Device device, const char* argument);

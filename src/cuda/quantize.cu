@@ -89,8 +89,6 @@ __global__ void __launch_bounds__(kThreads) quantize_kv_kernel(const QuantizePar
   }
 }
 
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 }  // namespace
 
 const void* quantize_kernel() { return reinterpret_cast<const void*>(&quantize_kv_kernel); }

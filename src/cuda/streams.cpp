@@ -147,8 +147,7 @@ class CudaStreams final : public Streams {
 }  // namespace
 
 std::unique_ptr<Streams> make_streams(Device device, void* stream) {
-  if (const std::string why = unsupported_reason(device.id); !why.empty())
-    throw Error(ErrorKind::unsupported, "device", "a CUDA device that can run the kernels", why);
+  require_supported(device.id);
   return std::make_unique<CudaStreams>(device, static_cast<cudaStream_t>(stream));
 }
 

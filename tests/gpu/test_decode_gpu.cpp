@@ -2,6 +2,7 @@
 // the persistent-counter, determinism and graph-capture contracts of SPEC §3.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <optional>
@@ -289,6 +290,30 @@ TEST(GpuDecode, GraphReplayEqualsEagerBitwise) {
                            fresh_seed());
   poison_unattended_rows(c);
   expect_replays_equal_eager(c, KvLayout::bf16, 100, 25);
+}
+
+// The backend sets each kernel's shared-memory attribute and caches occupancy once per device:
+// decodes before and after a cudaDeviceReset (split and unsplit plans, bf16 and fp8_ds_mla) stay
+// right. Exits 0 when they did.
+[[noreturn]] void decode_around_a_reset() {
+  for (int round = 0; round < 2; ++round) {
+    for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_ds_mla}) {
+      const CaseSpec spec{
+          .layout = layout, .heads = 64, .requests = 3, .max_q = 2, .compressed_width = 512};
+      check_against_oracle_and_cpu(spec);
+      check_against_oracle_and_cpu(spec, 0, 0);
+    }
+    if (round == 0 && cudaDeviceReset() != cudaSuccess) std::exit(2);
+  }
+  std::exit(testing::Test::HasFailure() ? 1 : 0);
+}
+
+// In a child process (threadsafe death-test style: it runs this test alone from a fresh start),
+// so that the reset frees no other test's memory.
+TEST(GpuDecode, DecodesAgainAfterADeviceReset) {
+  SKIP_WITHOUT_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(decode_around_a_reset(), testing::ExitedWithCode(0), "");
 }
 
 // Too small a counter buffer or workspace, or none, falls back to fewer splits: still right.

@@ -1,0 +1,42 @@
+// The CUDA backend's host helpers, which need no GPU: what a failed call's error says, and the
+// per-device caches' bounds.
+#include <gtest/gtest.h>
+
+#include "cuda/check.h"
+#include "cuda/device.h"
+#include "error_check.h"
+
+namespace smla::test {
+namespace {
+
+// A sticky error comes back from whatever call runs after the work that caused it: the error
+// says so rather than blaming that call alone.
+TEST(CudaCheck, StickyErrorsSayAnEarlierFailureMayBeTheCause) {
+  for (const cudaError_t status : {cudaErrorIllegalAddress, cudaErrorLaunchFailure,
+                                   cudaErrorMisalignedAddress, cudaErrorAssert})
+    expect_smla_error([&] { cuda::check(status, "cudaStreamSynchronize(stream)"); },
+                      ErrorKind::runtime, "cudaStreamSynchronize(stream)", "cudaSuccess",
+                      std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) +
+                          "); a sticky error: earlier asynchronous work");
+  try {
+    cuda::check(cudaErrorInvalidValue, "cudaMemsetAsync(dst, 0, bytes, stream)");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.got(), std::string("cudaErrorInvalidValue (") +
+                           cudaGetErrorString(cudaErrorInvalidValue) + ")");
+  }
+  EXPECT_NO_THROW(cuda::check(cudaSuccess, "cudaGetDevice(&device)"));
+}
+
+TEST(CudaDevice, PerDeviceCachesRefuseIndicesPastTheirSize) {
+  cuda::PerDevice<int> cache;
+  cache.at(0) = 1;
+  cache.at(63) = 2;
+  EXPECT_EQ(cache.at(0) + cache.at(63), 3);
+  for (const int device : {-1, 64})
+    expect_smla_error([&] { cache.at(device); }, ErrorKind::value, "device",
+                      "a CUDA device index below 64", std::to_string(device));
+}
+
+}  // namespace
+}  // namespace smla::test
