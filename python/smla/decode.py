@@ -90,7 +90,8 @@ def query_capability(head_size: int, query_dtype: str, kv_dtype: str, block_size
     """(supported, reason) for one configuration on one device; dtypes by smla's names
     ("bf16", "f8e4m3", "u8" for fp8_ds_mla)."""
     kind, index = parse_device(device)
-    return _smla.query_capability(head_size, query_dtype, kv_dtype, block_size, kind, index)
+    return _smla.query_capability(integer(head_size, "head_size"), query_dtype, kv_dtype,
+                                  integer(block_size, "block_size"), kind, index)
 
 
 def backend_info() -> str:

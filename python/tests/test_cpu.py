@@ -449,6 +449,10 @@ def test_buffer_sizes_and_capability():
     assert not supported and "512" in reason
     with pytest.raises(ValueError, match="smla: kv_dtype:"):
         smla.query_capability(512, "bf16", "fp16", 64, "cpu")
+    with pytest.raises(TypeError, match="smla: head_size: expected an int, got a bool"):
+        smla.query_capability(True, "bf16", "bf16", 64, "cpu")
+    with pytest.raises(TypeError, match="smla: block_size: expected an int, got float"):
+        smla.query_capability(512, "bf16", "bf16", 64.0, "cpu")
 
 
 # ---------------------------------------------------------------------------------------------
