@@ -112,7 +112,7 @@ CUtensorMap row_map(const char* pool, size_t rows) {
   const uint64_t dims[2] = {kRowBytes / 2, rows}, strides[1] = {kRowBytes};
   const uint32_t box[2] = {64, 1};
   CUtensorMap map;
-  if (!tensor_map(&map, pool, false, 2, dims, strides, box))
+  if (!tensor_map(&map, pool, false, 2, dims, strides, box, "pool"))
     throw smla::Error(smla::ErrorKind::runtime, "pool", "a tensor TMA can map",
                       std::to_string(rows) + " rows of " + std::to_string(kRowBytes) + " bytes");
   return map;

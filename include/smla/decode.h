@@ -72,8 +72,8 @@ void sparse_mla_decode(const DecodeArgs& args, void* stream = nullptr);
 // SPEC §3's max_rows = max_tokens x the finest head groups a plan may pick, computed here.
 size_t kv_counter_bytes(int64_t max_tokens, int num_heads);
 // Bytes of split-KV workspace enough for every launch of `num_heads` heads with at most
-// `num_tokens` tokens and `num_columns` columns on `device` (0 on the CPU).
-size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, Device device);
+// `max_tokens` tokens and `max_columns` columns on `device` (0 on the CPU).
+size_t workspace_bytes(int64_t max_tokens, int num_heads, int64_t max_columns, Device device);
 
 // "supported" or the reason why not, for one configuration on one device.
 struct Capability {

@@ -77,12 +77,12 @@ def kv_counter_bytes(max_tokens: int, num_heads: int) -> int:
                                   integer(num_heads, "num_heads"))
 
 
-def workspace_bytes(num_tokens: int, num_heads: int, num_columns: int, device="cuda") -> int:
-    """Bytes of split-KV workspace a launch of this shape uses at most on `device` (0 on the
-    CPU)."""
+def workspace_bytes(max_tokens: int, num_heads: int, max_columns: int, device="cuda") -> int:
+    """Bytes of split-KV workspace enough for every launch of `num_heads` heads with at most
+    `max_tokens` tokens and `max_columns` columns on `device` (0 on the CPU)."""
     kind, index = parse_device(device)
-    return _smla.workspace_bytes(integer(num_tokens, "num_tokens"), integer(num_heads, "num_heads"),
-                                 integer(num_columns, "num_columns"), kind, index)
+    return _smla.workspace_bytes(integer(max_tokens, "max_tokens"), integer(num_heads, "num_heads"),
+                                 integer(max_columns, "max_columns"), kind, index)
 
 
 def query_capability(head_size: int, query_dtype: str, kv_dtype: str, block_size: int,

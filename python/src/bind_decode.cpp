@@ -72,11 +72,11 @@ void bind_decode(nb::module_& m) {
   m.def("kv_counter_bytes", &kv_counter_bytes, nb::arg("max_tokens"), nb::arg("num_heads"));
   m.def(
       "workspace_bytes",
-      [](int64_t num_tokens, int num_heads, int64_t num_columns, const std::string& kind,
+      [](int64_t max_tokens, int num_heads, int64_t max_columns, const std::string& kind,
          int id) {
-        return workspace_bytes(num_tokens, num_heads, num_columns, parse_device(kind, id));
+        return workspace_bytes(max_tokens, num_heads, max_columns, parse_device(kind, id));
       },
-      nb::arg("num_tokens"), nb::arg("num_heads"), nb::arg("num_columns"), nb::arg("kind"),
+      nb::arg("max_tokens"), nb::arg("num_heads"), nb::arg("max_columns"), nb::arg("kind"),
       nb::arg("id"));
   m.def(
       "query_capability",

@@ -22,17 +22,16 @@ void sparse_mla_decode(const DecodeArgs& args, void* stream) {
 }
 
 // The buffer sizes' arguments: what a launch may have (decode validation's 32-bit limits).
-static void check_sizes(const char* tokens_name, int64_t tokens, int num_heads,
-                        int64_t columns = 0) {
-  check::int32_count(tokens, tokens_name);
+static void check_sizes(int64_t max_tokens, int num_heads, int64_t max_columns = 0) {
+  check::int32_count(max_tokens, "max_tokens");
   if (num_heads < 1 || num_heads > kMaxHeads)
     check::fail(ErrorKind::value, "num_heads", "1.." + std::to_string(kMaxHeads),
                 std::to_string(num_heads));
-  check::int32_count(columns, "num_columns");
+  check::int32_count(max_columns, "max_columns");
 }
 
 size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
-  check_sizes("max_tokens", max_tokens, num_heads);
+  check_sizes(max_tokens, num_heads);
 #if SMLA_WITH_CUDA
   return cuda::kv_counter_bytes(max_tokens, num_heads);
 #else
@@ -41,13 +40,13 @@ size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
 #endif
 }
 
-size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, Device device) {
-  check_sizes("num_tokens", num_tokens, num_heads, num_columns);
+size_t workspace_bytes(int64_t max_tokens, int num_heads, int64_t max_columns, Device device) {
+  check_sizes(max_tokens, num_heads, max_columns);
   if (device.kind == DeviceKind::cpu) return 0;
 #if SMLA_WITH_CUDA
-  return cuda::workspace_bytes(num_tokens, num_heads, num_columns, device.id);
+  return cuda::workspace_bytes(max_tokens, num_heads, max_columns, device.id);
 #else
-  (void)num_tokens, (void)num_heads, (void)num_columns;
+  (void)max_tokens, (void)num_heads, (void)max_columns;
   return 0;
 #endif
 }

@@ -21,7 +21,7 @@ Occupancy decode_occupancy(int device);
 // Whether split rows may be reduced in clusters (default true); false leaves the counters only,
 // in this process's later plans and workspace sizes: a test seam for the counter path.
 void use_cluster_reduction(bool enabled);
-size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, int device);
+size_t workspace_bytes(int64_t max_tokens, int num_heads, int64_t max_columns, int device);
 
 // Empty when `device` can run the kernels, else the reason.
 std::string unsupported_reason(int device);

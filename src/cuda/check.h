@@ -23,9 +23,14 @@ inline bool is_sticky(cudaError_t status) {
   }
 }
 
+// "cudaErrorX (its description)".
+inline std::string describe(cudaError_t status) {
+  return std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")";
+}
+
 inline void check(cudaError_t status, const char* call) {
   if (status == cudaSuccess) return;
-  std::string got = std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")";
+  std::string got = describe(status);
   if (is_sticky(status))
     got += "; a sticky error: earlier asynchronous work on this device may have caused it, and "
            "the process must restart to use CUDA again";

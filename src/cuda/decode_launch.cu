@@ -81,7 +81,7 @@ bool query_map(const TensorView& q, const DecodeProblem& problem, CUtensorMap* m
   const uint64_t dims[3] = {512, uint64_t(problem.num_heads), uint64_t(problem.num_tokens)};
   const uint64_t strides[2] = {stride(1), stride(0)};
   const uint32_t box[3] = {uint32_t(128 / element), 8, 1};
-  return tensor_map(map, q.data, e4m3, 3, dims, strides, box);
+  return tensor_map(map, q.data, e4m3, 3, dims, strides, box, "query");
 }
 
 // Unsplit plans of 64 heads a CTA read the query by TMA where a map holds its view (`tp` then
@@ -91,36 +91,32 @@ bool query_by_tma(const DecodePlan& plan, const TensorView& q, const DecodeProbl
   return plan.num_splits == 1 && plan.heads_per_cta == kMmaRows && query_map(q, problem, &tp.q_map);
 }
 
-// Sets the kernel's shared-memory size once per device (`device` current), before its first
-// launch or query: a call costs ~240 ns on an H200, and the runtime keeps the setting across a
-// cudaDeviceReset (GpuDecode.DecodesAgainAfterADeviceReset).
+// Sets the kernel's shared-memory size on the current device, before each launch or query: the
+// setting belongs to the device's context, which a cudaDeviceReset may replace (this driver
+// keeps it, others have not), and a call costs ~240 ns on an H200 against ~3.4 us a launch.
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma = false>
-void allow_large_smem(int device) {
-  static PerDevice<std::atomic<bool>> done;
-  std::atomic<bool>& set = done.at(device);
-  if (set.load()) return;
+void allow_large_smem() {
   SMLA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<L, kTopk, kF16, kQueryTma>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<L>));
-  set.store(true);
 }
 
 // The kernels: per cache layout, reading a table or (kTopk) a top-k, for an e4m3 cache with an
 // e4m3 query (kF16) the f16 ones, and for bf16, fp8_ds_mla and kF16 and an unsplit plan
 // (kQueryTma) those that read the query by TMA: only these fourteen are built.
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
-void launch(const KernelParams<kQueryTma>& p, int64_t ctas, int device, cudaStream_t stream) {
-  allow_large_smem<L, kTopk, kF16, kQueryTma>(device);
+void launch(const KernelParams<kQueryTma>& p, int64_t ctas, cudaStream_t stream) {
+  allow_large_smem<L, kTopk, kF16, kQueryTma>();
   launch_early("the decode kernel", decode_kernel<L, kTopk, kF16, kQueryTma>,
                dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<L>, stream,
                p.cluster ? p.num_splits : 1, p);
 }
 
 template <KvLayout L, bool kF16, bool kQueryTma = false>
-void launch(const KernelParams<kQueryTma>& p, int64_t ctas, int device, cudaStream_t stream) {
+void launch(const KernelParams<kQueryTma>& p, int64_t ctas, cudaStream_t stream) {
   if (p.topk.indices)
-    launch<L, true, kF16, kQueryTma>(p, ctas, device, stream);
+    launch<L, true, kF16, kQueryTma>(p, ctas, stream);
   else
-    launch<L, false, kF16, kQueryTma>(p, ctas, device, stream);
+    launch<L, false, kF16, kQueryTma>(p, ctas, stream);
 }
 
 template <KvLayout L, bool kF16 = false, bool kQueryTma = false>
@@ -149,7 +145,7 @@ Occupancy decode_occupancy(int device) {
   for (int c = 2; c <= kMaxClusterSplits; ++c) {
     int clusters = cached[c].load(std::memory_order_relaxed);
     if (clusters == 0) {
-      allow_large_smem<KvLayout::bf16, false, false>(device);
+      allow_large_smem<KvLayout::bf16, false, false>();
       cudaLaunchAttribute attr = cluster_attribute(c);
       cudaLaunchConfig_t config{};
       config.gridDim = dim3(unsigned(c));
@@ -173,12 +169,12 @@ size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
          sizeof(int32_t);
 }
 
-size_t workspace_bytes(int64_t num_tokens, int num_heads, int64_t num_columns, int device) {
+size_t workspace_bytes(int64_t max_tokens, int num_heads, int64_t max_columns, int device) {
   require_supported(device);
   // The occupancy query and the kernel attribute it sets act on the current device, and are
   // cached per device: `device` must be current for them.
   const DeviceScope scope(device);
-  return workspace_bound(num_tokens, num_heads, num_columns, decode_occupancy(device));
+  return workspace_bound(max_tokens, num_heads, max_columns, decode_occupancy(device));
 }
 
 bool is_decode_kernel(const void* func) {
@@ -276,19 +272,19 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
       // Measured (docs/kernel.md): the query by TMA helps unsplit plans of 64 heads a CTA
       // (large batches), not split ones (small batches) nor 16 heads a CTA.
       if (QueryTmaParams tp{p}; query_by_tma(plan, q, problem, tp))
-        return launch<KvLayout::bf16, false, true>(tp, plan.ctas, device, s);
-      return launch<KvLayout::bf16, false>(p, plan.ctas, device, s);
+        return launch<KvLayout::bf16, false, true>(tp, plan.ctas, s);
+      return launch<KvLayout::bf16, false>(p, plan.ctas, s);
     case KvLayout::fp8_e4m3:
       if (QueryTmaParams tp{p}; q_fp8 && query_by_tma(plan, q, problem, tp))
-        return launch<KvLayout::fp8_e4m3, true, true>(tp, plan.ctas, device, s);
-      if (q_fp8) return launch<KvLayout::fp8_e4m3, true>(p, plan.ctas, device, s);
-      return launch<KvLayout::fp8_e4m3, false>(p, plan.ctas, device, s);
+        return launch<KvLayout::fp8_e4m3, true, true>(tp, plan.ctas, s);
+      if (q_fp8) return launch<KvLayout::fp8_e4m3, true>(p, plan.ctas, s);
+      return launch<KvLayout::fp8_e4m3, false>(p, plan.ctas, s);
     case KvLayout::fp8_ds_mla:
       // The query by TMA: 128 x 2 H=64 -1.5%, 64 x 2 -2.5%, but +0.7% where two head blocks
       // share each token's rows (H=100 and 128), as measured (docs/kernel.md).
       if (QueryTmaParams tp{p}; plan.head_blocks == 1 && query_by_tma(plan, q, problem, tp))
-        return launch<KvLayout::fp8_ds_mla, false, true>(tp, plan.ctas, device, s);
-      return launch<KvLayout::fp8_ds_mla, false>(p, plan.ctas, device, s);
+        return launch<KvLayout::fp8_ds_mla, false, true>(tp, plan.ctas, s);
+      return launch<KvLayout::fp8_ds_mla, false>(p, plan.ctas, s);
   }
 }
 

@@ -11,9 +11,10 @@
 namespace smla::cuda {
 
 void require_device_index(int device, int count) {
-  if (device < 0 || device >= count)
-    throw Error(ErrorKind::value, "device", "a CUDA device index below " + std::to_string(count),
-                std::to_string(device));
+  if (device < 0)
+    throw Error(ErrorKind::value, "device", "a CUDA device index >= 0", std::to_string(device));
+  require(device < count, "device", "a CUDA device index below " + std::to_string(count),
+          std::to_string(device));
 }
 
 int sm_count(int device) {
@@ -36,8 +37,7 @@ int current_device() {
 std::string unsupported_reason(int device) {
   int count = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess)
-    return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(e) + " (" +
-           cudaGetErrorString(e) + ")";
+    return "cudaGetDeviceCount failed: " + describe(e);
   if (count == 0) return "no CUDA device is visible";
   if (device < 0 || device >= count)
     return "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
@@ -55,9 +55,10 @@ void require(bool ok, const char* argument, const std::string& expected, const s
   if (!ok) throw Error(ErrorKind::unsupported, argument, expected, got);
 }
 
-void require_supported(int device) {
+void require_supported(int device, const char* argument) {
   const std::string why = unsupported_reason(device);
-  require(why.empty(), "device", "a CUDA device that can run the kernels", why);
+  require(why.empty(), argument, "a Hopper GPU that this build runs on",
+          "cuda:" + std::to_string(device) + ": " + why);
 }
 
 void require_aligned(const TensorView& view, const char* argument) {
@@ -68,8 +69,7 @@ void require_aligned(const TensorView& view, const char* argument) {
 }
 
 void require_usable(Device device, const char* argument) {
-  const std::string why = unsupported_reason(device.id);
-  require(why.empty(), argument, "a tensor on a Hopper GPU", device_name(device) + ": " + why);
+  require_supported(device.id, argument);
   const int current = current_device();
   require(current == device.id, argument,
           "a tensor on the current CUDA device (cuda:" + std::to_string(current) + ")",
@@ -79,8 +79,7 @@ void require_usable(Device device, const char* argument) {
 std::string device_info() {
   int count = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess)
-    return std::string("cuda: cudaGetDeviceCount failed: ") + cudaGetErrorName(e) + " (" +
-           cudaGetErrorString(e) + ")\n";
+    return "cuda: cudaGetDeviceCount failed: " + describe(e) + "\n";
   if (count == 0) return "cuda: no device visible\n";
   std::string info;
   for (int d = 0; d < count; ++d) {

@@ -33,7 +33,7 @@ class DeviceScope {
   bool changed_ = false;
 };
 
-// Throws ErrorKind::value naming "device" unless 0 <= device < count.
+// Throws naming "device" unless 0 <= device (ErrorKind::value) < count (unsupported).
 void require_device_index(int device, int count);
 
 // Per-device values a process computes once (facts of the hardware, not of a context, so a
@@ -59,9 +59,9 @@ inline bool aligned(const void* p, size_t bytes) {
 
 // Throws ErrorKind::unsupported naming `argument` unless `ok`.
 void require(bool ok, const char* argument, const std::string& expected, const std::string& got);
-// Throws ErrorKind::unsupported naming "device" unless `device` is a Hopper GPU that this build
-// runs on.
-void require_supported(int device);
+// Throws ErrorKind::unsupported naming `argument` unless `device` is a Hopper GPU that this
+// build runs on.
+void require_supported(int device, const char* argument = "device");
 // Throws ErrorKind::unsupported naming `argument` unless `device` is a Hopper GPU that this
 // build runs on and the current CUDA device (launches go to the current device).
 void require_usable(Device device, const char* argument);

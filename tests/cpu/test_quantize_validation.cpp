@@ -176,7 +176,7 @@ TEST_F(QuantizeValidation, KvScaleCheckedForBf16Pools) {
 TEST_F(QuantizeValidation, PoolOnAnUnusableCudaDeviceIsUnsupported) {
   rows.device = slots.device = pool.device = Device{DeviceKind::cuda, 63};
 #if SMLA_WITH_CUDA
-  expect_error(ErrorKind::unsupported, "pool", "a tensor on a Hopper GPU", "cuda:63");
+  expect_error(ErrorKind::unsupported, "pool", "a Hopper GPU", "cuda:63");
 #else
   expect_error(ErrorKind::unsupported, "pool", "a cpu pool", "cuda:63");
 #endif

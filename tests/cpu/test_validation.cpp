@@ -456,7 +456,7 @@ TEST(BufferSizes, RefuseImpossibleArguments) {
   test::expect_smla_error([&] { workspace_bytes(8, 129, 640, cpu); }, ErrorKind::value,
                           "num_heads", "1..128", "129");
   test::expect_smla_error([&] { workspace_bytes(8, 64, int64_t(1) << 40, cpu); },
-                          ErrorKind::value, "num_columns", "0..2^31 - 1", "1099511627776");
+                          ErrorKind::value, "max_columns", "0..2^31 - 1", "1099511627776");
   EXPECT_EQ(workspace_bytes(8, 64, 640, cpu), 0u);
 }
 

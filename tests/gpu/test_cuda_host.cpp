@@ -33,9 +33,10 @@ TEST(CudaDevice, PerDeviceCachesRefuseIndicesPastTheirSize) {
   cache.at(0) = 1;
   cache.at(63) = 2;
   EXPECT_EQ(cache.at(0) + cache.at(63), 3);
-  for (const int device : {-1, 64})
-    expect_smla_error([&] { cache.at(device); }, ErrorKind::value, "device",
-                      "a CUDA device index below 64", std::to_string(device));
+  expect_smla_error([&] { cache.at(-1); }, ErrorKind::value, "device", "a CUDA device index >= 0",
+                    "-1");
+  expect_smla_error([&] { cache.at(64); }, ErrorKind::unsupported, "device",
+                    "a CUDA device index below 64", "64");
 }
 
 }  // namespace

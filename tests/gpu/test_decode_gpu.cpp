@@ -292,9 +292,9 @@ TEST(GpuDecode, GraphReplayEqualsEagerBitwise) {
   expect_replays_equal_eager(c, KvLayout::bf16, 100, 25);
 }
 
-// The backend sets each kernel's shared-memory attribute and caches occupancy once per device:
-// decodes before and after a cudaDeviceReset (split and unsplit plans, bf16 and fp8_ds_mla) stay
-// right. Exits 0 when they did.
+// The backend caches occupancy per device and sets each kernel's shared-memory attribute before
+// each launch: decodes before and after a cudaDeviceReset (split and unsplit plans, bf16 and
+// fp8_ds_mla) stay right. Exits 0 when they did.
 [[noreturn]] void decode_around_a_reset() {
   for (int round = 0; round < 2; ++round) {
     for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_ds_mla}) {

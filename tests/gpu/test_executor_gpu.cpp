@@ -20,6 +20,7 @@
 #include "cuda/index.h"
 #include "device_step.h"
 #include "direct_call.h"
+#include "error_check.h"
 #include "oracle.h"
 #include "ref_numeric.h"
 #include "smla/error.h"
@@ -393,6 +394,22 @@ TEST(GpuTables, CaptureBeforeAnEagerStepSaysSo) {
   if (graph) CUDA_OK(cudaGraphDestroy(graph));
   executor.run_step(g.inputs, g.queries, g.outs);  // eager now: fine
   stream.synchronize();
+}
+
+// Streams (an executor's, tables') made on a capturing stream: refused, naming the stream, and
+// the capture stays valid (asking a capturing stream for its device would invalidate it).
+TEST(GpuTables, StreamsMadeDuringACaptureAreRefused) {
+  SKIP_WITHOUT_GPU();
+  TestStream stream;
+  ASSERT_CUDA(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+  test::expect_smla_error([&] { make_streams({DeviceKind::cuda, 0}, stream.get()); },
+                          ErrorKind::unsupported, "stream", "a stream that is not capturing",
+                          "a capturing stream");
+  cudaGraph_t graph = nullptr;
+  ASSERT_CUDA(cudaStreamEndCapture(stream.get(), &graph));
+  ASSERT_NE(graph, nullptr);
+  CUDA_OK(cudaGraphDestroy(graph));
+  EXPECT_NO_THROW(make_streams({DeviceKind::cuda, 0}, stream.get()));
 }
 
 // A pool the kernel cannot read (rows not 16-byte aligned): the step fails with the decode's
