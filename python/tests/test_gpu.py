@@ -315,11 +315,14 @@ def test_step_executor_on_cuda_matches_cpu_and_replays():
     queries = [torch.randn(num_tokens, heads, D, generator=gen, device=DEV).bfloat16()
                for _ in specs]
 
+    def layers_on(to):
+        return [smla.AttentionLayer(spec=s, swa_kv_cache=to(pools[i]), bmm1_scale=D**-0.5,
+                                    compressed_kv_cache=to(comp) if s.compress_ratio else None,
+                                    sinks=to(sinks)) for i, s in enumerate(specs)]
+
     def run(device_of, compressed_index="auto"):
         to = (lambda t: t) if device_of == "cuda" else (lambda t: _numpy(t, np, ml_dtypes))
-        layers = [smla.AttentionLayer(spec=s, swa_kv_cache=to(pools[i]), bmm1_scale=D**-0.5,
-                                      compressed_kv_cache=to(comp) if s.compress_ratio else None,
-                                      sinks=to(sinks)) for i, s in enumerate(specs)]
+        layers = layers_on(to)
         inputs = smla.StepInputs(
             metadata=smla.StepMetadata(num_tokens=num_tokens,
                                        seq_lens=to(torch.tensor(seq_lens, dtype=torch.int32,
@@ -354,6 +357,9 @@ def test_step_executor_on_cuda_matches_cpu_and_replays():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         executor.run_step(inputs, qs, outs)
+        # An executor made inside the capture is refused; the capture goes on.
+        with pytest.raises(NotImplementedError, match="smla: stream: .*not capturing"):
+            smla.StepExecutor(layers_on(lambda t: t), max_tokens=8, max_columns=W + 12)
     for o in outs:
         o.fill_(math.nan)
     graph.replay()
