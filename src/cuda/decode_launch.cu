@@ -214,11 +214,8 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
     require_aligned(*view, name);
   const size_t workspace_have = bytes_of(args.workspace);
   const size_t counters_have = bytes_of(args.kv_counters);
-  require(!args.workspace.defined() || aligned(args.workspace.data, 16), "workspace",
-          "16-byte alignment", "a misaligned pointer");
-  require(
-      !args.kv_counters.defined() || aligned(args.kv_counters.data, 4),
-      "kv_counters", "4-byte alignment", "a misaligned pointer");
+  require_aligned(args.workspace, "workspace", 16);
+  require_aligned(args.kv_counters, "kv_counters", 4);
   // Too small a workspace or counter buffer only limits splitting (SPEC §3: fall back).
   const DecodePlan plan =
       plan_decode(problem.num_tokens, problem.num_heads, problem.num_columns, problem.layout,

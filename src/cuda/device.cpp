@@ -61,10 +61,10 @@ void require_supported(int device, const char* argument) {
           "cuda:" + std::to_string(device) + ": " + why);
 }
 
-void require_aligned(const TensorView& view, const char* argument) {
-  const size_t size = dtype_size(view.dtype);
-  require(!view.defined() || aligned(view.data, size), argument,
-          std::to_string(size) + "-byte aligned " + dtype_name(view.dtype) + " data",
+void require_aligned(const TensorView& view, const char* argument, size_t bytes) {
+  if (bytes == 0) bytes = dtype_size(view.dtype);
+  require(!view.defined() || aligned(view.data, bytes), argument,
+          std::to_string(bytes) + "-byte aligned " + dtype_name(view.dtype) + " data",
           "a misaligned pointer");
 }
 

@@ -66,7 +66,7 @@ void require_supported(int device, const char* argument = "device");
 // build runs on and the current CUDA device (launches go to the current device).
 void require_usable(Device device, const char* argument);
 // Throws ErrorKind::unsupported naming `argument` unless `view` (if present) starts at a multiple
-// of its element size: a misaligned access would kill the CUDA context.
-void require_aligned(const TensorView& view, const char* argument);
+// of `bytes` (0: its element size): a misaligned access would kill the CUDA context.
+void require_aligned(const TensorView& view, const char* argument, size_t bytes = 0);
 
 }  // namespace smla::cuda

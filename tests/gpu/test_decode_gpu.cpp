@@ -13,6 +13,7 @@
 #include "cuda/decode_plan.h"
 #include "cuda/device.h"
 #include "device_case.h"
+#include "error_check.h"
 #include "oracle.h"
 #include "smla/decode.h"
 #include "smla/error.h"
@@ -415,6 +416,32 @@ TEST(GpuDecode, Fp8GraphReplayEqualsEagerBitwise) {
                           cuda::decode_occupancy(0), SIZE_MAX, SIZE_MAX);
     ASSERT_GT(plan.num_splits, 1) << "the case must split rows";
     expect_replays_equal_eager(c, layout, 20, 20);
+  }
+}
+
+// Views the kernel cannot read or write aligned are refused by name before any launch.
+TEST(GpuDecode, MisalignedViewsAreRefusedByName) {
+  SKIP_WITHOUT_GPU();
+  DecodeCase c = make_case({.heads = 16, .requests = 2, .max_q = 2, .compressed_width = 512},
+                           fresh_seed());
+  DeviceCase d(c);
+  ASSERT_TRUE(d.args.workspace.defined() && d.args.kv_counters.defined());
+  struct Case {
+    const char* name;
+    const char* expected;
+    TensorView DecodeArgs::* view;
+    int64_t bytes;
+  };
+  for (const Case& m : {Case{"workspace", "16-byte aligned", &DecodeArgs::workspace, 4},
+                        Case{"kv_counters", "4-byte aligned", &DecodeArgs::kv_counters, 2},
+                        Case{"query", "16-byte aligned rows", &DecodeArgs::query, 2},
+                        Case{"out", "16-byte aligned rows", &DecodeArgs::out, 2}}) {
+    DecodeArgs args = d.args;
+    TensorView& v = args.*m.view;
+    v.data = static_cast<char*>(v.data) + m.bytes;  // no launch reads or writes it
+    if (v.dtype == DType::u8) v.shape[0] -= m.bytes;
+    expect_smla_error([&] { sparse_mla_decode(args); }, ErrorKind::unsupported, m.name,
+                      m.expected, "");
   }
 }
 
