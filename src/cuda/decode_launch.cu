@@ -171,8 +171,8 @@ size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
 
 size_t workspace_bytes(int64_t max_tokens, int num_heads, int64_t max_columns, int device) {
   require_supported(device);
-  // The occupancy query and the kernel attribute it sets act on the current device, and are
-  // cached per device: `device` must be current for them.
+  // The occupancy query (cached per device) and the kernel attribute it sets act on the current
+  // device: `device` must be current for them.
   const DeviceScope scope(device);
   return workspace_bound(max_tokens, num_heads, max_columns, decode_occupancy(device));
 }
