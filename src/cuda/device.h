@@ -37,7 +37,8 @@ class DeviceScope {
 void require_device_index(int device, int count);
 
 // Per-device values a process computes once (facts of the hardware, not of a context, so a
-// cudaDeviceReset leaves them true): `at` throws ErrorKind::value past the 64 devices it holds.
+// cudaDeviceReset leaves them true): `at` refuses indices outside the 64 devices it holds, as
+// require_device_index does.
 template <class T>
 class PerDevice {
  public:
