@@ -104,16 +104,18 @@ def poison_unread(case):
 # ---------------------------------------------------------------------------------------------
 
 def packed_pool(gen, blocks, block_size, span):
-    pages = torch.full((blocks, span, D), math.nan, dtype=torch.bfloat16, device=DEV)
-    pages[:, :block_size] = torch.randn(blocks, block_size, D, generator=gen, device=DEV).bfloat16()
+    dev = gen.device
+    pages = torch.full((blocks, span, D), math.nan, dtype=torch.bfloat16, device=dev)
+    pages[:, :block_size] = torch.randn(blocks, block_size, D, generator=gen, device=dev).bfloat16()
     view = pages[:, :block_size]
     return view, view.double()
 
 
 def offsets(gen, blocks, block_size, span, shape):
-    good = (torch.randint(0, blocks, shape, generator=gen, device=DEV) * span
-            + torch.randint(0, block_size, shape, generator=gen, device=DEV))
-    kind = torch.rand(shape, generator=gen, device=DEV)
+    dev = gen.device
+    good = (torch.randint(0, blocks, shape, generator=gen, device=dev) * span
+            + torch.randint(0, block_size, shape, generator=gen, device=dev))
+    kind = torch.rand(shape, generator=gen, device=dev)
     out = torch.where(kind < 0.08, torch.full_like(good, -1), good)
     out = torch.where((kind >= 0.08) & (kind < 0.12), blocks * span + good % 97, out)
     return out.int()
@@ -125,30 +127,31 @@ def fresh_seed():
 
 
 def make_case(q_lens, seq_lens, heads, out_heads=None, top_p=512, sinks="finite",
-              block_size=64, span=80):
-    gen = torch.Generator(device=DEV).manual_seed(fresh_seed())
+              block_size=64, span=80, device=DEV):
+    """A random case on `device` (its tensors, and those the reference makes from them)."""
+    gen = torch.Generator(device=device).manual_seed(fresh_seed())
     num_tokens = sum(q_lens)
     swa, swa64 = packed_pool(gen, 64, block_size, span)
     comp, comp64 = packed_pool(gen, 48, block_size, span + 16)
     idx = torch.cat([offsets(gen, 64, block_size, span, (num_tokens, W)),
                      offsets(gen, 48, block_size, span + 16, (num_tokens, top_p))], 1)
-    lens = torch.randint(W - 16, W + top_p + 1, (num_tokens,), generator=gen, device=DEV).int()
+    lens = torch.randint(W - 16, W + top_p + 1, (num_tokens,), generator=gen, device=device).int()
     sink_values = {None: None,
-                   "-inf": torch.full((heads,), -math.inf, device=DEV),
-                   "+inf": torch.full((heads,), math.inf, device=DEV),
-                   "finite": torch.randn(heads, generator=gen, device=DEV) * 2,
+                   "-inf": torch.full((heads,), -math.inf, device=device),
+                   "+inf": torch.full((heads,), math.inf, device=device),
+                   "finite": torch.randn(heads, generator=gen, device=device) * 2,
                    "mixed": torch.tensor([-math.inf, 0.5, math.inf, -3.0],
-                                         device=DEV).repeat(heads)[:heads]}[sinks]
-    cum = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=DEV)
+                                         device=device).repeat(heads)[:heads]}[sinks]
+    cum = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=device)
     return dict(
-        query=torch.randn(num_tokens, heads, D, generator=gen, device=DEV).bfloat16(),
+        query=torch.randn(num_tokens, heads, D, generator=gen, device=device).bfloat16(),
         swa_kv_cache=swa, compressed_kv_cache=comp, swa64=swa64, comp64=comp64,
         swa_span=span, comp_span=span + 16, sparse_indices=idx, sparse_topk_lens=lens,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEV), cum_seq_lens_q=cum,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device), cum_seq_lens_q=cum,
         max_q_len=max(q_lens), sinks=sink_values, bmm1_scale=D**-0.5, bmm2_scale=1.0,
         out=torch.full((num_tokens, out_heads or heads, D), math.nan, dtype=torch.bfloat16,
-                       device=DEV),
-        lse=torch.full((num_tokens, heads), math.nan, device=DEV))
+                       device=device),
+        lse=torch.full((num_tokens, heads), math.nan, device=device))
 
 
 OP_ARGS = ("query", "swa_kv_cache", "compressed_kv_cache", "sparse_indices", "sparse_topk_lens",
@@ -174,8 +177,10 @@ def check(case, expected_out, expected_lse):
 
 def buffers(case):
     num_tokens, heads = case["query"].shape[:2]
-    return dict(kv_counters=smla.kv_counter_buffer(num_tokens, heads),
-                workspace=smla.workspace_buffer(num_tokens, heads, case["sparse_indices"].shape[1]))
+    dev = case["query"].device
+    return dict(kv_counters=smla.kv_counter_buffer(num_tokens, heads, device=dev),
+                workspace=smla.workspace_buffer(num_tokens, heads, case["sparse_indices"].shape[1],
+                                                device=dev))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +232,26 @@ def test_decode_runs_on_the_current_stream(typed):
         smla.sparse_mla_decode(**op_args(case, **made, **extra))
     torch.cuda.synchronize()
     check(case, *expected)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_decode_on_a_device_that_is_not_current():
+    """Tensors on another device than the current one: the call runs there, on that device's
+    current stream, split (2 x 2 tokens) or not (64 tokens); a stream of the current device is
+    refused by name, and nothing is left for torch's next launch check to find."""
+    other = torch.device("cuda", 1 if DEV.index == 0 else 0)
+    for q_lens in ((2, 2), (2,) * 32):
+        case = make_case(q_lens, (900,) * len(q_lens), 64, device=other)
+        expected = reference(case)
+        poison_unread(case)
+        assert torch.cuda.current_device() == DEV.index
+        smla.sparse_mla_decode(**op_args(case, **buffers(case)))
+        torch.cuda.synchronize(other)
+        check(case, *expected)
+    with pytest.raises(ValueError, match=f"smla: stream: .*cuda:{other.index}.*cuda:{DEV.index}"):
+        smla.sparse_mla_decode(**op_args(case, stream=torch.cuda.current_stream(DEV)))
+    torch.ones(4, device=DEV).add_(1)
+    torch.cuda.synchronize()
 
 
 def test_engine_call_capture_and_replay_bitwise():

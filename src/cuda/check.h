@@ -28,8 +28,11 @@ inline std::string describe(cudaError_t status) {
   return std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")";
 }
 
+// Throws for a failed `call`, first taking its error off the thread's last-error state (where a
+// framework's next launch check, e.g. PyTorch's, would find it and blame its own kernel).
 inline void check(cudaError_t status, const char* call) {
   if (status == cudaSuccess) return;
+  (void)cudaGetLastError();
   std::string got = describe(status);
   if (is_sticky(status))
     got += "; a sticky error: earlier asynchronous work on this device may have caused it, and "

@@ -61,6 +61,18 @@ void require_supported(int device, const char* argument) {
           "cuda:" + std::to_string(device) + ": " + why);
 }
 
+void require_stream_of(cudaStream_t stream, int device) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  int owner = device;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone || cudaStreamGetDevice(stream, &owner) != cudaSuccess)
+    return;
+  if (owner != device)
+    throw Error(ErrorKind::value, "stream",
+                "a stream of " + device_name({DeviceKind::cuda, device}),
+                "a stream of " + device_name({DeviceKind::cuda, owner}));
+}
+
 void require_aligned(const TensorView& view, const char* argument, size_t bytes) {
   if (bytes == 0) bytes = dtype_size(view.dtype);
   require(!view.defined() || aligned(view.data, bytes), argument,

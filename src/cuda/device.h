@@ -66,6 +66,10 @@ void require_supported(int device, const char* argument = "device");
 // Throws ErrorKind::unsupported naming `argument` unless `device` is a Hopper GPU that this
 // build runs on and the current CUDA device (launches go to the current device).
 void require_usable(Device device, const char* argument);
+// Throws ErrorKind::value naming "stream" when `stream` belongs to another device than `device`
+// (a launch there fails). A capturing stream is not asked, since cudaStreamGetDevice would end
+// the capture (docs/kernel.md), nor one that the runtime cannot answer for.
+void require_stream_of(cudaStream_t stream, int device);
 // Throws ErrorKind::unsupported naming `argument` unless `view` (if present) starts at a multiple
 // of `bytes` (0: its element size): a misaligned access would kill the CUDA context.
 void require_aligned(const TensorView& view, const char* argument, size_t bytes = 0);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cuda/check.h"
+#include "cuda/device.h"
 
 namespace smla::cuda {
 
@@ -23,7 +24,7 @@ inline cudaLaunchAttribute cluster_attribute(int size) {
 // writes global memory that earlier work on the stream may touch: a CTA that exits without
 // waiting would let the next kernel run ahead of the one before this. `cluster` > 1 launches
 // clusters of that many consecutive CTAs (grid.x a multiple of it). A failed launch's error
-// names `name` and the launch's shape.
+// names `name` and the launch's shape, or "stream" where that is another device's.
 template <class... Params, class... Args>
 void launch_early(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
                   size_t smem_bytes, cudaStream_t stream, int cluster, Args&&... args) {
@@ -38,12 +39,14 @@ void launch_early(const char* name, void (*kernel)(Params...), dim3 grid, dim3 b
   config.attrs = attrs;
   config.numAttrs = cluster > 1 ? 2 : 1;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-  if (status != cudaSuccess)
-    check(status, (std::string("the launch of ") + name + " (" + std::to_string(grid.x) +
-                   " CTAs of " + std::to_string(block.x) + " threads, clusters of " +
-                   std::to_string(cluster) + ", " + std::to_string(smem_bytes) +
-                   " B of shared memory)")
-                      .c_str());
+  if (status == cudaSuccess) return;
+  const std::string what = std::string("the launch of ") + name + " (" + std::to_string(grid.x) +
+                           " CTAs of " + std::to_string(block.x) + " threads, clusters of " +
+                           std::to_string(cluster) + ", " + std::to_string(smem_bytes) +
+                           " B of shared memory)";
+  (void)cudaGetLastError();  // as check() does, also when the stream is what is refused
+  require_stream_of(stream, current_device());
+  check(status, what.c_str());
 }
 
 }  // namespace smla::cuda

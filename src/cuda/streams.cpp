@@ -38,16 +38,11 @@ class CudaStreams final : public Streams {
  public:
   CudaStreams(Device device, cudaStream_t stream) : device_(device), current_(stream) {
     const DeviceScope scope(device.id);
-    // Asked first: cudaStreamGetDevice below would invalidate a capture (docs/kernel.md).
     require(!capturing(current_), "stream",
             "a stream that is not capturing (make the executor or tables before a CUDA-graph "
             "capture begins)",
             "a capturing stream");
-    int stream_device = 0;
-    SMLA_CUDA_CHECK(cudaStreamGetDevice(current_, &stream_device));
-    if (stream_device != device.id)
-      throw Error(ErrorKind::value, "stream", "a stream of " + device_name(device),
-                  "a stream of cuda:" + std::to_string(stream_device));
+    require_stream_of(current_, device.id);
     cudaStream_t side = nullptr;
     SMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
     side_.reset(side);

@@ -26,13 +26,35 @@ inline void cuda_ok(cudaError_t status, const char* call) {
 }
 #define CUDA_THROW(call) ::smla::test::cuda_ok((call), #call)
 
-inline bool have_gpu() {
+inline int gpu_count() {
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
 #define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: GPU tests skipped"
+  if (gpu_count() == 0) GTEST_SKIP() << "no CUDA device: GPU tests skipped"
+
+#define SKIP_WITHOUT_TWO_GPUS() \
+  if (gpu_count() < 2) GTEST_SKIP() << "fewer than two CUDA devices: multi-device test skipped"
+
+// The current CUDA device, where test helpers put their memory.
+inline Device current_gpu() {
+  int id = 0;
+  CUDA_THROW(cudaGetDevice(&id));
+  return {DeviceKind::cuda, id};
+}
+
+// Makes `id` the current CUDA device for a scope.
+class OnGpu {
+ public:
+  explicit OnGpu(int id) : previous_(current_gpu().id) { CUDA_THROW(cudaSetDevice(id)); }
+  ~OnGpu() { cudaSetDevice(previous_); }
+  OnGpu(const OnGpu&) = delete;
+  OnGpu& operator=(const OnGpu&) = delete;
+
+ private:
+  int previous_;
+};
 
 class DeviceMemory {
  public:
@@ -58,8 +80,9 @@ struct CountersOnly {
   CountersOnly& operator=(const CountersOnly&) = delete;
 };
 
+// On the device current at construction.
 struct DeviceCase {
-  static constexpr Device kDevice{DeviceKind::cuda, 0};
+  const Device device = current_gpu();
   std::map<const HostTensor*, std::unique_ptr<DeviceMemory>> tensors;
   std::unique_ptr<DeviceMemory> workspace, counters;
   DecodeArgs args;
@@ -71,18 +94,18 @@ struct DeviceCase {
       CUDA_THROW(cudaMemcpy(memory->get(), t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice));
       tensors[&t] = std::move(memory);
     });
-    args = c.args(kDevice, [&](const HostTensor& t) { return tensors.at(&t)->get(); });
+    args = c.args(device, [&](const HostTensor& t) { return tensors.at(&t)->get(); });
     const int64_t T = c.query.size(0), K = c.sparse_indices.size(1);
     const int H = static_cast<int>(c.query.size(1));
     counter_bytes = std::min(counter_bytes, kv_counter_bytes(T, H));
-    ws_bytes = std::min(ws_bytes, workspace_bytes(T, H, K, kDevice));
+    ws_bytes = std::min(ws_bytes, workspace_bytes(T, H, K, device));
     counters = std::make_unique<DeviceMemory>(counter_bytes);
     workspace = std::make_unique<DeviceMemory>(ws_bytes);
     CUDA_THROW(cudaMemset(counters->get(), 0, counters->bytes()));
     if (counter_bytes)
-      args.kv_counters = make_view(counters->get(), DType::u8, kDevice, {int64_t(counter_bytes)});
+      args.kv_counters = make_view(counters->get(), DType::u8, device, {int64_t(counter_bytes)});
     if (ws_bytes)
-      args.workspace = make_view(workspace->get(), DType::u8, kDevice, {int64_t(ws_bytes)});
+      args.workspace = make_view(workspace->get(), DType::u8, device, {int64_t(ws_bytes)});
   }
 
   void* device_ptr(const HostTensor& t) const { return tensors.at(&t)->get(); }
@@ -100,7 +123,7 @@ struct DeviceCase {
                                                   : KvLayout::bf16;
     return cuda::plan_decode(
         args.query.size(0), static_cast<int>(args.query.size(1)), args.sparse_indices.size(1),
-        layout, cuda::decode_occupancy(kDevice.id), bytes(args.workspace), bytes(args.kv_counters));
+        layout, cuda::decode_occupancy(device.id), bytes(args.workspace), bytes(args.kv_counters));
   }
 
   // Copies the outputs back into the case (so the oracle comparison reads them).

@@ -35,7 +35,7 @@ inline std::vector<std::byte> bytes_of(const TensorView& v) {
 
 class DeviceMirror {
  public:
-  static constexpr Device kDevice{DeviceKind::cuda, 0};
+  const Device device = current_gpu();  // where its memory lives
 
   // The device copy of a host view (made on first use of its buffer).
   TensorView operator()(const TensorView& host) {
@@ -43,15 +43,16 @@ class DeviceMirror {
     const size_t bytes = extent_bytes(host);
     auto [it, fresh] = copies_.try_emplace(host.data);
     if (fresh) {
+      const OnGpu on(device.id);
       it->second = std::make_unique<DeviceMemory>(bytes);
       CUDA_THROW(cudaMemcpy(it->second->get(), host.data, bytes, cudaMemcpyHostToDevice));
     } else if (it->second->bytes() < bytes) {
       throw std::logic_error("two views of one host buffer with different extents");
     }
-    TensorView device = host;
-    device.data = it->second->get();
-    device.device = kDevice;
-    return device;
+    TensorView copy = host;
+    copy.data = it->second->get();
+    copy.device = device;
+    return copy;
   }
 
   StepMetadata operator()(StepMetadata m) {
@@ -91,7 +92,8 @@ class DeviceMirror {
 
   // Fresh contiguous device memory of `shape`, every byte `fill` (0xa5: garbage, 0xff: NaN).
   TensorView output(DType dtype, std::initializer_list<int64_t> shape, int fill = 0xa5) {
-    TensorView v = make_view(nullptr, dtype, kDevice, shape);
+    const OnGpu on(device.id);
+    TensorView v = make_view(nullptr, dtype, device, shape);
     outputs_.push_back(std::make_unique<DeviceMemory>(extent_bytes(v)));
     v.data = outputs_.back()->get();
     CUDA_THROW(cudaMemset(v.data, fill, outputs_.back()->bytes()));

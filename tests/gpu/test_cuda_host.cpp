@@ -1,9 +1,11 @@
-// The CUDA backend's host helpers, which need no GPU: what a failed call's error says, and the
+// The CUDA backend's host helpers: what a failed call's error says (no GPU needed) and leaves
+// behind (a GPU needed: without a driver every call returns the failed initialisation), and the
 // per-device caches' bounds.
 #include <gtest/gtest.h>
 
 #include "cuda/check.h"
 #include "cuda/device.h"
+#include "device_case.h"
 #include "error_check.h"
 
 namespace smla::test {
@@ -26,6 +28,16 @@ TEST(CudaCheck, StickyErrorsSayAnEarlierFailureMayBeTheCause) {
                            cudaGetErrorString(cudaErrorInvalidValue) + ")");
   }
   EXPECT_NO_THROW(cuda::check(cudaSuccess, "cudaGetDevice(&device)"));
+}
+
+// A failed call's error is the exception's alone: the thread's last-error state is cleared, so
+// that a framework's next launch check (PyTorch's) does not blame its own kernel for it.
+TEST(CudaCheck, AFailedCallLeavesNoLastError) {
+  SKIP_WITHOUT_GPU();
+  const cudaError_t status = cudaSetDevice(1 << 20);  // no such device
+  ASSERT_NE(status, cudaSuccess);
+  EXPECT_THROW(cuda::check(status, "cudaSetDevice(1 << 20)"), Error);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 TEST(CudaDevice, PerDeviceCachesRefuseIndicesPastTheirSize) {

@@ -176,7 +176,7 @@ void check_query_view(KvLayout layout, DType dtype, int h, QueryView view) {
   ASSERT_CUDA(cudaMemcpy(stored.get(), rows.data(), rows.size() * sizeof(E),
                          cudaMemcpyHostToDevice));
   E* base = static_cast<E*>(stored.get());
-  const Device dev = DeviceCase::kDevice;
+  const Device dev = d.device;
   d.args.query =
       view == QueryView::reversed
           ? make_view(base + (h - 1) * 512, dtype, dev, {T, h, 512}, {h * 512, -512, 1})
@@ -318,6 +318,63 @@ TEST(GpuDecode, DecodesAgainAfterADeviceReset) {
   EXPECT_EXIT(decode_around_a_reset(), testing::ExitedWithCode(0), "");
 }
 
+// Each device runs with its own occupancy and kernel attributes: split rows (in clusters and
+// through the counters) and unsplit ones of every cache layout on the second device, then on the
+// first, against the oracle and the CPU backend.
+TEST(GpuDecode, DecodesOnEveryDevice) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const std::pair<KvLayout, DType> kinds[] = {{KvLayout::bf16, DType::bf16},
+                                              {KvLayout::fp8_ds_mla, DType::bf16},
+                                              {KvLayout::fp8_e4m3, DType::f8e4m3}};
+  for (int device : {1, 0}) {
+    const OnGpu on(device);
+    for (const auto& [layout, query] : kinds) {
+      SCOPED_TRACE("cuda:" + std::to_string(device) + ", " + kv_layout_name(layout));
+      const CaseSpec spec{.layout = layout, .query_dtype = query, .heads = 64, .q_lens = {2, 2},
+                          .compressed_width = 512};
+      const cuda::DecodePlan in_clusters = check_against_oracle_and_cpu(spec);
+      EXPECT_TRUE(in_clusters.num_splits > 1 && in_clusters.cluster);
+      const CountersOnly counters_only;
+      EXPECT_GT(check_against_oracle_and_cpu(spec).num_splits, 1);
+      EXPECT_EQ(check_against_oracle_and_cpu(spec, 0, 0).num_splits, 1);
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// Tensors on another device than the current one are refused before any launch; a stream of
+// another device, whose launch fails, by name, with the launch's error taken off the thread's
+// last-error state. Then the same call on a stream of its device decodes right. In a child
+// process (exit code 0 when all held), so that a launch that ran after all cannot leave a
+// sticky error to the tests after it.
+[[noreturn]] void refuse_another_devices_tensors_and_stream() {
+  const OnGpu on(1);
+  DecodeCase c = make_case({.heads = 64, .q_lens = {2, 2}, .compressed_width = 512}, fresh_seed());
+  poison_unattended_rows(c);
+  DeviceCase d(c);
+  cudaStream_t foreign = nullptr;
+  {
+    const OnGpu other(0);
+    expect_smla_error([&] { sparse_mla_decode(d.args); }, ErrorKind::unsupported, "query",
+                      "a tensor on the current CUDA device (cuda:0)", "cuda:1");
+    CUDA_THROW(cudaStreamCreateWithFlags(&foreign, cudaStreamNonBlocking));
+  }
+  expect_smla_error([&] { sparse_mla_decode(d.args, foreign); }, ErrorKind::value, "stream",
+                    "a stream of cuda:1", "a stream of cuda:0");
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  sparse_mla_decode(d.args);
+  CUDA_THROW(cudaDeviceSynchronize());
+  d.fetch(c);
+  EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(KvLayout::bf16)));
+  std::exit(testing::Test::HasFailure() ? 1 : 0);
+}
+
+TEST(GpuDecode, AnotherDevicesTensorsOrStreamAreRefused) {
+  SKIP_WITHOUT_TWO_GPUS();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(refuse_another_devices_tensors_and_stream(), testing::ExitedWithCode(0), "");
+}
+
 // Too small a counter buffer or workspace, or none, falls back to fewer splits: still right.
 TEST(GpuDecode, SmallCountersOrWorkspaceFallBack) {
   SKIP_WITHOUT_GPU();
@@ -430,7 +487,7 @@ TEST(GpuDecode, MisalignedViewsAreRefusedByName) {
   const DeviceMemory spare(4096);  // split buffers at offsets the kernel cannot take
   char* base = static_cast<char*>(spare.get());
   const auto buffer = [&](int64_t offset) {
-    return make_view(base + offset, DType::u8, DeviceCase::kDevice, {1024});
+    return make_view(base + offset, DType::u8, d.device, {1024});
   };
   const std::pair<const char*, std::function<void(DecodeArgs&)>> cases[] = {
       {"workspace", [&](DecodeArgs& a) { a.workspace = buffer(4); }},

@@ -158,7 +158,7 @@ struct GpuStep {
 // The executor of a step on its own non-blocking stream.
 struct StepOnStream {
   explicit StepOnStream(const GpuStep& g, CompressedIndex compressed = CompressedIndex::automatic)
-      : streams(make_streams(DeviceMirror::kDevice, stream.get())),
+      : streams(make_streams(g.gpu.device, stream.get())),
         executor(g.layers, *streams, g.c.num_tokens(), g.max_columns, TableSharing::shared,
                  compressed) {}
   // One step of `g`, run and waited for: its outputs' bytes, every element written (the
@@ -199,7 +199,7 @@ void step_equals_direct_calls(const Pattern& pattern, CompressedIndex compressed
     const int heads = g.layers[i].spec.num_heads;
     d.kv_counters = g.zeroed(kv_counter_bytes(T, heads));
     d.workspace =
-        g.zeroed(workspace_bytes(T, heads, a.out.sparse_indices.size(1), DeviceMirror::kDevice));
+        g.zeroed(workspace_bytes(T, heads, a.out.sparse_indices.size(1), g.gpu.device));
     sparse_mla_decode(d, stream.get());
   }
   stream.synchronize();
@@ -348,7 +348,7 @@ TEST(GpuTables, BookkeepingEqualsTheCpuPath) {
       cpu.run_step(g.c.inputs, g.host_queries, host_outs);
 
       TestStream stream;
-      const auto streams = make_streams(DeviceMirror::kDevice, stream.get());
+      const auto streams = make_streams(g.gpu.device, stream.get());
       StepExecutor gpu(g.layers, *streams, g.c.num_tokens(), g.max_columns);
       for (int step = 0; step < 2; ++step) {
         g.poison_outs(stream.get());  // so that step 1 must write its outputs too
@@ -410,6 +410,19 @@ TEST(GpuTables, StreamsMadeDuringACaptureAreRefused) {
   ASSERT_NE(graph, nullptr);
   CUDA_OK(cudaGraphDestroy(graph));
   EXPECT_NO_THROW(make_streams({DeviceKind::cuda, 0}, stream.get()));
+}
+
+// A step whose memory, streams and executor live on the second device, run while it is
+// current, equals the direct calls there bit for bit; streams for it around a stream of the
+// first device are refused by name.
+TEST(GpuTables, StepOnTheSecondDevice) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const OnGpu on(1);
+  step_equals_direct_calls({"v41-flash", 3, 0, 43, decode_shape(3)}, CompressedIndex::automatic);
+  const OnGpu first(0);
+  TestStream foreign;
+  test::expect_smla_error([&] { make_streams({DeviceKind::cuda, 1}, foreign.get()); },
+                          ErrorKind::value, "stream", "a stream of cuda:1", "a stream of cuda:0");
 }
 
 // A pool the kernel cannot read (rows not 16-byte aligned): the step fails with the decode's

@@ -22,7 +22,7 @@ namespace {
 // The split-KV buffers a launch of T tokens, `heads` heads and K columns may use, zeroed.
 void add_split_buffers(DecodeArgs& d, DeviceMirror& gpu, int64_t T, int heads, int64_t K) {
   const size_t counters = kv_counter_bytes(T, heads);
-  const size_t workspace = workspace_bytes(T, heads, K, DeviceMirror::kDevice);
+  const size_t workspace = workspace_bytes(T, heads, K, gpu.device);
   if (counters) d.kv_counters = gpu.output(DType::u8, {int64_t(counters)}, 0);
   if (workspace) d.workspace = gpu.output(DType::u8, {int64_t(workspace)}, 0);
 }
