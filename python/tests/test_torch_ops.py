@@ -1,0 +1,121 @@
+"""torch.ops.smla (smla.torch_ops): each op equals the plain call bit for bit, passes
+torch.library.opcheck (schema, mutations, fake tensors, AOT dispatch), and runs under
+torch.compile(fullgraph=True) with the eager result, on the CPU and on CUDA when there is one.
+Skipped without torch. Random inputs are fresh per test; outputs start as NaN."""
+
+import itertools
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import smla  # noqa: E402
+import smla.torch_ops  # noqa: E402,F401  (registers torch.ops.smla)
+from np_reference import fresh_rng  # noqa: E402
+
+D, W = smla.HEAD_DIM, smla.WINDOW
+DEVICES = ["cpu"] + (["cuda"] if smla.WITH_CUDA and torch.cuda.is_available() else [])
+
+
+def decode_case(device, q_lens=(1, 2, 2), heads=16, top_p=256, blocks=24, block_size=64):
+    """Keyword arguments of smla.sparse_mla_decode on `device`, outputs NaN."""
+    gen = torch.Generator().manual_seed(int(fresh_rng().integers(2**62)))
+    T, rows = sum(q_lens), blocks * block_size
+    case = dict(
+        query=torch.randn(T, heads, D, generator=gen).bfloat16(),
+        swa_kv_cache=torch.randn(blocks, block_size, D, generator=gen).bfloat16(),
+        compressed_kv_cache=torch.randn(blocks, block_size, D, generator=gen).bfloat16(),
+        sparse_indices=torch.randint(-1, rows, (T, W + top_p), generator=gen, dtype=torch.int32),
+        sparse_topk_lens=torch.randint(W, W + top_p + 1, (T,), generator=gen, dtype=torch.int32),
+        seq_lens=torch.tensor([300 + 211 * i for i in range(len(q_lens))], dtype=torch.int32),
+        cum_seq_lens_q=torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32),
+        sinks=torch.randn(heads, generator=gen),
+        out=torch.full((T, heads, D), math.nan, dtype=torch.bfloat16),
+        lse=torch.full((T, heads), math.nan))
+    case = {k: v.to(device) for k, v in case.items()}
+    case.update(max_q_len=max(q_lens), bmm1_scale=D**-0.5, bmm2_scale=1.0, kv_counters=None,
+                workspace=None)
+    if device == "cuda":
+        case.update(kv_counters=smla.kv_counter_buffer(T, heads),
+                    workspace=smla.workspace_buffer(T, heads, W + top_p))
+    return case
+
+
+def fresh_outputs(case):
+    return dict(case, out=torch.full_like(case["out"], math.nan),
+                lse=torch.full_like(case["lse"], math.nan))
+
+
+def assert_bitwise(got, want):
+    assert torch.isfinite(got.float()).all(), "an element not written (NaN)"
+    assert torch.equal(got.view(torch.int16) if got.dtype == torch.bfloat16 else got,
+                       want.view(torch.int16) if want.dtype == torch.bfloat16 else want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_op_equals_the_call(device):
+    case = decode_case(device)
+    smla.sparse_mla_decode(**case)
+    op = fresh_outputs(case)
+    torch.ops.smla.sparse_mla_decode(**op)
+    assert_bitwise(op["out"], case["out"])
+    assert_bitwise(op["lse"], case["lse"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_op_passes_opcheck(device):
+    torch.library.opcheck(torch.ops.smla.sparse_mla_decode.default, (), decode_case(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_decode_equals_eager(device):
+    """One graph (fullgraph: no break) with the op between two traced computations, its output
+    used after it: the compiled function's result equals the eager one's."""
+    case = decode_case(device)
+
+    def layer(query, out, lse):
+        torch.ops.smla.sparse_mla_decode(**dict(case, query=query * 2, out=out, lse=lse))
+        return out.float() + 1, lse * 2
+
+    eager = layer(case["query"], case["out"], case["lse"])
+    compiled = fresh_outputs(case)
+    backend = "inductor" if device == "cuda" else "aot_eager"  # no C++ toolchain needed on CPU
+    got = torch.compile(layer, fullgraph=True, backend=backend)(
+        case["query"], compiled["out"], compiled["lse"])
+    assert_bitwise(compiled["out"], case["out"])
+    for g, e in zip(got, eager):
+        assert_bitwise(g, e)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_quantize_op_equals_the_call_and_compiles(device, pool_dtype):
+    gen = torch.Generator().manual_seed(int(fresh_rng().integers(2**62)))
+    blocks, block_size, n = 4, 16, 40
+    rows = torch.randn(n, D, generator=gen).bfloat16().to(device)
+    slots = torch.randperm(blocks * block_size, generator=gen)[:n].int().to(device)
+    slots[::7] = -1  # skipped
+
+    def fresh_pool():
+        return torch.zeros(blocks, block_size, D, device=device).to(pool_dtype)
+
+    want = fresh_pool()
+    smla.quantize_kv(rows=rows, slots=slots, pool=want, kv_scale=0.5)
+    got = fresh_pool()
+    torch.ops.smla.quantize_kv(rows=rows, slots=slots, pool=got, kv_scale=0.5)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert want.view(torch.uint8).any()
+    if pool_dtype == torch.bfloat16:  # opcheck compares e4m3 tensors by arithmetic they lack
+        torch.library.opcheck(torch.ops.smla.quantize_kv.default, (),
+                              dict(rows=rows, slots=slots, pool=fresh_pool(), kv_scale=0.5))
+
+    def write(pool):
+        torch.ops.smla.quantize_kv(rows=rows * 1, slots=slots, pool=pool, kv_scale=0.5)
+        return pool.view(torch.uint8).long().sum()
+
+    compiled = fresh_pool()
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    total = torch.compile(write, fullgraph=True, backend=backend)(compiled)
+    assert torch.equal(compiled.view(torch.uint8), want.view(torch.uint8))
+    assert total.item() == want.view(torch.uint8).long().sum().item()
