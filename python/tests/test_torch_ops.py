@@ -64,6 +64,32 @@ def test_decode_op_equals_the_call(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_decode_op_reads_a_topk_as_the_call_does(device):
+    """TopkColumns' fields flattened into the op's arguments: decode rows of a top-k of local
+    entries (-1 holes) into a compressed pool through its block table."""
+    gen = torch.Generator().manual_seed(int(fresh_rng().integers(2**62)))
+    case = decode_case(device, q_lens=(1, 1, 1), top_p=0)
+    T, E, pages = 3, 16, 4
+    topk = dict(topk_indices=torch.randint(-1, pages * E, (T, 12), generator=gen,
+                                           dtype=torch.int32),
+                topk_block_table=torch.randperm(24, generator=gen)[:T * pages].int().view(T, pages),
+                is_valid_token=torch.tensor([1, 0, 1], dtype=torch.uint8))  # token 1: padding
+    topk = {k: v.to(device) for k, v in topk.items()}
+    # Short sequences: a prefill row would take fewer entries (pos + 1) / 4 than a decode row.
+    case.update(compressed_kv_cache=torch.randn(24, E, D, generator=gen).bfloat16().to(device),
+                seq_lens=torch.tensor([9, 21, 33], dtype=torch.int32, device=device),
+                sparse_topk_lens=None, max_q_len=1)
+    smla.sparse_mla_decode(**case, topk_columns=smla.TopkColumns(
+        topk["topk_indices"], topk["topk_block_table"], compress_ratio=4, num_decodes=T,
+        is_valid_token=topk["is_valid_token"]))
+    op = dict(fresh_outputs(case), **topk, compress_ratio=4, num_decodes=T)
+    torch.ops.smla.sparse_mla_decode(**op)
+    assert_bitwise(op["out"], case["out"])
+    assert_bitwise(op["lse"], case["lse"])
+    torch.library.opcheck(torch.ops.smla.sparse_mla_decode.default, (), fresh_outputs(op))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_decode_op_passes_opcheck(device):
     torch.library.opcheck(torch.ops.smla.sparse_mla_decode.default, (), decode_case(device))
 
