@@ -4,7 +4,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import _smla
-from ._arrays import device_of, integer, on_device, parse_device, scale, stream_handle, tensor
+from ._arrays import (device_of, integer, on_device, parse_device, scale, stream_handle, tensor,
+                      torch_compiling)
 
 WINDOW = _smla.WINDOW
 
@@ -38,8 +39,19 @@ def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, 
     Runs on the arrays' device: NumPy arrays on the CPU; CUDA tensors on `stream` (default: the
     framework's current stream), one launch, capturable in a CUDA graph. Bad input raises
     TypeError (dtype, device) or ValueError (shape, value) naming the argument;
-    NotImplementedError for valid input this build or device cannot run."""
+    NotImplementedError for valid input this build or device cannot run. Traced by
+    torch.compile (no `stream`), it is torch.ops.smla.sparse_mla_decode."""
     topk = topk_columns if topk_columns is not None else TopkColumns(None, None, 0)
+    if stream is None and torch_compiling():
+        from . import torch_ops
+        return torch_ops.sparse_mla_decode(
+            query=query, swa_kv_cache=swa_kv_cache, sparse_indices=sparse_indices,
+            sparse_topk_lens=sparse_topk_lens, seq_lens=seq_lens, out=out, lse=lse,
+            workspace=workspace, kv_counters=kv_counters, compressed_kv_cache=compressed_kv_cache,
+            cum_seq_lens_q=cum_seq_lens_q, sinks=sinks, topk_indices=topk.topk_indices,
+            topk_block_table=topk.block_table, is_valid_token=topk.is_valid_token,
+            bmm1_scale=bmm1_scale, max_q_len=max_q_len, bmm2_scale=bmm2_scale, window=window,
+            compress_ratio=topk.compress_ratio, num_decodes=topk.num_decodes)
     q = tensor(query, "query", required="a [T, H, 512] array")
     device = device_of(q)
     args = dict(

@@ -1,7 +1,7 @@
 """Writing KV rows into a pool of any layout (include/smla/quantize.h)."""
 
 from . import _smla
-from ._arrays import device_of, on_device, scale, stream_handle, tensor
+from ._arrays import device_of, on_device, scale, stream_handle, tensor, torch_compiling
 
 
 def quantize_kv(*, rows, slots, pool, kv_scale=1.0, stream=None) -> None:
@@ -11,7 +11,11 @@ def quantize_kv(*, rows, slots, pool, kv_scale=1.0, stream=None) -> None:
     scale per 64 plus bf16 RoPE values (docs/decode.md, "Quantizers"). Bad input raises
     TypeError / ValueError naming the argument, before anything is written. On CUDA it is one
     kernel on `stream` (default: the current stream of the rows' framework) writing the CPU's
-    bytes; slot values are not read on the host there, and a slot past the pool is skipped."""
+    bytes; slot values are not read on the host there, and a slot past the pool is skipped.
+    Traced by torch.compile (no `stream`), it is torch.ops.smla.quantize_kv."""
+    if stream is None and torch_compiling():
+        from . import torch_ops
+        return torch_ops.quantize_kv(rows=rows, slots=slots, pool=pool, kv_scale=kv_scale)
     r = tensor(rows, "rows", required="bf16 rows [N, 512]")
     device = device_of(r)
     args = dict(rows=r, slots=tensor(slots, "slots"), pool=tensor(pool, "pool", writable=True),

@@ -1,6 +1,7 @@
 """torch.ops.smla (smla.torch_ops): each op equals the plain call bit for bit, passes
 torch.library.opcheck (schema, mutations, fake tensors, AOT dispatch), and runs under
-torch.compile(fullgraph=True) with the eager result, on the CPU and on CUDA when there is one.
+torch.compile(fullgraph=True) with the eager result, as do the plain and engine-shaped calls
+(traced, they become the ops), on the CPU and on CUDA when there is one.
 Skipped without torch. Random inputs are fresh per test; outputs start as NaN."""
 
 import itertools
@@ -12,10 +13,18 @@ torch = pytest.importorskip("torch")
 
 import smla  # noqa: E402
 import smla.torch_ops  # noqa: E402,F401  (registers torch.ops.smla)
+from smla.engine import trtllm_batch_decode_sparse_mla_dsv4  # noqa: E402
 from np_reference import fresh_rng  # noqa: E402
 
 D, W = smla.HEAD_DIM, smla.WINDOW
 DEVICES = ["cpu"] + (["cuda"] if smla.WITH_CUDA and torch.cuda.is_available() else [])
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch: the same code objects traced by many tests would meet
+    torch.compile's recompile limit."""
+    torch._dynamo.reset()
 
 
 def decode_case(device, q_lens=(1, 2, 2), heads=16, top_p=256, blocks=24, block_size=64):
@@ -94,14 +103,26 @@ def test_decode_op_passes_opcheck(device):
     torch.library.opcheck(torch.ops.smla.sparse_mla_decode.default, (), decode_case(device))
 
 
+def call_op(**case):
+    torch.ops.smla.sparse_mla_decode(**case)
+
+
+def call_engine(*, workspace, kv_counters, **case):
+    trtllm_batch_decode_sparse_mla_dsv4(workspace_buffer=workspace,
+                                        multi_ctas_kv_counter_buffer=kv_counters, **case)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_compiled_decode_equals_eager(device):
-    """One graph (fullgraph: no break) with the op between two traced computations, its output
-    used after it: the compiled function's result equals the eager one's."""
+@pytest.mark.parametrize("call", [call_op, smla.sparse_mla_decode, call_engine],
+                         ids=["op", "call", "engine_call"])
+def test_compiled_decode_equals_eager(device, call):
+    """One graph (fullgraph: no break) with the decode between two traced computations, its
+    output used after it, whether the op is called or the plain or engine-shaped function (which
+    become the op when traced): the compiled function's result equals the eager one's."""
     case = decode_case(device)
 
     def layer(query, out, lse):
-        torch.ops.smla.sparse_mla_decode(**dict(case, query=query * 2, out=out, lse=lse))
+        call(**dict(case, query=query * 2, out=out, lse=lse))
         return out.float() + 1, lse * 2
 
     eager = layer(case["query"], case["out"], case["lse"])
@@ -136,12 +157,13 @@ def test_quantize_op_equals_the_call_and_compiles(device, pool_dtype):
         torch.library.opcheck(torch.ops.smla.quantize_kv.default, (),
                               dict(rows=rows, slots=slots, pool=fresh_pool(), kv_scale=0.5))
 
-    def write(pool):
-        torch.ops.smla.quantize_kv(rows=rows * 1, slots=slots, pool=pool, kv_scale=0.5)
-        return pool.view(torch.uint8).long().sum()
+    for quantize in (torch.ops.smla.quantize_kv, smla.quantize_kv):
+        def write(pool):
+            quantize(rows=rows * 1, slots=slots, pool=pool, kv_scale=0.5)
+            return pool.view(torch.uint8).long().sum()
 
-    compiled = fresh_pool()
-    backend = "inductor" if device == "cuda" else "aot_eager"
-    total = torch.compile(write, fullgraph=True, backend=backend)(compiled)
-    assert torch.equal(compiled.view(torch.uint8), want.view(torch.uint8))
-    assert total.item() == want.view(torch.uint8).long().sum().item()
+        compiled = fresh_pool()
+        backend = "inductor" if device == "cuda" else "aot_eager"
+        total = torch.compile(write, fullgraph=True, backend=backend)(compiled)
+        assert torch.equal(compiled.view(torch.uint8), want.view(torch.uint8))
+        assert total.item() == want.view(torch.uint8).long().sum().item()
