@@ -36,14 +36,6 @@ def _framework(x) -> str:
     return type(x).__module__.partition(".")[0]
 
 
-def torch_compiling() -> bool:
-    """Whether torch.compile is tracing the caller: a call then goes through its torch.ops.smla
-    operator (smla.torch_ops), which the trace keeps as one node, since DLPack cannot be traced.
-    Never imports torch."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.compiler.is_compiling()
-
-
 def on_a_device(x) -> bool:
     """Whether an array lives off the host (DLPack's device of anything that exports one)."""
     if isinstance(x, Typed):

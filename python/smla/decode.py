@@ -4,8 +4,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import _smla
-from ._arrays import (device_of, integer, on_device, parse_device, scale, stream_handle, tensor,
-                      torch_compiling)
+from ._arrays import device_of, integer, on_device, parse_device, scale, stream_handle, tensor
+from ._traced import as_torch_op
 
 WINDOW = _smla.WINDOW
 
@@ -23,6 +23,22 @@ class TopkColumns:
     is_valid_token: Any = None       # [T] u8; None: all valid
 
 
+def _op_arguments(kwargs: dict) -> dict:
+    """torch.ops.smla.sparse_mla_decode's arguments for a call's: TopkColumns flattened, the
+    outputs it needs named (smla.torch_ops)."""
+    arguments = {k: v for k, v in kwargs.items() if k not in ("topk_columns", "stream")}
+    topk = kwargs.get("topk_columns")
+    if topk is not None:
+        arguments.update(topk_indices=topk.topk_indices, topk_block_table=topk.block_table,
+                         compress_ratio=topk.compress_ratio, num_decodes=topk.num_decodes,
+                         is_valid_token=topk.is_valid_token)
+    for output in ("lse", "workspace", "kv_counters"):
+        arguments.setdefault(output, None)
+    return arguments
+
+
+@as_torch_op("sparse_mla_decode", _op_arguments, ("bmm1_scale", "bmm2_scale", "max_q_len", "window",
+                                                 "compress_ratio", "num_decodes"))
 def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, seq_lens, out,
                       bmm1_scale, compressed_kv_cache=None, cum_seq_lens_q=None, max_q_len=1,
                       sinks=None, bmm2_scale=1.0, lse=None, workspace=None, kv_counters=None,
@@ -40,18 +56,9 @@ def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, 
     framework's current stream), one launch, capturable in a CUDA graph. Bad input raises
     TypeError (dtype, device) or ValueError (shape, value) naming the argument;
     NotImplementedError for valid input this build or device cannot run. Traced by
-    torch.compile (no `stream`), it is torch.ops.smla.sparse_mla_decode."""
+    torch.compile (torch tensors, float scales, no `stream`), it is
+    torch.ops.smla.sparse_mla_decode."""
     topk = topk_columns if topk_columns is not None else TopkColumns(None, None, 0)
-    if stream is None and torch_compiling():
-        from . import torch_ops
-        return torch_ops.sparse_mla_decode(
-            query=query, swa_kv_cache=swa_kv_cache, sparse_indices=sparse_indices,
-            sparse_topk_lens=sparse_topk_lens, seq_lens=seq_lens, out=out, lse=lse,
-            workspace=workspace, kv_counters=kv_counters, compressed_kv_cache=compressed_kv_cache,
-            cum_seq_lens_q=cum_seq_lens_q, sinks=sinks, topk_indices=topk.topk_indices,
-            topk_block_table=topk.block_table, is_valid_token=topk.is_valid_token,
-            bmm1_scale=bmm1_scale, max_q_len=max_q_len, bmm2_scale=bmm2_scale, window=window,
-            compress_ratio=topk.compress_ratio, num_decodes=topk.num_decodes)
     q = tensor(query, "query", required="a [T, H, 512] array")
     device = device_of(q)
     args = dict(

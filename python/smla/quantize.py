@@ -1,9 +1,12 @@
 """Writing KV rows into a pool of any layout (include/smla/quantize.h)."""
 
 from . import _smla
-from ._arrays import device_of, on_device, scale, stream_handle, tensor, torch_compiling
+from ._arrays import device_of, on_device, scale, stream_handle, tensor
+from ._traced import as_torch_op
 
 
+@as_torch_op("quantize_kv", lambda kwargs: {k: v for k, v in kwargs.items() if k != "stream"},
+             ("kv_scale",))
 def quantize_kv(*, rows, slots, pool, kv_scale=1.0, stream=None) -> None:
     """Writes row i of `rows` (bf16 [N, 512]) into slot `slots[i]` (i32, SPEC §4's
     `page * block_size + i`; negative = skipped) of `pool`, encoded in the pool's layout: bf16
@@ -12,10 +15,8 @@ def quantize_kv(*, rows, slots, pool, kv_scale=1.0, stream=None) -> None:
     TypeError / ValueError naming the argument, before anything is written. On CUDA it is one
     kernel on `stream` (default: the current stream of the rows' framework) writing the CPU's
     bytes; slot values are not read on the host there, and a slot past the pool is skipped.
-    Traced by torch.compile (no `stream`), it is torch.ops.smla.quantize_kv."""
-    if stream is None and torch_compiling():
-        from . import torch_ops
-        return torch_ops.quantize_kv(rows=rows, slots=slots, pool=pool, kv_scale=kv_scale)
+    Traced by torch.compile (torch tensors, a float scale, no `stream`), it is
+    torch.ops.smla.quantize_kv."""
     r = tensor(rows, "rows", required="bf16 rows [N, 512]")
     device = device_of(r)
     args = dict(rows=r, slots=tensor(slots, "slots"), pool=tensor(pool, "pool", writable=True),

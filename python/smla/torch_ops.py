@@ -18,8 +18,12 @@ from typing import Optional
 import torch
 
 from .decode import WINDOW, TopkColumns
-from .decode import sparse_mla_decode as _decode
-from .quantize import quantize_kv as _quantize_kv
+from .decode import sparse_mla_decode as _traced_decode
+from .quantize import quantize_kv as _traced_quantize_kv
+
+# The plain calls: the public ones become these operators when traced (smla._traced).
+_decode = _traced_decode.__wrapped__
+_quantize_kv = _traced_quantize_kv.__wrapped__
 
 Tensor = torch.Tensor
 

@@ -237,19 +237,20 @@ def test_decode_runs_on_the_current_stream(typed):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_decode_on_a_device_that_is_not_current():
     """Tensors on another device than the current one: the call runs there, on that device's
-    current stream, split (2 x 2 tokens) or not (64 tokens); a stream of the current device is
+    current stream, split (2 x 2 tokens) or not (64 x 2); a stream made on the current device is
     refused by name, and nothing is left for torch's next launch check to find."""
     other = torch.device("cuda", 1 if DEV.index == 0 else 0)
-    for q_lens in ((2, 2), (2,) * 32):
+    for q_lens in ((2, 2), (2,) * 64):
         case = make_case(q_lens, (900,) * len(q_lens), 64, device=other)
         expected = reference(case)
         poison_unread(case)
-        assert torch.cuda.current_device() == DEV.index
         smla.sparse_mla_decode(**op_args(case, **buffers(case)))
         torch.cuda.synchronize(other)
         check(case, *expected)
+    foreign = torch.cuda.Stream(device=DEV)  # not the legacy default (0): that is every device's
     with pytest.raises(ValueError, match=f"smla: stream: .*cuda:{other.index}.*cuda:{DEV.index}"):
-        smla.sparse_mla_decode(**op_args(case, stream=torch.cuda.current_stream(DEV)))
+        smla.sparse_mla_decode(**op_args(case, stream=foreign))
+    assert torch.cuda.current_device() == DEV.index
     torch.ones(4, device=DEV).add_(1)
     torch.cuda.synchronize()
 

@@ -136,6 +136,26 @@ def test_compiled_decode_equals_eager(device, call):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_compiled_call_of_what_no_op_takes_runs_the_call(device):
+    """A traced call with values no operator takes (a with_dtype view, a tensor scale) or a
+    stream stays the plain call, run eagerly at a graph break: the result is the eager one's."""
+    case = decode_case(device)
+    smla.sparse_mla_decode(**case)
+    for changed in (dict(query=smla.with_dtype(case["query"].view(torch.int16), "bf16")),
+                    dict(bmm2_scale=torch.tensor(1.0)), dict(stream=0)):
+        torch._dynamo.reset()
+
+        def layer(out, lse):
+            smla.sparse_mla_decode(**dict(case, out=out, lse=lse, **changed))
+            return out.float() + 1
+
+        compiled = fresh_outputs(case)
+        got = torch.compile(layer, backend="aot_eager")(compiled["out"], compiled["lse"])
+        assert_bitwise(compiled["out"], case["out"])
+        assert_bitwise(got, case["out"].float() + 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_quantize_op_equals_the_call_and_compiles(device, pool_dtype):
     gen = torch.Generator().manual_seed(int(fresh_rng().integers(2**62)))

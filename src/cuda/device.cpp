@@ -65,8 +65,10 @@ void require_stream_of(cudaStream_t stream, int device) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   int owner = device;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
-      capture != cudaStreamCaptureStatusNone || cudaStreamGetDevice(stream, &owner) != cudaSuccess)
+      capture != cudaStreamCaptureStatusNone || cudaStreamGetDevice(stream, &owner) != cudaSuccess) {
+    (void)cudaGetLastError();  // an unanswered question is not the caller's error
     return;
+  }
   if (owner != device)
     throw Error(ErrorKind::value, "stream",
                 "a stream of " + device_name({DeviceKind::cuda, device}),

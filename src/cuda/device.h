@@ -68,7 +68,8 @@ void require_supported(int device, const char* argument = "device");
 void require_usable(Device device, const char* argument);
 // Throws ErrorKind::value naming "stream" when `stream` belongs to another device than `device`
 // (a launch there fails). A capturing stream is not asked, since cudaStreamGetDevice would end
-// the capture (docs/kernel.md), nor one that the runtime cannot answer for.
+// the capture (docs/kernel.md), nor one that the runtime cannot answer for; the null, legacy and
+// per-thread streams are every device's.
 void require_stream_of(cudaStream_t stream, int device);
 // Throws ErrorKind::unsupported naming `argument` unless `view` (if present) starts at a multiple
 // of `bytes` (0: its element size): a misaligned access would kill the CUDA context.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/backend.h"
+#include "cuda/device.h"
 #include "host_case.h"
 #include "smla/decode.h"
 
@@ -43,18 +44,6 @@ inline Device current_gpu() {
   CUDA_THROW(cudaGetDevice(&id));
   return {DeviceKind::cuda, id};
 }
-
-// Makes `id` the current CUDA device for a scope.
-class OnGpu {
- public:
-  explicit OnGpu(int id) : previous_(current_gpu().id) { CUDA_THROW(cudaSetDevice(id)); }
-  ~OnGpu() { cudaSetDevice(previous_); }
-  OnGpu(const OnGpu&) = delete;
-  OnGpu& operator=(const OnGpu&) = delete;
-
- private:
-  int previous_;
-};
 
 class DeviceMemory {
  public:

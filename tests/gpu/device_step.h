@@ -43,7 +43,7 @@ class DeviceMirror {
     const size_t bytes = extent_bytes(host);
     auto [it, fresh] = copies_.try_emplace(host.data);
     if (fresh) {
-      const OnGpu on(device.id);
+      const cuda::DeviceScope on(device.id);
       it->second = std::make_unique<DeviceMemory>(bytes);
       CUDA_THROW(cudaMemcpy(it->second->get(), host.data, bytes, cudaMemcpyHostToDevice));
     } else if (it->second->bytes() < bytes) {
@@ -92,7 +92,7 @@ class DeviceMirror {
 
   // Fresh contiguous device memory of `shape`, every byte `fill` (0xa5: garbage, 0xff: NaN).
   TensorView output(DType dtype, std::initializer_list<int64_t> shape, int fill = 0xa5) {
-    const OnGpu on(device.id);
+    const cuda::DeviceScope on(device.id);
     TensorView v = make_view(nullptr, dtype, device, shape);
     outputs_.push_back(std::make_unique<DeviceMemory>(extent_bytes(v)));
     v.data = outputs_.back()->get();

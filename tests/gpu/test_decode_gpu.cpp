@@ -327,7 +327,7 @@ TEST(GpuDecode, DecodesOnEveryDevice) {
                                               {KvLayout::fp8_ds_mla, DType::bf16},
                                               {KvLayout::fp8_e4m3, DType::f8e4m3}};
   for (int device : {1, 0}) {
-    const OnGpu on(device);
+    const cuda::DeviceScope on(device);
     for (const auto& [layout, query] : kinds) {
       SCOPED_TRACE("cuda:" + std::to_string(device) + ", " + kv_layout_name(layout));
       const CaseSpec spec{.layout = layout, .query_dtype = query, .heads = 64, .q_lens = {2, 2},
@@ -348,13 +348,13 @@ TEST(GpuDecode, DecodesOnEveryDevice) {
 // process (exit code 0 when all held), so that a launch that ran after all cannot leave a
 // sticky error to the tests after it.
 [[noreturn]] void refuse_another_devices_tensors_and_stream() {
-  const OnGpu on(1);
+  const cuda::DeviceScope on(1);
   DecodeCase c = make_case({.heads = 64, .q_lens = {2, 2}, .compressed_width = 512}, fresh_seed());
   poison_unattended_rows(c);
   DeviceCase d(c);
   cudaStream_t foreign = nullptr;
   {
-    const OnGpu other(0);
+    const cuda::DeviceScope other(0);
     expect_smla_error([&] { sparse_mla_decode(d.args); }, ErrorKind::unsupported, "query",
                       "a tensor on the current CUDA device (cuda:0)", "cuda:1");
     CUDA_THROW(cudaStreamCreateWithFlags(&foreign, cudaStreamNonBlocking));

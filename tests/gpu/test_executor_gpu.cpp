@@ -417,9 +417,9 @@ TEST(GpuTables, StreamsMadeDuringACaptureAreRefused) {
 // first device are refused by name.
 TEST(GpuTables, StepOnTheSecondDevice) {
   SKIP_WITHOUT_TWO_GPUS();
-  const OnGpu on(1);
+  const cuda::DeviceScope on(1);
   step_equals_direct_calls({"v41-flash", 3, 0, 43, decode_shape(3)}, CompressedIndex::automatic);
-  const OnGpu first(0);
+  const cuda::DeviceScope first(0);
   TestStream foreign;
   test::expect_smla_error([&] { make_streams({DeviceKind::cuda, 1}, foreign.get()); },
                           ErrorKind::value, "stream", "a stream of cuda:1", "a stream of cuda:0");
