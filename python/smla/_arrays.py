@@ -115,7 +115,11 @@ def stream_handle(stream, device: tuple, like=None) -> int:
     if stream is None:
         framework = _stream_framework(like)
         if framework == "torch":
-            return sys.modules["torch"].cuda.current_stream(device[1]).cuda_stream
+            torch = sys.modules["torch"]
+            # The handle itself, 0.2 us on the GPU machine; a Stream object first, 3.8 us.
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            return (raw(device[1]) if raw is not None else
+                    torch.cuda.current_stream(device[1]).cuda_stream)
         if framework == "cupy":
             return sys.modules["cupy"].cuda.get_current_stream().ptr
         return 0

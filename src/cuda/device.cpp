@@ -56,9 +56,14 @@ void require(bool ok, const char* argument, const std::string& expected, const s
 }
 
 void require_supported(int device, const char* argument) {
+  // A fact of the hardware: asked once a device (three runtime calls), then read from here.
+  static PerDevice<std::atomic<bool>> supported;
+  const bool cacheable = device >= 0 && device < decltype(supported)::kDevices;
+  if (cacheable && supported.at(device).load(std::memory_order_relaxed)) return;
   const std::string why = unsupported_reason(device);
   require(why.empty(), argument, "a Hopper GPU that this build runs on",
           "cuda:" + std::to_string(device) + ": " + why);
+  if (cacheable) supported.at(device).store(true, std::memory_order_relaxed);
 }
 
 void require_stream_of(cudaStream_t stream, int device) {

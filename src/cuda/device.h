@@ -42,13 +42,14 @@ void require_device_index(int device, int count);
 template <class T>
 class PerDevice {
  public:
+  static constexpr int kDevices = 64;
   T& at(int device) {
     require_device_index(device, int(values_.size()));
     return values_[device];
   }
 
  private:
-  std::array<T, 64> values_{};
+  std::array<T, kDevices> values_{};
 };
 
 int sm_count(int device);
