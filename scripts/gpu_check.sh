@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Everything GPU-side in one call on the GPU machine: GPU tests, compute-sanitizer on small
 # cases, the decode benchmark and the copy and wgmma probes, the main job on CUDA, the step
-# benchmark, the Python package; a short table last. Full logs go to $OUT (or ./gpu-out), at
-# most 8 files: build.log, tests.log (tests and sanitizers), bench.log (benchmark, probes and
-# profile), bench.csv, run.log, step.log, step.csv, python.log. Uses a carried build dir
+# benchmark, the Python package and the host time of a call; a short table last. Full logs go
+# to $OUT (or ./gpu-out), at most 8 files: build.log, tests.log (tests and sanitizers), bench.log
+# (benchmark, probes and profile), bench.csv, run.log, step.log, step.csv, python.log (package
+# tests, host time). Uses a carried build dir
 # (default build-cuda): brings it up to date where it was configured for this tree, takes its
 # binaries as they are where it was not (binaries carried from another machine), configures and
 # builds it where it has neither. Exits 1 when any step failed.
@@ -82,8 +83,11 @@ for step in $steps; do
       run_step run-e4m3 run.log "$BUILD/smla" run --device cuda --kv fp8_e4m3 --requests 64 --mtp 2 --check 8 ;;
     step)  # the whole step four ways: auto, top-k in the decode, shared tables, none
       run_step step step.log "$BUILD/smla_step_bench" --csv "$OUT/step.csv" ;;
-    python)  # builds the package with CUDA here (wheels it lacks come from a carried .whl/)
-      run_step python python.log env SMLA_PYTHON_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 scripts/python_test.sh ;;
+    python)  # builds the package with CUDA here (wheels it lacks come from a carried .whl/),
+      # then times an eager call's host side; python_test.sh's interpreter runs it
+      run_step python python.log env SMLA_PYTHON_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 scripts/python_test.sh
+      py=python3; [ -x build-python/venv/bin/python ] && py=build-python/venv/bin/python
+      run_step host-cost python.log "$py" bench/python_host_cost.py ;;
     *) echo "unknown step '$step' (tests sanitize bench probe profile run step python)"; exit 2 ;;
   esac
 done
