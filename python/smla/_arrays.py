@@ -55,9 +55,32 @@ def _stream_framework(like) -> str:
     return ""
 
 
+# torch.Tensor, once a torch array has been seen: its arguments take the short path in tensor().
+_torch_tensor_type = None
+
+
+def _torch_capsule(x, dtype):
+    """(what _smla.Tensor imports, dtype) for a torch tensor: ATen's own DLPack capsule, since
+    Tensor.__dlpack__ costs ~6x as much in Python checks and refuses a CUDA tensor of a device
+    that is not the current one, which a call on it makes current only afterwards (on_device)."""
+    torch = sys.modules["torch"]
+    if x.requires_grad:  # DLPack refuses tensors that require grad; we only read them
+        x = x.detach()
+    if x.dtype == torch.float8_e4m3fn:  # older DLPack exports lack fp8 codes
+        x, dtype = x.view(torch.uint8), dtype or "f8e4m3"
+    try:
+        return torch.utils.dlpack.to_dlpack(x), dtype
+    except (RuntimeError, BufferError):
+        return x, dtype  # whatever ATen cannot export: the import names the argument
+
+
 def tensor(x, name: str, writable: bool = False, required: str = ""):
     """The `_smla.Tensor` view of `x`, None for None (a ValueError where `required` describes
     what must come). `name` is the argument's name, used in errors; `writable` for outputs."""
+    global _torch_tensor_type
+    if type(x) is _torch_tensor_type:  # engines' arguments: checked first
+        capsule, dtype = _torch_capsule(x, None)
+        return _smla.Tensor(capsule, name, dtype, writable)
     if x is None:
         if required:
             raise value_error(name, required, "None")
@@ -71,18 +94,8 @@ def tensor(x, name: str, writable: bool = False, required: str = ""):
         if raw is not None:
             x, dtype = x.view(raw[0]), dtype or raw[1]
     elif framework == "torch":
-        torch = sys.modules["torch"]
-        if x.requires_grad:  # DLPack refuses tensors that require grad; we only read them
-            x = x.detach()
-        if x.dtype == torch.float8_e4m3fn:  # older DLPack exports lack fp8 codes
-            x, dtype = x.view(torch.uint8), dtype or "f8e4m3"
-        # The capsule straight from ATen: Tensor.__dlpack__ costs ~6x as much in Python checks
-        # and refuses a CUDA tensor of a device that is not the current one, which a call on
-        # it makes current only afterwards (on_device).
-        try:
-            x = torch.utils.dlpack.to_dlpack(x)
-        except (RuntimeError, BufferError):
-            pass  # whatever ATen cannot export: the import below names the argument
+        _torch_tensor_type = sys.modules["torch"].Tensor
+        x, dtype = _torch_capsule(x, dtype)
     return _smla.Tensor(x, name, dtype, writable)
 
 
