@@ -1,6 +1,7 @@
 """Host time of an eager smla.sparse_mla_decode call with CUDA tensors (2 x 2 tokens, H=64,
 K=640) and of its parts, in us a call (a loop of 3000 after 100 warm-ups), beside a one-kernel
-PyTorch op for scale. Run from the repo root with the package installed (gpu_check.sh python).
+PyTorch op for scale. Run from the repo root with the package installed (gpu_check.sh python
+runs it after the package's tests).
 """
 import sys
 import time
@@ -31,9 +32,31 @@ def us(f, n=3000):
     return r
 
 
+def kernel_us(launches=50, replays=40):
+    """GPU time of one decode: a graph of `launches` of them (so that the GPU, not the graph's
+    submission, paces a replay) replayed between two events."""
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        smla.sparse_mla_decode(**case)  # warm-up outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(launches):
+                smla.sparse_mla_decode(**case)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return begin.elapsed_time(end) * 1e3 / (launches * replays)
+
+
 names = [k for k, v in case.items() if isinstance(v, torch.Tensor)]
 print("tensors", len(names))
-print("full call          %.1f" % us(lambda: smla.sparse_mla_decode(**case)))
+full, kernel = us(lambda: smla.sparse_mla_decode(**case)), kernel_us()
+print("full call          %.1f" % full)
+print("its kernel (GPU)   %.1f%s" % (kernel, "  (not below the host time: the loop may have timed"
+                                            " the GPU)" if kernel > 0.8 * full else ""))
 print("tensor() x all     %.1f" % us(lambda: [tensor(case[k], k) for k in names]))
 print("stream_handle      %.1f" % us(lambda: stream_handle(None, ("cuda", 0), q)))
 print("raw stream         %.1f" % us(lambda: torch._C._cuda_getCurrentRawStream(0)))

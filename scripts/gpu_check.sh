@@ -36,7 +36,8 @@ else
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
 
-run_step() {  # name, log, command...   (steps may share a log: each appends its part)
+run_step() {  # name, log, command...   (steps may share a log: each appends its part; returns
+  # the command's status)
   local name=$1 log=$2; shift 2
   echo "== $name"
   [ -n "${begun[$log]:-}" ] || : >"$OUT/$log"
@@ -49,6 +50,7 @@ run_step() {  # name, log, command...   (steps may share a log: each appends its
   [ "$rc" = 0 ] || failed=1
   tail -n +"$from" "$OUT/$log" | tail -n 25
   status+=("$(printf '%-10s rc=%-3s %4ss  %s' "$name" "$rc" $((SECONDS - start)) "$log")")
+  return "$rc"
 }
 
 for step in $steps; do
@@ -84,10 +86,11 @@ for step in $steps; do
     step)  # the whole step four ways: auto, top-k in the decode, shared tables, none
       run_step step step.log "$BUILD/smla_step_bench" --csv "$OUT/step.csv" ;;
     python)  # builds the package with CUDA here (wheels it lacks come from a carried .whl/),
-      # then times an eager call's host side; python_test.sh's interpreter runs it
-      run_step python python.log env SMLA_PYTHON_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 scripts/python_test.sh
-      py=python3; [ -x build-python/venv/bin/python ] && py=build-python/venv/bin/python
-      run_step host-cost python.log "$py" bench/python_host_cost.py ;;
+      # then, where that passed, times an eager call's host side with the same interpreter
+      run_step python python.log env SMLA_PYTHON_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 \
+        scripts/python_test.sh &&
+        run_step host-cost python.log timeout -s KILL 120 "$(cat build-python/interpreter)" \
+          bench/python_host_cost.py ;;
     *) echo "unknown step '$step' (tests sanitize bench probe profile run step python)"; exit 2 ;;
   esac
 done

@@ -19,6 +19,8 @@ sys.exit(not (sys.prefix == sys.base_prefix and
   [ -x build-python/venv/bin/python ] || "$PY" -m venv --system-site-packages build-python/venv
   PY=build-python/venv/bin/python
 fi
+# Which interpreter holds the package, for scripts run after this one (gpu_check.sh's host time).
+mkdir -p build-python && command -v "$PY" >build-python/interpreter
 pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
 # Offline machines (the GPU machine) install missing modules from wheels carried in .whl/.
 wheels=(); [ -d .whl ] && wheels=(--no-index --find-links .whl)

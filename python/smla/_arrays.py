@@ -59,19 +59,23 @@ def _stream_framework(like) -> str:
 _torch_tensor_type = None
 
 
-def _torch_capsule(x, dtype):
+def _torch_capsule(x, name: str, dtype):
     """(what _smla.Tensor imports, dtype) for a torch tensor: ATen's own DLPack capsule, since
     Tensor.__dlpack__ costs ~6x as much in Python checks and refuses a CUDA tensor of a device
     that is not the current one, which a call on it makes current only afterwards (on_device)."""
     torch = sys.modules["torch"]
     if x.requires_grad:  # DLPack refuses tensors that require grad; we only read them
         x = x.detach()
-    if x.dtype == torch.float8_e4m3fn:  # older DLPack exports lack fp8 codes
+    if x.is_neg():  # a pending negation: the memory holds the values' negatives
+        raise type_error(name, "a tensor without a pending negation (.resolve_neg())",
+                         "a tensor with the negative bit set")
+    if x.dtype == getattr(torch, "float8_e4m3fn", None):  # older exports lack fp8 codes
         x, dtype = x.view(torch.uint8), dtype or "f8e4m3"
     try:
         return torch.utils.dlpack.to_dlpack(x), dtype
-    except (RuntimeError, BufferError):
-        return x, dtype  # whatever ATen cannot export: the import names the argument
+    except (RuntimeError, BufferError) as e:
+        raise type_error(name, "a strided CPU or CUDA tensor",
+                         f"a {x.layout} tensor on {x.device}: {e}") from None
 
 
 def tensor(x, name: str, writable: bool = False, required: str = ""):
@@ -79,7 +83,7 @@ def tensor(x, name: str, writable: bool = False, required: str = ""):
     what must come). `name` is the argument's name, used in errors; `writable` for outputs."""
     global _torch_tensor_type
     if type(x) is _torch_tensor_type:  # engines' arguments: checked first
-        capsule, dtype = _torch_capsule(x, None)
+        capsule, dtype = _torch_capsule(x, name, None)
         return _smla.Tensor(capsule, name, dtype, writable)
     if x is None:
         if required:
@@ -88,14 +92,14 @@ def tensor(x, name: str, writable: bool = False, required: str = ""):
     dtype = None
     if isinstance(x, Typed):
         x, dtype = x.array, x.dtype
-    framework = _framework(x)
-    if framework == "numpy":
+    torch = sys.modules.get("torch")
+    if _framework(x) == "numpy":
         raw = _RAW_NUMPY.get(getattr(getattr(x, "dtype", None), "name", ""))
         if raw is not None:
             x, dtype = x.view(raw[0]), dtype or raw[1]
-    elif framework == "torch":
-        _torch_tensor_type = sys.modules["torch"].Tensor
-        x, dtype = _torch_capsule(x, dtype)
+    elif torch is not None and isinstance(x, torch.Tensor):  # subclasses too (nn.Parameter)
+        _torch_tensor_type = torch.Tensor
+        x, dtype = _torch_capsule(x, name, dtype)
     return _smla.Tensor(x, name, dtype, writable)
 
 

@@ -98,6 +98,23 @@ def test_decode_op_reads_a_topk_as_the_call_does(device):
     torch.library.opcheck(torch.ops.smla.sparse_mla_decode.default, (), fresh_outputs(op))
 
 
+def test_torch_tensors_convert_or_are_refused_by_name():
+    """Tensors that require grad and nn.Parameters are read as they are; a pending negation,
+    a sparse or meta tensor, or a torch object that is no tensor is a TypeError naming the
+    argument (not a wrong result, not another exception)."""
+    case = decode_case("cpu")
+    smla.sparse_mla_decode(**case)
+    got = fresh_outputs(case)
+    smla.sparse_mla_decode(**dict(got, query=case["query"].clone().requires_grad_(),
+                                  sinks=torch.nn.Parameter(case["sinks"].clone())))
+    assert_bitwise(got["out"], case["out"])
+    sinks = case["sinks"]
+    for bad, why in ((torch._neg_view(sinks), "negative bit"), (sinks.to_sparse(), "sparse"),
+                     (sinks.to("meta"), "meta"), (torch.float32, "got dtype")):
+        with pytest.raises(TypeError, match=f"smla: sinks: .*{why}"):
+            smla.sparse_mla_decode(**dict(fresh_outputs(case), sinks=bad))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_decode_op_passes_opcheck(device):
     torch.library.opcheck(torch.ops.smla.sparse_mla_decode.default, (), decode_case(device))
