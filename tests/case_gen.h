@@ -37,6 +37,9 @@ struct CaseSpec {
   // The largest extreme exponent: the float64 oracle takes 240 (values near 2^121), a kernel
   // that sums P.V in float32 needs 448 * 2^(e-127) * K * 2^8 below 2^128.
   int top_exponent = 240;
+  // Scores this many times their usual O(1) spread: a row's max then rises past the kernel's
+  // rescale threshold (8 log2 units) from tile to tile.
+  double score_spread = 1;
   double masked = 0.15;     // chance of a padding / past-the-pool / packed-slot offset
   bool all_masked = false;  // no token attends any row
 };
@@ -339,7 +342,8 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
   c.out = HostTensor::make(DType::bf16, {T, H_out, kHeadDim});
   if (spec.lse) c.lse = HostTensor::make(DType::f32, {T, H});
   poison_outputs(c);
-  c.bmm1_scale = static_cast<float>(rng.real(0.5, 3) / (qm.rms() * kv.rms() * std::sqrt(kHeadDim)));
+  c.bmm1_scale = static_cast<float>(spec.score_spread * rng.real(0.5, 3) /
+                                    (qm.rms() * kv.rms() * std::sqrt(kHeadDim)));
   c.bmm2_scale = static_cast<float>(rng.real(0.5, 2));
 
   const char* sharing_names[] = {"random", "absent", "same", "separate"};

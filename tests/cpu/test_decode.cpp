@@ -173,6 +173,15 @@ TEST(Decode, Fp8Extremes) {
   }
 }
 
+// Scores spread wide: a row's max rises by many log2 units from block to block.
+TEST(Decode, WideScores) {
+  for (const auto& [layout, query] : {std::pair{KvLayout::bf16, DType::bf16},
+                                      std::pair{KvLayout::fp8_ds_mla, DType::bf16},
+                                      std::pair{KvLayout::fp8_e4m3, DType::f8e4m3}})
+    check(sized({.layout = layout, .query_dtype = query, .heads = 16, .compressed_width = 512,
+                 .score_spread = 40}));
+}
+
 TEST(Decode, EverySinkKind) {
   for (SinkKind sinks :
        {SinkKind::absent, SinkKind::neg_inf, SinkKind::finite, SinkKind::pos_inf, SinkKind::mixed})

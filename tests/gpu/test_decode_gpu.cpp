@@ -430,6 +430,25 @@ TEST(GpuDecode, Fp8CachesAgainstOracleAndCpu) {
                            << dtype_name(kinds[k].query) << " query";
 }
 
+// Scores spread wide, so that a row's max rises past the rescale threshold from tile to tile and
+// every rescale of O (a warpgroup's own tile, the partner's base taken over) moves values that
+// count: each layout and query, 16, 64 and 128 heads, split and unsplit plans.
+TEST(GpuDecode, WideScoresRescaleAgainstOracleAndCpu) {
+  SKIP_WITHOUT_GPU();
+  const std::pair<KvLayout, DType> kinds[] = {{KvLayout::bf16, DType::bf16},
+                                              {KvLayout::fp8_ds_mla, DType::bf16},
+                                              {KvLayout::fp8_e4m3, DType::f8e4m3},
+                                              {KvLayout::fp8_e4m3, DType::bf16}};
+  for (const auto& [layout, query] : kinds)
+    for (int h : {16, 64, 128})
+      for (bool split : {true, false}) {
+        const CaseSpec spec{.layout = layout, .query_dtype = query, .heads = h, .requests = 3,
+                            .max_q = 3, .compressed_width = 1024, .score_spread = 40};
+        check_against_oracle_and_cpu(spec, split ? SIZE_MAX : 0, split ? SIZE_MAX : 0);
+        if (HasFailure()) return;
+      }
+}
+
 // Windows that are not a multiple of 4, so K reaching the kernel may not be one either (SPEC §1
 // takes K or K - window a multiple of 4): every layout, split and unsplit plans.
 TEST(GpuDecode, OddWindowsAgainstOracleAndCpu) {
