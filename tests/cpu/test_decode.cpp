@@ -173,8 +173,8 @@ TEST(Decode, Fp8Extremes) {
   }
 }
 
-// Scores spread wide: a row's max rises by many log2 units from block to block. No sinks: beside
-// scores hundreds below them an output underflows float32 where the float64 oracle's does not.
+// Scores spread wide: a row's max rises by many log2 units from block to block. No sinks: with
+// a sink far above every score, an output underflows float32 where the float64 oracle's does not.
 TEST(Decode, WideScores) {
   for (const auto& [layout, query] : {std::pair{KvLayout::bf16, DType::bf16},
                                       std::pair{KvLayout::fp8_ds_mla, DType::bf16},
