@@ -2,6 +2,7 @@
 // included) and every masking rule; the seed and choices are in DecodeCase::summary.
 #pragma once
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -35,11 +36,15 @@ struct CaseSpec {
   PoolSharing pools = PoolSharing::random;
   bool extremes = false;    // fp8: every e4m3 code; UE8M0 exponents 107..147 and extremes
   // The largest extreme exponent: the float64 oracle takes 240 (values near 2^121), a kernel
-  // that sums P.V in float32 needs 448 * 2^(e-127) * K * 2^8 below 2^128.
+  // that sums P.V in float32 needs 448 * 2^(e-127) * K * 2^24 below 2^128.
   int top_exponent = 240;
   // Scores this many times their usual O(1) spread: a row's max then rises past the kernel's
-  // rescale threshold (8 log2 units) from tile to tile.
+  // rescale threshold (15-24 log2 units) from tile to tile.
   double score_spread = 1;
+  // e4m3 cache rows (fp8_e4m3) of integers in [-7, 7] and an e4m3 query of -1, 0 and 1: every
+  // score is then an integer below 2^13, which e4m3 wgmma (sums of about 14 bits) get exactly.
+  // Their error otherwise grows with a score's size: 0.24 nats at 189 (score_spread 40).
+  bool integer_fp8 = false;
   double masked = 0.15;     // chance of a padding / past-the-pool / packed-slot offset
   bool all_masked = false;  // no token attends any row
 };
@@ -102,8 +107,15 @@ inline PoolShape random_pool_shape(Rng& rng, KvLayout layout) {
   return s;
 }
 
-// A finite e4m3 code: moderate magnitudes (1/8..7.5), or any of the 254 finite codes.
-inline uint8_t e4m3_code(Rng& rng, bool extremes) {
+// A finite e4m3 code: moderate magnitudes (1/8..7.5), any of the 254 finite codes (extremes),
+// or an integer in [-integers, integers] (integers 1..15).
+inline uint8_t e4m3_code(Rng& rng, bool extremes, int integers = 0) {
+  if (integers) {
+    const int n = static_cast<int>(rng.uniform(-integers, integers)), a = std::abs(n);
+    if (!a) return 0;
+    const int e = std::bit_width(static_cast<unsigned>(a)) - 1;  // a = (8 + m) 2^e / 8
+    return static_cast<uint8_t>((n < 0) << 7 | (e + 7) << 3 | ((a << 3 >> e) & 7));
+  }
   if (extremes) {
     const int u = static_cast<int>(rng.uniform(0, 253));
     return static_cast<uint8_t>(u < 0x7f ? u : u + 1);  // skips the NaNs 0x7F and 0xFF
@@ -136,7 +148,7 @@ struct Moments {
 };
 
 inline HostTensor make_pool(const PoolShape& s, Rng& rng, bool extremes, Moments& moments,
-                            int top_exponent = 240) {
+                            int top_exponent = 240, int e4m3_integers = 0) {
   const bool ds = s.layout == KvLayout::fp8_ds_mla;
   const int64_t row = ds ? kDsMlaRecordBytes + kDsMlaScaleBytes : kHeadDim;
   const int64_t token = ds ? row : kHeadDim + s.token_pad;
@@ -163,7 +175,7 @@ inline HostTensor make_pool(const PoolShape& s, Rng& rng, bool extremes, Moments
             t.store(at + 2 * d, bits);
             moments.add(ref_bf16(bits));
           } else {
-            const uint8_t code = e4m3_code(rng, extremes);
+            const uint8_t code = e4m3_code(rng, extremes, e4m3_integers);
             t.store(at + d, code);
             moments.add(ref_e4m3(code));
           }
@@ -290,15 +302,17 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
       *std::max_element(q_lens.begin(), q_lens.end()) + static_cast<int>(rng.uniform(0, 1));
 
   Moments kv, qm;
+  const int integers = spec.integer_fp8 ? 7 : 0;
   const PoolShape swa = random_pool_shape(rng, spec.layout);
   PoolShape compressed = swa;
-  c.swa_kv_cache = make_pool(swa, rng, spec.extremes, kv, spec.top_exponent);
+  c.swa_kv_cache = make_pool(swa, rng, spec.extremes, kv, spec.top_exponent, integers);
   const PoolSharing sharing =
       spec.pools != PoolSharing::random ? spec.pools : static_cast<PoolSharing>(rng.uniform(1, 3));
   if (sharing == PoolSharing::same) c.compressed_kv_cache = c.swa_kv_cache;
   if (sharing == PoolSharing::separate) {
     compressed = random_pool_shape(rng, spec.layout);
-    c.compressed_kv_cache = make_pool(compressed, rng, spec.extremes, kv, spec.top_exponent);
+    c.compressed_kv_cache =
+        make_pool(compressed, rng, spec.extremes, kv, spec.top_exponent, integers);
   }
 
   const int64_t q_token_stride = H * kHeadDim + (rng.chance(0.3) ? kHeadDim : 0);
@@ -311,7 +325,7 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
         c.query.set(i, bits);
         qm.add(ref_bf16(bits));
       } else {
-        const uint8_t code = e4m3_code(rng, spec.extremes);
+        const uint8_t code = e4m3_code(rng, spec.extremes, spec.integer_fp8 ? 1 : 0);
         c.query.set(i, code);
         qm.add(ref_e4m3(code));
       }
@@ -357,7 +371,8 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
               " compressed=" + sharing_names[static_cast<int>(sharing)] +
               (sharing == PoolSharing::separate ? compressed.describe() : "") +
               " sinks=" + sink_names[static_cast<int>(spec.sinks)] + (spec.lse ? " lse" : "") +
-              (spec.extremes ? " extremes" : "") + (spec.all_masked ? " all_masked" : "") +
+              (spec.extremes ? " extremes" : "") + (spec.integer_fp8 ? " integer_fp8" : "") +
+              (spec.all_masked ? " all_masked" : "") +
               " bmm1=" + std::to_string(c.bmm1_scale) + " bmm2=" + std::to_string(c.bmm2_scale);
   return c;
 }

@@ -8,8 +8,10 @@
 namespace smla::cuda {
 
 // A row's running max moves only when a tile's max exceeds it by this much (log2 units): until
-// then P <= 2^8 stays exact enough in bf16 and the 128-register rescale of O is skipped.
-constexpr float kRescaleThreshold = 8.f;
+// then the 128-register rescale of O is skipped. P <= 2^threshold costs no precision (bf16 and
+// f16 are relative; O and the sums are float32); f16 P (kF16) must stay under 2^16.
+template <bool kF16>
+constexpr float kRescaleThreshold = kF16 ? 15.f : 24.f;
 
 // kF16: an e4m3 cache read with an e4m3 query: the scores are e4m3 wgmma over the query and the
 // raw tiles as they are, the stages hold V as f16, so P is f16. A warpgroup's scores read all

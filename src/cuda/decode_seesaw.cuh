@@ -190,7 +190,7 @@ struct SeesawConsumer
       mask_scores(n, s, tile_max, p);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        if (tile_max[r] > row_max[r] + kRescaleThreshold) {
+        if (tile_max[r] > row_max[r] + kRescaleThreshold<kF16>) {
           raise[r] = ptx::exp2_approx(row_max[r] - tile_max[r]);  // -inf: 0
           row_sum[r] *= raise[r];
           row_max[r] = tile_max[r];
