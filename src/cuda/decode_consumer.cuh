@@ -12,6 +12,10 @@ namespace smla::cuda {
 // f16 are relative; O and the sums are float32); f16 P (kF16) must stay under 2^16.
 template <bool kF16>
 constexpr float kRescaleThreshold = kF16 ? 15.f : 24.f;
+// A raised base sits this far above the tile max that raised it: f16 P then reaches 2^15 only
+// 23 log2 units above that max (its largest P is 2^-8, still a normal f16).
+template <bool kF16>
+constexpr float kBaseLift = kF16 ? 8.f : 0.f;
 
 // kF16: an e4m3 cache read with an e4m3 query: the scores are e4m3 wgmma over the query and the
 // raw tiles as they are, the stages hold V as f16, so P is f16. A warpgroup's scores read all

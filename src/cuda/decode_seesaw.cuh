@@ -191,9 +191,10 @@ struct SeesawConsumer
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if (tile_max[r] > row_max[r] + kRescaleThreshold<kF16>) {
-          raise[r] = ptx::exp2_approx(row_max[r] - tile_max[r]);  // -inf: 0
+          const float base = tile_max[r] + kBaseLift<kF16>;
+          raise[r] = ptx::exp2_approx(row_max[r] - base);  // -inf: 0
           row_sum[r] *= raise[r];
-          row_max[r] = tile_max[r];
+          row_max[r] = base;
         }
       }
       hand_over_p(n, s, pa);
