@@ -11,7 +11,7 @@ namespace smla::cuda {
 // then the 128-register rescale of O is skipped. P <= 2^threshold costs no precision (bf16 and
 // f16 are relative; O and the sums are float32); f16 P (kF16) must stay under 2^16.
 template <bool kF16>
-constexpr float kRescaleThreshold = kF16 ? 15.f : 24.f;
+constexpr float kRescaleThreshold = kF16 ? 15.f : 32.f;
 // A raised base sits this far above the tile max that raised it: f16 P then reaches 2^15 only
 // 23 log2 units above that max (its largest P is 2^-8, still a normal f16).
 template <bool kF16>
