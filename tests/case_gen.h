@@ -36,10 +36,10 @@ struct CaseSpec {
   PoolSharing pools = PoolSharing::random;
   bool extremes = false;    // fp8: every e4m3 code; UE8M0 exponents 107..147 and extremes
   // The largest extreme exponent: the float64 oracle takes 240 (values near 2^121), a kernel
-  // that sums P.V in float32 needs 448 * 2^(e-127) * K * 2^24 below 2^128.
+  // that sums P.V in float32 needs 448 * 2^(e-127) * K * 2^32 below 2^128.
   int top_exponent = 240;
   // Scores this many times their usual O(1) spread: a row's max then rises past the kernel's
-  // rescale threshold (15-24 log2 units) from tile to tile.
+  // rescale threshold (15-32 log2 units) from tile to tile.
   double score_spread = 1;
   // e4m3 cache rows (fp8_e4m3) of integers in [-7, 7] and an e4m3 query of -1, 0 and 1: every
   // score is then an integer below 2^13, which e4m3 wgmma (sums of about 14 bits) get exactly.

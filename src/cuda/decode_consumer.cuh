@@ -7,9 +7,10 @@
 
 namespace smla::cuda {
 
-// A row's running max moves only when a tile's max exceeds it by this much (log2 units): until
-// then the 128-register rescale of O is skipped. P <= 2^threshold costs no precision (bf16 and
-// f16 are relative; O and the sums are float32); f16 P (kF16) must stay under 2^16.
+// A row's base (what its P, O and sums are relative to) moves only when a tile's max exceeds it
+// by this much (log2 units): until then the 128-register rescale of O is skipped. P up to
+// 2^threshold costs no precision (bf16 and f16 are relative; O and the sums are float32), only
+// float32 range (docs/decode.md); f16 P (kF16) must stay under 2^16.
 template <bool kF16>
 constexpr float kRescaleThreshold = kF16 ? 15.f : 32.f;
 // A raised base sits this far above the tile max that raised it: f16 P then reaches 2^15 only
