@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <set>
 
 #include "oracle.h"
 #include "smla/decode.h"
@@ -181,6 +182,28 @@ TEST(Decode, WideScores) {
                                       std::pair{KvLayout::fp8_e4m3, DType::f8e4m3}})
     check(sized({.layout = layout, .query_dtype = query, .heads = 16, .compressed_width = 512,
                  .sinks = SinkKind::absent, .score_spread = 40}));
+}
+
+// CaseSpec::integer_fp8 (the GPU's wide-score cases with an e4m3 query): every query code is
+// -1, 0 or 1 and every cache code an integer in [-7, 7], each value drawn; the case decodes.
+TEST(Decode, IntegerFp8Cases) {
+  const CaseSpec spec{.layout = KvLayout::fp8_e4m3, .query_dtype = DType::f8e4m3, .heads = 16,
+                      .sinks = SinkKind::absent, .pools = PoolSharing::absent,
+                      .score_spread = 40, .integer_fp8 = true};
+  DecodeCase c = make_case(spec, fresh_seed());
+  std::set<double> query, cache;
+  for (int64_t t = 0; t < c.query.size(0); ++t)
+    for (int64_t i = 0; i < c.query.size(1) * 512; ++i)
+      query.insert(ref_e4m3(c.query.load<uint8_t>(t * c.query.stride(0) + i)));
+  const RefPool pool(c.swa_kv_cache);
+  for (int64_t o = 0; o < pool.blocks * pool.span; ++o)
+    if (pool.valid(o))
+      for (double v : pool.row(o)) cache.insert(v);
+  EXPECT_EQ(query, (std::set<double>{-1, 0, 1})) << c.summary;
+  std::set<double> integers;
+  for (int n = -7; n <= 7; ++n) integers.insert(n);
+  EXPECT_EQ(cache, integers) << c.summary;
+  check(spec, c.seed);
 }
 
 TEST(Decode, EverySinkKind) {
