@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (n >= kProbeStages) ptx::mbar_wait(&empty[stage], (n / kProbeStages - 1) & 1);
       if constexpr (kCopy == kCpAsync) {  // the kernel's own copies
         const char* row = a.pool + int64_t(rows[n * kTileColumns + producer_row()]) * kRowBytes;
-        copy_rows_bf16(dst, RowSource{true, row, row});
+        copy_rows_bf16<true>(dst, RowSource{true, row, row});  // as the kernel at H <= 64
         ptx::cp_async_arrive(&full[stage]);
       } else {
         if (kCopy == kTmaOneWarp && warp != 0) continue;

@@ -74,6 +74,17 @@ struct IndexPipe {
   }
 };
 
+// Whether the KV row copies go to L2 as evicted first, so that the rows streaming through keep
+// the query, the output and the tables in L2: where no other CTA reads the rows (one head
+// block; the head blocks of a token read its rows within a few CTAs, the later ones from L2:
+// H=128 with the hint +1.2%), in the layouts where it measured faster (forty-first session, H=64
+// 128 x 2 / 64 x 2: bf16 -1.7% / -7.3%, an e4m3 cache with an e4m3 query -1.2% / -1.6%;
+// fp8_ds_mla +2.7% / -0.3%, so not there).
+template <KvLayout L, bool kF16>
+__device__ __forceinline__ bool stream_rows(const DecodeParams& p) {
+  return (L == KvLayout::bf16 || kF16) && p.head_blocks == 1;
+}
+
 // Where one column's row lives; `valid` false for a column that is not attended.
 struct RowSource {
   bool valid;
@@ -123,13 +134,15 @@ struct Fp8Rows {
   }
 
   // This lane's part of `src`'s record (zeros when not attended) into raw buffer `raw`.
+  template <bool kEvictFirst>
   static __device__ __forceinline__ void copy(const RowSource& src, uint8_t* raw, int row,
                                               int part) {
     const uint32_t dst = ptx::smem_addr(raw + row_start(row));
 #pragma unroll
     for (int k = 0; k < kChunksPerLane; ++k)
-      ptx::cp_async_16(dst + (kF16 ? chunk_at(row, part + 4 * k) : 16 * (part + 4 * k)),
-                       src.record + 16 * (part + 4 * k), src.valid);  // (*)
+      ptx::cp_async_16<kEvictFirst>(
+          dst + (kF16 ? chunk_at(row, part + 4 * k) : 16 * (part + 4 * k)),
+          src.record + 16 * (part + 4 * k), src.valid);  // (*)
     if constexpr (L == KvLayout::fp8_ds_mla)
       ptx::cp_async_8(ptx::smem_addr(raw + Raw::kScales + (row * 4 + part) * 8), src.scales,
                       src.valid);
@@ -211,6 +224,7 @@ __device__ __forceinline__ void publish_bias(uint8_t* smem, uint64_t* full, int 
 // then reads 128 contiguous bytes of four rows, not 64 of eight, and the load/store unit's issue
 // rate follows the lines an instruction touches (2 x 2: -6 to -8%; docs/benchmarks.md, ninth
 // session).
+template <bool kEvictFirst>
 __device__ __forceinline__ void copy_rows_bf16(uint8_t* dst, const RowSource& src) {
   const int lane = threadIdx.x % 32, warp_row0 = producer_row() - lane / 4;
 #pragma unroll
@@ -221,8 +235,9 @@ __device__ __forceinline__ void copy_rows_bf16(uint8_t* dst, const RowSource& sr
     const bool valid = __shfl_sync(~0u, src.valid, owner);
 #pragma unroll
     for (int chunk = 0; chunk < 8; ++chunk)
-      ptx::cp_async_16(ptx::smem_addr(dst + chunk * kKvChunkBytes + swizzle(r, lane % 8)),
-                       record + (chunk * 8 + lane % 8) * 16, valid);
+      ptx::cp_async_16<kEvictFirst>(
+          ptx::smem_addr(dst + chunk * kKvChunkBytes + swizzle(r, lane % 8)),
+          record + (chunk * 8 + lane % 8) * 16, valid);
   }
 }
 
@@ -233,6 +248,7 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
   const int row = producer_row(), part = threadIdx.x % 4;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
   uint64_t* empty = full + kNumStages;
+  const bool stream = stream_rows<KvLayout::bf16, false>(p);
   int n = 0;
   for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
     const int32_t offset = indices.pop(p, w, smem, tile);
@@ -240,7 +256,10 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
     const RowSource src = row_source(p, w, tile * kTileColumns + row, offset);
     uint8_t* dst = smem + Smem::kv + stage * kTileBytes;
     if (n >= kNumStages) ptx::mbar_wait(&empty[stage], ((n / kNumStages) - 1) & 1);
-    copy_rows_bf16(dst, src);
+    if (stream)
+      copy_rows_bf16<true>(dst, src);
+    else
+      copy_rows_bf16<false>(dst, src);
     ptx::cp_async_arrive(&full[stage]);  // when this thread's copies land
     publish_bias(smem, &full[stage], stage, row, part, src.valid);
   }
@@ -258,9 +277,16 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
   uint64_t* empty = full + kNumStages;
   const auto raw_buffer = [smem](int i) { return smem + raw_offset<L, kF16>(i); };
   if (w.tile_begin >= w.tile_end) return;
+  const bool stream = stream_rows<L, kF16>(p);
+  const auto copy = [&](const RowSource& from, uint8_t* raw) {
+    if (stream)
+      Rows::template copy<true>(from, raw, row, part);
+    else
+      Rows::template copy<false>(from, raw, row, part);
+  };
   RowSource src =
       row_source(p, w, w.tile_begin * kTileColumns + row, indices.pop(p, w, smem, w.tile_begin));
-  Rows::copy(src, raw_buffer(0), row, part);
+  copy(src, raw_buffer(0));
   ptx::cp_async_commit();
   int n = 0;
   for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
@@ -270,7 +296,7 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
       if constexpr (kF16)
         if (n + 1 >= kRaws)
           ptx::mbar_wait(&raw_bars<L>(smem)[(n + 1) % kRaws], ((n + 1) / kRaws - 1) & 1);
-      Rows::copy(src, raw_buffer((n + 1) % kRaws), row, part);
+      copy(src, raw_buffer((n + 1) % kRaws));
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // tile n's copies have landed

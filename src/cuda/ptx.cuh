@@ -88,6 +88,19 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                "r"(valid ? 16 : 0)
                : "memory");
 }
+// The same, kEvictFirst: the line is the first L2 evicts (a row read once).
+template <bool kEvictFirst>
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  if constexpr (kEvictFirst) {
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst),
+                 "l"(src), "r"(valid ? 16 : 0), "l"(policy)
+                 : "memory");
+  } else {
+    cp_async_16(dst, src, valid);
+  }
+}
 // 8 bytes global -> shared (through L1: .cg takes only 16); zero-filled when !valid.
 __device__ __forceinline__ void cp_async_8(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src),
