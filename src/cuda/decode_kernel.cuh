@@ -111,8 +111,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::reg_dealloc<kProducerRegs<L>>();
     if constexpr (L == KvLayout::bf16)
       produce_bf16(p, w, smem, indices);
+    else if (L == KvLayout::fp8_ds_mla && !kQueryTma && p.num_splits > 1)
+      produce_fp8<L, kF16, kProducerTopk, L == KvLayout::fp8_ds_mla>(p, w, smem, indices);
     else
-      produce_fp8<L, kF16, kProducerTopk>(p, w, smem, indices);
+      produce_fp8<L, kF16, kProducerTopk, false>(p, w, smem, indices);
     indices.finish(p);
   } else {
     ptx::reg_alloc<kConsumerRegs<L>>();

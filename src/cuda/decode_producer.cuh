@@ -133,16 +133,30 @@ struct Fp8Rows {
       return 16 * c;
   }
 
+  // Where 16-byte unit `unit` of `row` lies in a stage.
+  static __device__ __forceinline__ int stage_at(int row, int unit) {
+    return (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8);
+  }
+  // The stage unit of RoPE chunk c (fp8_ds_mla), which holds bf16 as stored.
+  static __device__ __forceinline__ int rope_unit(int c) { return 2 * kFp8Chunks + c - kFp8Chunks; }
+
   // This lane's part of `src`'s record (zeros when not attended) into raw buffer `raw`.
-  template <bool kEvictFirst>
-  static __device__ __forceinline__ void copy(const RowSource& src, uint8_t* raw, int row,
-                                              int part) {
+  // kRopeDirect (fp8_ds_mla): the RoPE chunks straight into `stage`, which must be free.
+  template <bool kEvictFirst, bool kRopeDirect>
+  static __device__ __forceinline__ void copy(const RowSource& src, uint8_t* raw, uint8_t* stage,
+                                              int row, int part) {
     const uint32_t dst = ptx::smem_addr(raw + row_start(row));
 #pragma unroll
-    for (int k = 0; k < kChunksPerLane; ++k)
-      ptx::cp_async_16<kEvictFirst>(
-          dst + (kF16 ? chunk_at(row, part + 4 * k) : 16 * (part + 4 * k)),
-          src.record + 16 * (part + 4 * k), src.valid);  // (*)
+    for (int k = 0; k < kChunksPerLane; ++k) {
+      const int c = part + 4 * k;
+      if (kRopeDirect && 4 * k >= kFp8Chunks)
+        ptx::cp_async_16<kEvictFirst>(ptx::smem_addr(stage + stage_at(row, rope_unit(c))),
+                                      src.record + 16 * c, src.valid);
+      else
+        ptx::cp_async_16<kEvictFirst>(
+            dst + (kF16 ? chunk_at(row, part + 4 * k) : 16 * (part + 4 * k)),
+            src.record + 16 * (part + 4 * k), src.valid);  // (*)
+    }
     if constexpr (L == KvLayout::fp8_ds_mla)
       ptx::cp_async_8(ptx::smem_addr(raw + Raw::kScales + (row * 4 + part) * 8), src.scales,
                       src.valid);
@@ -150,6 +164,7 @@ struct Fp8Rows {
 
   // The row as bf16 (kF16: f16) 16-byte units into the 128B-swizzled chunks of the stage at
   // `dst`.
+  template <bool kRopeDirect>
   static __device__ __forceinline__ void convert(const uint8_t* raw, uint8_t* dst, int row,
                                                  int part) {
     if constexpr (L == KvLayout::fp8_ds_mla) {
@@ -161,15 +176,15 @@ struct Fp8Rows {
       // Rare: the warp takes a second copy of the code with two multiplies a value, so that
       // the usual one stays straight-line.
       if (__any_sync(~0u, big))
-        convert_as<true>(raw, dst, row, part, scales);
+        convert_as<true, kRopeDirect>(raw, dst, row, part, scales);
       else
-        convert_as<false>(raw, dst, row, part, scales);
+        convert_as<false, kRopeDirect>(raw, dst, row, part, scales);
     } else {
-      convert_as<false>(raw, dst, row, part, make_uint2(0, 0));
+      convert_as<false, false>(raw, dst, row, part, make_uint2(0, 0));
     }
   }
 
-  template <bool kTwice>
+  template <bool kTwice, bool kRopeDirect>
   static __device__ __forceinline__ void convert_as(const uint8_t* raw, uint8_t* dst, int row,
                                                     int part, uint2 scales) {
     // fp8_ds_mla loads every chunk before the first store: the compiler cannot tell the raw
@@ -177,20 +192,20 @@ struct Fp8Rows {
     // its load (2-3% at 128 x 2, with 24 more producer registers). The e4m3 kernels keep a load
     // a chunk: with those registers taken from the consumers the f16 kernel was 3-5% slower.
     constexpr bool kLoadsFirst = L == KvLayout::fp8_ds_mla;
+    constexpr int kChunks = kRopeDirect ? kFp8Chunks / 4 : kChunksPerLane;  // this lane converts
     const uint8_t* src = raw + row_start(row);
-    uint4 chunks[kChunksPerLane];
+    uint4 chunks[kChunks];
 #pragma unroll
-    for (int k = 0; k < kChunksPerLane; ++k)
+    for (int k = 0; k < kChunks; ++k)
       if (kLoadsFirst)
         chunks[k] = *reinterpret_cast<const uint4*>(src + chunk_at(row, part + 4 * k));
 #pragma unroll
-    for (int k = 0; k < kChunksPerLane; ++k) {
+    for (int k = 0; k < kChunks; ++k) {
       const int c = part + 4 * k;
       const uint4 v =
           kLoadsFirst ? chunks[k] : *reinterpret_cast<const uint4*>(src + chunk_at(row, c));
       if (4 * k < kFp8Chunks) {
         const int unit = 2 * c;
-        uint8_t* chunk = dst + (unit / 8) * kKvChunkBytes;
         uint4 a, b;
         if constexpr (L == KvLayout::fp8_ds_mla) {
           const Bf16Scale s = bf16_scale((k < 4 ? scales.x : scales.y) >> (8 * (k % 4)) & 0xff);
@@ -198,11 +213,11 @@ struct Fp8Rows {
         } else {
           a = e4m3x8_to<kF16>(v.x, v.y), b = e4m3x8_to<kF16>(v.z, v.w);
         }
+        uint8_t* chunk = dst + (unit / 8) * kKvChunkBytes;
         *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8)) = a;
         *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8 + 1)) = b;
       } else {
-        const int unit = 2 * kFp8Chunks + (c - kFp8Chunks);
-        *reinterpret_cast<uint4*>(dst + (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8)) = v;
+        *reinterpret_cast<uint4*>(dst + stage_at(row, rope_unit(c))) = v;
       }
     }
   }
@@ -267,26 +282,35 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
 
 // fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage.
 // kF16: a raw buffer is copied into again once the consumers' scores of its tile are done.
-template <KvLayout L, bool kF16, int kProducerTopk>
+// kRopeDirect (fp8_ds_mla): the RoPE chunks are copied straight into tile n+1's stage, so its
+// stage is waited for one conversion earlier; for split plans, whose few tiles a CTA rarely
+// wait (2 x 2: H=64 -2.2%, H=128 -0.7%; unsplit 128 x 2 +0.2 to +0.4%, thirty-sixth session).
+template <KvLayout L, bool kF16, int kProducerTopk, bool kRopeDirect>
 __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w, uint8_t* smem,
                                             IndexPipe<kProducerTopk>& indices) {
+  static_assert(!kRopeDirect || L == KvLayout::fp8_ds_mla, "RoPE chunks: fp8_ds_mla");
   constexpr int kNumStages = kStages<L>, kRaws = RawTile<L, kF16>::kBuffers;
   using Rows = Fp8Rows<L, kF16>;
   const int row = producer_row(), part = threadIdx.x % 4;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
   uint64_t* empty = full + kNumStages;
   const auto raw_buffer = [smem](int i) { return smem + raw_offset<L, kF16>(i); };
+  const auto wait_free = [empty](int n) {  // for tile n's stage
+    if (n >= kNumStages) ptx::mbar_wait(&empty[n % kNumStages], ((n / kNumStages) - 1) & 1);
+  };
   if (w.tile_begin >= w.tile_end) return;
   const bool stream = stream_rows<L, kF16>(p);
-  const auto copy = [&](const RowSource& from, uint8_t* raw) {
+  const auto copy = [&](const RowSource& from, int n) {  // tile n's
+    uint8_t* stage = nullptr;
+    if constexpr (kRopeDirect) wait_free(n), stage = smem + Smem::kv + n % kNumStages * kTileBytes;
     if (stream)
-      Rows::template copy<true>(from, raw, row, part);
+      Rows::template copy<true, kRopeDirect>(from, raw_buffer(n % kRaws), stage, row, part);
     else
-      Rows::template copy<false>(from, raw, row, part);
+      Rows::template copy<false, kRopeDirect>(from, raw_buffer(n % kRaws), stage, row, part);
   };
   RowSource src =
       row_source(p, w, w.tile_begin * kTileColumns + row, indices.pop(p, w, smem, w.tile_begin));
-  copy(src, raw_buffer(0));
+  copy(src, 0);
   ptx::cp_async_commit();
   int n = 0;
   for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
@@ -296,14 +320,15 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
       if constexpr (kF16)
         if (n + 1 >= kRaws)
           ptx::mbar_wait(&raw_bars<L>(smem)[(n + 1) % kRaws], ((n + 1) / kRaws - 1) & 1);
-      copy(src, raw_buffer((n + 1) % kRaws));
+      copy(src, n + 1);
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // tile n's copies have landed
     const int stage = n % kNumStages;
-    if (n >= kNumStages) ptx::mbar_wait(&empty[stage], ((n / kNumStages) - 1) & 1);
-    Rows::convert(raw_buffer(n % kRaws), smem + Smem::kv + stage * kTileBytes, row, part);
-    ptx::fence_proxy_async();  // st.shared, then wgmma reads
+    if constexpr (!kRopeDirect) wait_free(n);
+    Rows::template convert<kRopeDirect>(raw_buffer(n % kRaws),
+                                        smem + Smem::kv + stage * kTileBytes, row, part);
+    ptx::fence_proxy_async();  // st.shared (and the RoPE cp.async), then wgmma reads
     ptx::mbar_arrive(&full[stage]);
     publish_bias(smem, &full[stage], stage, row, part, valid);
   }
