@@ -140,26 +140,30 @@ struct Fp8Rows {
   // The stage unit of RoPE chunk c (fp8_ds_mla), which holds bf16 as stored.
   static __device__ __forceinline__ int rope_unit(int c) { return 2 * kFp8Chunks + c - kFp8Chunks; }
 
-  // This lane's part of `src`'s record (zeros when not attended) into raw buffer `raw`.
-  // kRopeDirect (fp8_ds_mla): the RoPE chunks straight into `stage`, which must be free.
+  // This lane's part of `src`'s record (zeros when not attended) into raw buffer `raw`;
+  // kRopeDirect: not the RoPE chunks, which copy_rope puts straight into the stage.
   template <bool kEvictFirst, bool kRopeDirect>
-  static __device__ __forceinline__ void copy(const RowSource& src, uint8_t* raw, uint8_t* stage,
-                                              int row, int part) {
+  static __device__ __forceinline__ void copy(const RowSource& src, uint8_t* raw, int row,
+                                              int part) {
     const uint32_t dst = ptx::smem_addr(raw + row_start(row));
 #pragma unroll
-    for (int k = 0; k < kChunksPerLane; ++k) {
-      const int c = part + 4 * k;
-      if (kRopeDirect && 4 * k >= kFp8Chunks)
-        ptx::cp_async_16<kEvictFirst>(ptx::smem_addr(stage + stage_at(row, rope_unit(c))),
-                                      src.record + 16 * c, src.valid);
-      else
-        ptx::cp_async_16<kEvictFirst>(
-            dst + (kF16 ? chunk_at(row, part + 4 * k) : 16 * (part + 4 * k)),
-            src.record + 16 * (part + 4 * k), src.valid);  // (*)
-    }
+    for (int k = 0; k < (kRopeDirect ? kFp8Chunks / 4 : kChunksPerLane); ++k)
+      ptx::cp_async_16<kEvictFirst>(
+          dst + (kF16 ? chunk_at(row, part + 4 * k) : 16 * (part + 4 * k)),
+          src.record + 16 * (part + 4 * k), src.valid);  // (*)
     if constexpr (L == KvLayout::fp8_ds_mla)
       ptx::cp_async_8(ptx::smem_addr(raw + Raw::kScales + (row * 4 + part) * 8), src.scales,
                       src.valid);
+  }
+  // fp8_ds_mla: this lane's RoPE chunks of `src`'s record into the stage at `stage`, as stored.
+  static __device__ __forceinline__ void copy_rope(const RowSource& src, uint8_t* stage, int row,
+                                                   int part) {
+#pragma unroll
+    for (int k = kFp8Chunks / 4; k < kChunksPerLane; ++k) {
+      const int c = part + 4 * k;
+      ptx::cp_async_16(ptx::smem_addr(stage + stage_at(row, rope_unit(c))), src.record + 16 * c,
+                       src.valid);
+    }
   }
 
   // The row as bf16 (kF16: f16) 16-byte units into the 128B-swizzled chunks of the stage at
@@ -298,19 +302,22 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
   const auto wait_free = [empty](int n) {  // for tile n's stage
     if (n >= kNumStages) ptx::mbar_wait(&empty[n % kNumStages], ((n / kNumStages) - 1) & 1);
   };
+  const auto copy_rope = [&](const RowSource& from, int n) {  // tile n's, once its stage is free
+    wait_free(n);
+    Rows::copy_rope(from, smem + Smem::kv + n % kNumStages * kTileBytes, row, part);
+  };
   if (w.tile_begin >= w.tile_end) return;
   const bool stream = stream_rows<L, kF16>(p);
-  const auto copy = [&](const RowSource& from, int n) {  // tile n's
-    uint8_t* stage = nullptr;
-    if constexpr (kRopeDirect) wait_free(n), stage = smem + Smem::kv + n % kNumStages * kTileBytes;
+  const auto copy = [&](const RowSource& from, uint8_t* raw) {
     if (stream)
-      Rows::template copy<true, kRopeDirect>(from, raw_buffer(n % kRaws), stage, row, part);
+      Rows::template copy<true, kRopeDirect>(from, raw, row, part);
     else
-      Rows::template copy<false, kRopeDirect>(from, raw_buffer(n % kRaws), stage, row, part);
+      Rows::template copy<false, kRopeDirect>(from, raw, row, part);
   };
   RowSource src =
       row_source(p, w, w.tile_begin * kTileColumns + row, indices.pop(p, w, smem, w.tile_begin));
-  copy(src, 0);
+  copy(src, raw_buffer(0));
+  if constexpr (kRopeDirect) copy_rope(src, 0);
   ptx::cp_async_commit();
   int n = 0;
   for (int tile = w.tile_begin; tile < w.tile_end; ++tile, ++n) {
@@ -320,10 +327,10 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
       if constexpr (kF16)
         if (n + 1 >= kRaws)
           ptx::mbar_wait(&raw_bars<L>(smem)[(n + 1) % kRaws], ((n + 1) / kRaws - 1) & 1);
-      copy(src, n + 1);
+      copy(src, raw_buffer((n + 1) % kRaws));
     }
     ptx::cp_async_commit();
-    ptx::cp_async_wait<1>();  // tile n's copies have landed
+    ptx::cp_async_wait<1>();  // tile n's copies have landed (kRopeDirect: its RoPE too)
     const int stage = n % kNumStages;
     if constexpr (!kRopeDirect) wait_free(n);
     Rows::template convert<kRopeDirect>(raw_buffer(n % kRaws),
@@ -331,6 +338,10 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
     ptx::fence_proxy_async();  // st.shared (and the RoPE cp.async), then wgmma reads
     ptx::mbar_arrive(&full[stage]);
     publish_bias(smem, &full[stage], stage, row, part, valid);
+    if constexpr (kRopeDirect) {  // waited for with tile n + 2's raw copies
+      if (tile + 1 < w.tile_end) copy_rope(src, n + 1);
+      ptx::cp_async_commit();
+    }
   }
 }
 
