@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::reg_dealloc<kProducerRegs<L>>();
     if constexpr (L == KvLayout::bf16)
       produce_bf16(p, w, smem, indices);
-    else if (L == KvLayout::fp8_ds_mla && !kQueryTma && p.num_splits > 1)
+    else if (L == KvLayout::fp8_ds_mla && !kQueryTma && p.num_splits > 1)  // see produce_fp8
       produce_fp8<L, kF16, kProducerTopk, L == KvLayout::fp8_ds_mla>(p, w, smem, indices);
     else
       produce_fp8<L, kF16, kProducerTopk, false>(p, w, smem, indices);

@@ -137,8 +137,8 @@ struct Fp8Rows {
   static __device__ __forceinline__ int stage_at(int row, int unit) {
     return (unit / 8) * kKvChunkBytes + swizzle(row, unit % 8);
   }
-  // The stage unit of RoPE chunk c (fp8_ds_mla), which holds bf16 as stored.
-  static __device__ __forceinline__ int rope_unit(int c) { return 2 * kFp8Chunks + c - kFp8Chunks; }
+  // The stage unit of RoPE chunk c (fp8_ds_mla: bf16 as stored, so one unit a chunk).
+  static __device__ __forceinline__ int rope_unit(int c) { return kFp8Chunks + c; }
 
   // This lane's part of `src`'s record (zeros when not attended) into raw buffer `raw`;
   // kRopeDirect: not the RoPE chunks, which copy_rope puts straight into the stage.
@@ -286,9 +286,10 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
 
 // fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage.
 // kF16: a raw buffer is copied into again once the consumers' scores of its tile are done.
-// kRopeDirect (fp8_ds_mla): the RoPE chunks are copied straight into tile n+1's stage, so its
-// stage is waited for one conversion earlier; for split plans, whose few tiles a CTA rarely
-// wait (2 x 2: H=64 -2.2%, H=128 -0.7%; unsplit 128 x 2 +0.2 to +0.4%, thirty-sixth session).
+// kRopeDirect (fp8_ds_mla): tile n+1's RoPE chunks go straight into its stage once tile n is
+// converted, so that stage is waited for a conversion earlier: for split plans, whose CTAs have
+// few tiles (2 x 2: H=64 -2.1%, H=128 -0.9%), not unsplit ones (128 x 2 +0.2 to +0.4%;
+// docs/kernel.md).
 template <KvLayout L, bool kF16, int kProducerTopk, bool kRopeDirect>
 __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w, uint8_t* smem,
                                             IndexPipe<kProducerTopk>& indices) {
