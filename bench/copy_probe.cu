@@ -1,14 +1,19 @@
 // How fast one CTA's producer warpgroup fills the decode kernel's stages: 32 random 1 KiB rows
-// per tile into 128B-swizzled shared memory, four stages, consumers that check every byte and
-// release the stage. Copies: the kernel's cp.async (16 bytes a lane, eight lanes a row), or
-// TMA boxes of one row x 64 dims (the swizzle follows the shared-memory address, so a one-row
-// box lands where the kernel's layout wants it) issued by one warp or by four.
+// per tile into 128B-swizzled shared memory, consumers that check every byte and release the
+// stage. Copies: the kernel's cp.async (16 bytes a lane, eight lanes a row: each instruction
+// reads 128 bytes of four rows, with the L2 evict-first policy as at H <= 64) over 2 to 6
+// stages, released at once or, as the kernel's seesaw does, a tile or two later (hold); the
+// same without the policy; each instruction reading 512 contiguous bytes of one row (a row in
+// two, as the gather ceiling's loads); or TMA boxes of one row x 64 dims (the swizzle follows
+// the shared-memory address, so a one-row box lands where the kernel's layout wants it) issued
+// by one warp or by four.
 //   smla_copy_probe        prints the median over CTAs of when tiles were issued and arrived
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -19,16 +24,34 @@
 namespace {
 using namespace smla::cuda;
 
-constexpr int kProbeStages = 4, kMaxTiles = 32, kRowBytes = 1024;
-enum Copy { kCpAsync, kTmaOneWarp, kTmaFourWarps };
-const char* const kCopyNames[] = {"cp.async", "tma 1 warp", "tma 4 warps"};
+constexpr int kProbeMaxStages = 6, kMaxTiles = 32, kRowBytes = 1024;
+enum Copy { kCpAsync, kCpAsyncPlain, kCpAsyncRowwise, kTmaOneWarp, kTmaFourWarps };
+__host__ __device__ constexpr bool is_cp_async(Copy c) { return c < kTmaOneWarp; }
+
+// The warp's eight rows (this lane's row at `row`, four lanes a row), each in two instructions
+// of 512 contiguous bytes.
+__device__ __forceinline__ void copy_rows_rowwise(uint8_t* dst, const char* row) {
+  const int lane = threadIdx.x % 32, warp_row0 = producer_row() - lane / 4;
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    const char* record =
+        reinterpret_cast<const char*>(__shfl_sync(~0u, reinterpret_cast<uintptr_t>(row), 4 * r));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int chunk = 4 * h + lane / 8;
+      ptx::cp_async_16<true>(
+          ptx::smem_addr(dst + chunk * kKvChunkBytes + swizzle(warp_row0 + r, lane % 8)),
+          record + (chunk * 8 + lane % 8) * 16, true);
+    }
+  }
+}
 
 struct ProbeArgs {
   const char* pool;
-  const int* rows;                   // [cta][tiles][32]
+  const int* rows;  // [cta][tiles][32]
   int tiles;
-  unsigned long long* stamps;        // [cta][2][kMaxTiles]: issued, arrived (ns from start)
-  unsigned long long* wrong;         // words that did not match the pool
+  unsigned long long* stamps;  // [cta][2][kMaxTiles]: issued, arrived (ns from start)
+  unsigned long long* wrong;   // words that did not match the pool
 };
 
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -37,19 +60,22 @@ __device__ __forceinline__ unsigned long long now_ns() {
   return t;
 }
 
-template <Copy kCopy>
+// kHold: the consumers release tile n - kHold's stage once tile n is checked, as the kernel's
+// seesaw keeps a stage until after the next tile's scores.
+template <Copy kCopy, int kProbeStages, int kHold = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     probe(const __grid_constant__ CUtensorMap map, ProbeArgs a) {
+  static_assert(kProbeStages <= kProbeMaxStages, "room for the stages");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kProbeStages * kTileBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kProbeMaxStages * kTileBytes);
   uint64_t* empty = full + kProbeStages;
   const int* rows = a.rows + blockIdx.x * a.tiles * kTileColumns;
   unsigned long long* stamps = a.stamps + blockIdx.x * 2 * kMaxTiles;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kProbeStages; ++s) {
-      ptx::mbar_init(&full[s], kCopy == kCpAsync ? 128 : kCopy == kTmaOneWarp ? 1 : 4);
+      ptx::mbar_init(&full[s], is_cp_async(kCopy) ? 128 : kCopy == kTmaOneWarp ? 1 : 4);
       ptx::mbar_init(&empty[s], 256);
     }
     ptx::mbar_init_fence();
@@ -61,9 +87,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int stage = n % kProbeStages;
       uint8_t* dst = smem + stage * kTileBytes;
       if (n >= kProbeStages) ptx::mbar_wait(&empty[stage], (n / kProbeStages - 1) & 1);
-      if constexpr (kCopy == kCpAsync) {  // the kernel's own copies
+      if constexpr (is_cp_async(kCopy)) {  // the kernel's own copies, or a variant
         const char* row = a.pool + int64_t(rows[n * kTileColumns + producer_row()]) * kRowBytes;
-        copy_rows_bf16<true>(dst, RowSource{true, row, row});  // as the kernel at H <= 64
+        if constexpr (kCopy == kCpAsyncRowwise)
+          copy_rows_rowwise(dst, row);
+        else
+          copy_rows_bf16<kCopy != kCpAsyncPlain>(dst, RowSource{true, row, row});
         ptx::cp_async_arrive(&full[stage]);
       } else {
         if (kCopy == kTmaOneWarp && warp != 0) continue;
@@ -91,12 +120,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint8_t* src = smem + stage * kTileBytes;
       for (int i = t; i < kTileColumns * 64; i += 256) {  // (row, 16-byte unit)
         const int r = i / 64, u = i % 64;
-        const uint4 v = *reinterpret_cast<const uint4*>(src + u / 8 * kKvChunkBytes +
-                                                         swizzle(r, u % 8));
+        const uint4 v =
+            *reinterpret_cast<const uint4*>(src + u / 8 * kKvChunkBytes + swizzle(r, u % 8));
         const uint32_t word = uint32_t(rows[n * kTileColumns + r]) * (kRowBytes / 4) + u * 4;
         wrong += (v.x != word) + (v.y != word + 1) + (v.z != word + 2) + (v.w != word + 3);
       }
-      ptx::mbar_arrive(&empty[stage]);
+      if (n >= kHold) ptx::mbar_arrive(&empty[(n - kHold) % kProbeStages]);
     }
     if (wrong) atomicAdd(a.wrong, wrong);
   }
@@ -130,39 +159,56 @@ int main() {
   char* pool;
   int* rows;
   unsigned long long *stamps, *wrong;
-  constexpr int kMaxCtas = 132, kSmem = kProbeStages * kTileBytes + 2 * kProbeStages * 8 + 1024;
+  constexpr int kMaxCtas = 132,
+                kSmem = kProbeMaxStages * kTileBytes + 2 * kProbeMaxStages * 8 + 1024;
   SMLA_CUDA_CHECK(cudaMalloc(&pool, big_rows * kRowBytes));
   SMLA_CUDA_CHECK(cudaMalloc(&rows, kMaxCtas * kMaxTiles * kTileColumns * sizeof(int)));
   SMLA_CUDA_CHECK(cudaMalloc(&stamps, kMaxCtas * 2 * kMaxTiles * sizeof(unsigned long long)));
   SMLA_CUDA_CHECK(cudaMalloc(&wrong, sizeof(unsigned long long)));
   fill_words<<<1024, 256>>>(reinterpret_cast<uint32_t*>(pool), big_rows * kRowBytes / 4);
   SMLA_CUDA_CHECK(cudaGetLastError());
-  void (*const kernels[])(CUtensorMap, ProbeArgs) = {probe<kCpAsync>, probe<kTmaOneWarp>,
-                                                     probe<kTmaFourWarps>};
-  for (auto* k : kernels)
-    SMLA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const struct {
+    void (*kernel)(CUtensorMap, ProbeArgs);
+    const char* name;
+  } kernels[] = {{probe<kCpAsync, 4>, "cp.async"},
+                 {probe<kCpAsyncPlain, 4>, "cp.async nohint"},
+                 {probe<kCpAsync, 2>, "cp.async 2 st"},
+                 {probe<kCpAsync, 3>, "cp.async 3 st"},
+                 {probe<kCpAsync, 6>, "cp.async 6 st"},
+                 {probe<kCpAsync, 4, 1>, "4 st, hold 1"},
+                 {probe<kCpAsync, 5, 1>, "5 st, hold 1"},
+                 {probe<kCpAsync, 6, 2>, "6 st, hold 2"},
+                 {probe<kCpAsync, 5, 2>, "5 st, hold 2"},
+                 {probe<kCpAsync, 4, 2>, "4 st, hold 2"},
+                 {probe<kCpAsyncRowwise, 4>, "cp.async rows"},
+                 {probe<kTmaOneWarp, 4>, "tma 1 warp"},
+                 {probe<kTmaFourWarps, 4>, "tma 4 warps"}};
+  for (const auto& k : kernels)
+    SMLA_CUDA_CHECK(
+        cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   std::mt19937_64 rng(std::random_device{}());
-  printf("%-12s %-5s %4s %5s | %8s %8s | %s\n", "copy", "pool", "ctas", "tiles", "issued0",
-         "issuedN", "arrived us: tiles 0 1 2 3 .. last");
+  printf("%-15s %-5s %4s %5s | %8s %8s | %s\n", "copy", "pool", "ctas", "tiles", "issued0",
+         "issuedN", "arrived us: tiles 0 1 2 3 .. last | rate");
   unsigned long long total_wrong = 0;
   for (const size_t span : {size_t(1024), big_rows}) {
     const CUtensorMap map = row_map(pool, span);
     for (const int ctas : {56, kMaxCtas})
       for (const int tiles : {4, 24})
-        for (int copy = 0; copy < 3; ++copy) {
+        for (int copy = 0; copy < int(std::size(kernels)); ++copy) {
           std::vector<unsigned long long> issued0, issued_last, arrived[kMaxTiles];
           for (int rep = 0; rep < 9; ++rep) {  // rep 0 warms up
             std::vector<int> h(ctas * tiles * kTileColumns);
             for (int& x : h) x = int(rng() % span);
-            SMLA_CUDA_CHECK(cudaMemcpy(rows, h.data(), h.size() * sizeof(int),
-                                       cudaMemcpyHostToDevice));
+            SMLA_CUDA_CHECK(
+                cudaMemcpy(rows, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice));
             SMLA_CUDA_CHECK(cudaMemset(wrong, 0, sizeof(unsigned long long)));
-            kernels[copy]<<<ctas, kThreads, kSmem>>>(map, {pool, rows, tiles, stamps, wrong});
+            kernels[copy].kernel<<<ctas, kThreads, kSmem>>>(map,
+                                                            {pool, rows, tiles, stamps, wrong});
             SMLA_CUDA_CHECK(cudaGetLastError());
             std::vector<unsigned long long> s(ctas * 2 * kMaxTiles);
             unsigned long long w;
-            SMLA_CUDA_CHECK(cudaMemcpy(s.data(), stamps, s.size() * sizeof(s[0]),
-                                       cudaMemcpyDeviceToHost));
+            SMLA_CUDA_CHECK(
+                cudaMemcpy(s.data(), stamps, s.size() * sizeof(s[0]), cudaMemcpyDeviceToHost));
             SMLA_CUDA_CHECK(cudaMemcpy(&w, wrong, sizeof(w), cudaMemcpyDeviceToHost));
             total_wrong += w;
             if (rep == 0) continue;
@@ -173,11 +219,12 @@ int main() {
               for (int n = 0; n < tiles; ++n) arrived[n].push_back(cta[kMaxTiles + n]);
             }
           }
-          printf("%-12s %-5s %4d %5d | %8.2f %8.2f |", kCopyNames[copy],
+          printf("%-15s %-5s %4d %5d | %8.2f %8.2f |", kernels[copy].name,
                  span == 1024 ? "L2" : "HBM", ctas, tiles, median_us(issued0),
                  median_us(issued_last));
           for (int n = 0; n < std::min(tiles, 4); ++n) printf(" %.2f", median_us(arrived[n]));
-          printf(" .. %.2f\n", median_us(arrived[tiles - 1]));
+          printf(" .. %.2f | %.3f us a tile\n", median_us(arrived[tiles - 1]),
+                 (median_us(arrived[tiles - 1]) - median_us(arrived[0])) / (tiles - 1));
         }
   }
   SMLA_CUDA_CHECK(cudaFree(pool));
