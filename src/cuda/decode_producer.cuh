@@ -217,6 +217,7 @@ struct Fp8Rows {
         } else {
           a = e4m3x8_to<kF16>(v.x, v.y), b = e4m3x8_to<kF16>(v.z, v.w);
         }
+        // Spelled out, not stage_at: through it the kF16 top-k kernels' producer spilled 4 bytes.
         uint8_t* chunk = dst + (unit / 8) * kKvChunkBytes;
         *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8)) = a;
         *reinterpret_cast<uint4*>(chunk + swizzle(row, unit % 8 + 1)) = b;
