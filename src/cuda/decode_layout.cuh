@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_bf16.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "core/index_rules.h"
@@ -175,8 +176,20 @@ __device__ __forceinline__ Work locate_work(const DecodeParams& p) {
   w.token = cta_token(p);
   w.head0 = w.head_block * p.heads_per_cta;
   w.live_heads = min(p.heads_per_cta, p.num_heads - w.head0);
-  int request = w.token, first = w.token, q_len = 1;
-  if (p.cum_seq_lens_q) {  // the token's request = how many requests end at or before it
+  int request = w.token, first = w.token, q_len = 1, seq_len;
+  if (p.cum_seq_lens_q && p.num_requests <= 32) {
+    // Lane b loads request b's end and length beside the scan, so the token's come by shuffle:
+    // one memory round trip on the way to the first tile instead of two.
+    const int b = threadIdx.x % 32;
+    const int end = b < p.num_requests ? __ldg(p.cum_seq_lens_q + b + 1) : INT_MAX;
+    const int len = b < p.num_requests ? __ldg(p.seq_lens + b) : 0;
+    const int start = __ldg(p.cum_seq_lens_q);
+    request = __popc(__ballot_sync(~0u, end <= w.token));
+    const int previous_end = __shfl_sync(~0u, end, request - 1);
+    first = request == 0 ? start : previous_end;
+    q_len = __shfl_sync(~0u, end, request) - first;
+    seq_len = __shfl_sync(~0u, len, request);
+  } else if (p.cum_seq_lens_q) {  // the token's request = how many requests end at or before it
     int ended = 0;
     for (int b = threadIdx.x % 32; b < p.num_requests; b += 32)
       ended += __ldg(p.cum_seq_lens_q + b + 1) <= w.token;
@@ -184,9 +197,12 @@ __device__ __forceinline__ Work locate_work(const DecodeParams& p) {
     request = ended;
     first = __ldg(p.cum_seq_lens_q + request);
     q_len = __ldg(p.cum_seq_lens_q + request + 1) - first;
+    seq_len = __ldg(p.seq_lens + request);
+  } else {
+    seq_len = __ldg(p.seq_lens + request);
   }
   w.request = request;
-  w.pos = __ldg(p.seq_lens + request) - q_len + (w.token - first);
+  w.pos = seq_len - q_len + (w.token - first);
   w.swa_len = max(0, min(w.pos + 1, p.window));
   if (!p.topk.indices) w.topk_len = __ldg(p.sparse_topk_lens + w.token);  // see set_length
   return w;
