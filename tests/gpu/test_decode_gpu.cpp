@@ -85,6 +85,18 @@ TEST(GpuDecode, RandomCasesAgainstOracleAndCpu) {
   EXPECT_GT(counter_reduced, 0) << "split cases reduced through the counters, of " << cases;
 }
 
+// A token's request (its position, so its window) found on both of the kernel's paths: one warp's
+// loads for up to 32 requests, a scan past that; ragged tokens per request, against the oracle
+// and the CPU.
+TEST(GpuDecode, TokensFindTheirRequestPastAWarp) {
+  SKIP_WITHOUT_GPU();
+  for (int requests : {1, 31, 32, 33, 70})
+    for (int max_q : {1, 4}) {
+      check_against_oracle_and_cpu({.heads = 8, .requests = requests, .max_q = max_q});
+      if (HasFailure()) return;
+    }
+}
+
 // Split rows reduced in clusters of every size the planner picks (2..8 CTAs), with 16 to 64
 // heads a CTA and a partial head block, against the oracle and the CPU backend.
 TEST(GpuDecode, ClusterSplitsOfEverySize) {
