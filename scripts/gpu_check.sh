@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Everything GPU-side in one call on the GPU machine: GPU tests, compute-sanitizer on small
-# cases, the decode benchmark and the copy and wgmma probes, the main job on CUDA, the step
-# benchmark, the Python package and the host time of a call; a short table last. Full logs go
-# to $OUT (or ./gpu-out), at most 8 files: build.log, tests.log (tests and sanitizers), bench.log
-# (benchmark, probes and profile), bench.csv, run.log, step.log, step.csv, python.log (package
-# tests, host time). Uses a carried build dir
-# (default build-cuda): brings it up to date where it was configured for this tree, takes its
-# binaries as they are where it was not (binaries carried from another machine), configures and
-# builds it where it has neither. Exits 1 when any step failed.
+# cases, the decode benchmark and the copy, wgmma and distributed shared-memory probes, the main
+# job on CUDA, the step benchmark, the Python package and the host time of a call; a short table
+# last. Full logs go to $OUT (or ./gpu-out), at most 8 files: build.log, tests.log (tests and
+# sanitizers), bench.log (benchmark, probes and profile), bench.csv, run.log, step.log, step.csv,
+# python.log (package tests, host time). Uses a carried build dir (default build-cuda): brings it
+# up to date where it was configured for this tree, takes its binaries as they are where it was
+# not (binaries carried from another machine), configures and builds it where it has neither.
+# Exits 1 when any step failed.
 #   scripts/gpu_check.sh [tests] [sanitize] [bench] [probe] [profile] [run] [step] [python]
 #   (default: all but profile)
 set -uo pipefail
@@ -21,7 +21,8 @@ status=()
 failed=0
 declare -A begun  # logs written by this call: the first step to use one truncates it
 
-binaries="smla smla_bench smla_step_bench smla_copy_probe smla_wgmma_probe tests/smla_gpu_tests"
+binaries="smla smla_bench smla_step_bench smla_copy_probe smla_wgmma_probe smla_dsmem_probe
+  tests/smla_gpu_tests"
 missing=$(for b in $binaries; do [ -x "$BUILD/$b" ] || echo "$b"; done)
 home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
 if [ "$home" = "$PWD" ] || { [ -z "$home" ] && [ -n "$missing" ]; }; then
@@ -68,7 +69,8 @@ for step in $steps; do
     bench) run_step bench bench.log timeout -s KILL 300 "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
     probe)
       run_step probe bench.log timeout -s KILL 120 "$BUILD/smla_copy_probe"
-      run_step wgmma bench.log timeout -s KILL 120 "$BUILD/smla_wgmma_probe" ;;
+      run_step wgmma bench.log timeout -s KILL 120 "$BUILD/smla_wgmma_probe"
+      run_step dsmem bench.log timeout -s KILL 120 "$BUILD/smla_dsmem_probe" ;;
     profile)  # Nsight Compute's warp samples per instruction, one launch a layout at 128 x 2
       for kv in bf16 fp8_ds_mla fp8_e4m3; do
         run_step "ncu $kv" bench.log bash -c "ncu --clock-control none -k regex:decode_kernel \

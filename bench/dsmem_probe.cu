@@ -1,0 +1,219 @@
+// How fast a cluster reduces split rows through distributed shared memory, as the decode
+// kernel's `finish_cluster` does: each CTA of a cluster of `splits` stages `heads` bf16 output
+// rows (kOutPitch apart), then after a cluster barrier owns one `splits`-th of the rows' 16-byte
+// chunks and reads each of them from every CTA of the cluster, sums them in split order and
+// writes them out. Variants of the read: the kernel's (every peer's chunk loaded, then summed),
+// the peers visited from the next rank on, two chunks a pass, and as baselines every load
+// from the CTA's own shared memory (through `mapa`, and plain). 256 threads a CTA (the
+// consumer warpgroups) and enough shared memory that one CTA runs per SM.
+//   smla_dsmem_probe   prints, per variant and shape, the median over CTAs of the read phase
+//                      and its bytes per microsecond, and checks every output chunk
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/decode_layout.cuh"
+#include "cuda/launch.h"
+
+namespace {
+using namespace smla::cuda;
+
+enum Read { kPeers, kRotated, kTwoChunks, kOwnMapa, kOwnPlain };
+constexpr int kProbeThreads = 256, kMaxSplits8 = 8, kProbeSmem = 200 * 1024;
+
+struct ProbeArgs {
+  int heads, repeats;
+  uint4* out;                  // [cta / splits][heads][kRowChunks]
+  unsigned long long* stamps;  // [cta][2]: reads done, end (ns from the first barrier)
+};
+
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_size() {
+  uint32_t n;
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+
+// The value of element k of chunk `unit` of row `row` in CTA `rank`: small integers, so that
+// sums of up to eight are exact in float and bf16.
+__host__ __device__ constexpr int element(int rank, int row, int unit, int k) {
+  return (3 * rank + row + unit + k) % 16;
+}
+
+template <Read kRead>
+__device__ __forceinline__ uint4 load(const uint4* at, int rank) {
+  if constexpr (kRead == kOwnPlain) return *at;
+  const int from = kRead == kOwnMapa ? int(cluster_rank()) : rank;
+  return *ptx::cluster_map(at, from);
+}
+
+template <Read kRead>
+__device__ __forceinline__ uint4 reduce_chunk(const uint8_t* smem, int i, int splits, int me) {
+  const int row = i / kRowChunks, unit = i % kRowChunks;
+  const uint4* at = reinterpret_cast<const uint4*>(smem + row * kOutPitch) + unit;
+  // kRotated sums in the order it loads (exact for the probe's small integers; in the kernel
+  // still the same order every launch, as a chunk's owner is fixed).
+  uint4 v[kMaxSplits8];
+#pragma unroll
+  for (int s = 0; s < kMaxSplits8; ++s)
+    if (s < splits) v[s] = load<kRead>(at, kRead == kRotated ? (me + 1 + s) % splits : s);
+  float2 acc[4] = {};
+#pragma unroll
+  for (int s = 0; s < kMaxSplits8; ++s)
+    if (s < splits) {
+      const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v[s]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(h[k]);
+        acc[k].x += f.x, acc[k].y += f.y;
+      }
+    }
+  uint4 out;
+  auto* o = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) o[k] = __floats2bfloat162_rn(acc[k].x, acc[k].y);
+  return out;
+}
+
+template <Read kRead>
+__global__ void __launch_bounds__(kProbeThreads, 1) probe(ProbeArgs a) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
+  ptx::griddep_wait();
+  const int splits = int(cluster_size()), me = int(cluster_rank());
+  const int chunks = a.heads * kRowChunks;
+  for (int i = threadIdx.x; i < chunks; i += kProbeThreads) {
+    const int row = i / kRowChunks, unit = i % kRowChunks;
+    uint4 v;
+    auto* h = reinterpret_cast<__nv_bfloat16*>(&v);
+    for (int k = 0; k < 8; ++k) h[k] = __int2bfloat16_rn(element(me, row, unit, k));
+    *reinterpret_cast<uint4*>(smem + row * kOutPitch + unit * 16) = v;
+  }
+  ptx::cluster_sync();
+  const unsigned long long start = now_ns();
+  const int begin = me * chunks / splits, end = (me + 1) * chunks / splits;
+  uint4* out = a.out + int64_t(blockIdx.x / splits) * chunks;
+  for (int r = 0; r < a.repeats; ++r) {
+    if constexpr (kRead == kTwoChunks) {
+#pragma unroll 1
+      for (int i = begin + threadIdx.x; i < end; i += 2 * kProbeThreads) {
+        const int j = i + kProbeThreads;
+        const uint4 x = reduce_chunk<kPeers>(smem, i, splits, me);
+        if (j < end) out[j] = reduce_chunk<kPeers>(smem, j, splits, me);
+        out[i] = x;
+      }
+    } else {
+#pragma unroll 1
+      for (int i = begin + threadIdx.x; i < end; i += kProbeThreads)
+        out[i] = reduce_chunk<kRead>(smem, i, splits, me);
+    }
+  }
+  const unsigned long long reads = now_ns() - start;
+  ptx::cluster_sync_relaxed();
+  if (threadIdx.x == 0) {
+    a.stamps[2 * blockIdx.x] = reads;
+    a.stamps[2 * blockIdx.x + 1] = now_ns() - start;
+  }
+}
+
+double median_us(std::vector<unsigned long long> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2] * 1e-3;
+}
+
+float bf16_float(uint16_t bits) {
+  const uint32_t w = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &w, 4);
+  return f;
+}
+
+// Output elements of `clusters` clusters that are not the sum of every CTA's (own: the chunk's
+// owner's, `splits` times).
+long long check(const uint4* out, int clusters, int heads, int splits, bool own) {
+  const int chunks = heads * kRowChunks;
+  std::vector<uint16_t> o(size_t(clusters) * chunks * 8);
+  SMLA_CUDA_CHECK(cudaMemcpy(o.data(), out, o.size() * sizeof(o[0]), cudaMemcpyDeviceToHost));
+  long long wrong = 0;
+  for (int i = 0, owner = 0; i < chunks; ++i) {
+    while (i >= (owner + 1) * chunks / splits) ++owner;
+    for (int e = 0; e < 8; ++e) {
+      int want = 0;
+      for (int s = 0; s < splits; ++s)
+        want += element(own ? owner : s, i / kRowChunks, i % kRowChunks, e);
+      for (int c = 0; c < clusters; ++c)
+        wrong += bf16_float(o[(size_t(c) * chunks + i) * 8 + e]) != float(want);
+    }
+  }
+  return wrong;
+}
+
+}  // namespace
+
+int main() {
+  constexpr int kMaxCtas = 132, kMaxHeads = 64;
+  uint4* out;
+  unsigned long long* stamps;
+  SMLA_CUDA_CHECK(cudaMalloc(&out, kMaxCtas * kMaxHeads * kRowChunks * sizeof(uint4)));
+  SMLA_CUDA_CHECK(cudaMalloc(&stamps, kMaxCtas * 2 * sizeof(unsigned long long)));
+  const struct {
+    void (*kernel)(ProbeArgs);
+    const char* name;
+    bool own;  // every load from the CTA's own shared memory
+  } kernels[] = {{probe<kPeers>, "peers", false},
+                 {probe<kRotated>, "rotated", false},
+                 {probe<kTwoChunks>, "two chunks", false},
+                 {probe<kOwnMapa>, "own mapa", true},
+                 {probe<kOwnPlain>, "own plain", true}};
+  for (const auto& k : kernels) {
+    SMLA_CUDA_CHECK(
+        cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kProbeSmem));
+  }
+  printf("%-11s %6s %5s %4s %7s | %8s %8s | %s\n", "read", "splits", "heads", "ctas", "repeats",
+         "reads us", "end us", "bytes a CTA per us (reads)");
+  long long wrong = 0;
+  for (const int heads : {32, 64})
+    for (const int splits : {2, 4, 7, 8})
+      for (const int ctas : {56 / splits * splits, 112 / splits * splits})
+        for (const int repeats : {1, 4})
+          for (const auto& k : kernels) {
+            std::vector<unsigned long long> reads, ends;
+            for (int rep = 0; rep < 6; ++rep) {  // rep 0 warms up
+              SMLA_CUDA_CHECK(cudaMemset(out, 0xff, ctas / splits * heads * kRowChunks * 16));
+              launch_early("the DSMEM probe", k.kernel, dim3(ctas), dim3(kProbeThreads), kProbeSmem,
+                           nullptr, splits, ProbeArgs{heads, repeats, out, stamps});
+              SMLA_CUDA_CHECK(cudaDeviceSynchronize());
+              std::vector<unsigned long long> s(2 * ctas);
+              SMLA_CUDA_CHECK(
+                  cudaMemcpy(s.data(), stamps, s.size() * sizeof(s[0]), cudaMemcpyDeviceToHost));
+              if (rep == 0) continue;
+              if (rep == 1) wrong += check(out, ctas / splits, heads, splits, k.own);
+              for (int c = 0; c < ctas; ++c)
+                reads.push_back(s[2 * c]), ends.push_back(s[2 * c + 1]);
+            }
+            const double us = median_us(reads);
+            const double bytes = double(heads) * kRowChunks * 16 * repeats;  // all CTAs' chunks
+            printf("%-11s %6d %5d %4d %7d | %8.2f %8.2f | %.0f\n", k.name, splits, heads, ctas,
+                   repeats, us, median_us(ends), bytes / us);
+          }
+  SMLA_CUDA_CHECK(cudaFree(out));
+  SMLA_CUDA_CHECK(cudaFree(stamps));
+  printf("output elements that did not match: %lld\n", wrong);
+  return wrong == 0 ? 0 : 1;
+}
