@@ -95,6 +95,9 @@ struct DeviceCase {
       args.kv_counters = make_view(counters->get(), DType::u8, device, {int64_t(counter_bytes)});
     if (ws_bytes)
       args.workspace = make_view(workspace->get(), DType::u8, device, {int64_t(ws_bytes)});
+    // The copies and the memset went on the legacy stream, which a test's non-blocking stream
+    // does not wait for.
+    CUDA_THROW(cudaDeviceSynchronize());
   }
 
   void* device_ptr(const HostTensor& t) const { return tensors.at(&t)->get(); }

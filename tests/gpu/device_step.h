@@ -46,6 +46,7 @@ class DeviceMirror {
       const cuda::DeviceScope on(device.id);
       it->second = std::make_unique<DeviceMemory>(bytes);
       CUDA_THROW(cudaMemcpy(it->second->get(), host.data, bytes, cudaMemcpyHostToDevice));
+      CUDA_THROW(cudaDeviceSynchronize());  // see output()
     } else if (it->second->bytes() < bytes) {
       throw std::logic_error("two views of one host buffer with different extents");
     }
@@ -97,6 +98,10 @@ class DeviceMirror {
     outputs_.push_back(std::make_unique<DeviceMemory>(extent_bytes(v)));
     v.data = outputs_.back()->get();
     CUDA_THROW(cudaMemset(v.data, fill, outputs_.back()->bytes()));
+    // Done before the tests' non-blocking streams (TestStream) run anything: they do not wait
+    // for the legacy stream, where this memset (and a pageable copy's DMA) may still be queued,
+    // so it could land over a kernel's output (a flaky GpuIndex failure, forty-fourth session).
+    CUDA_THROW(cudaDeviceSynchronize());
     return v;
   }
 

@@ -44,6 +44,9 @@ struct OnDevice {
   explicit OnDevice(const HostTensor& t)
       : memory(t.bytes.size()), view(t.view(memory.get(), kGpu)) {
     CUDA_THROW(cudaMemcpy(memory.get(), t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice));
+    // A pageable copy may return before its DMA lands, on the legacy stream, which the tests'
+    // non-blocking streams do not wait for.
+    CUDA_THROW(cudaDeviceSynchronize());
   }
   std::vector<std::byte> bytes() const {
     std::vector<std::byte> b(memory.bytes());
@@ -266,7 +269,7 @@ TEST(GpuQuantize, CapturesAsOneKernelNodeAndReplays) {
   const std::vector<std::byte> eager = pool.bytes();
   ASSERT_TRUE(same_bytes(eager, on_cpu(rows, slots, host_pool, 1.0f))) << "seed " << seed;
 
-  ASSERT_CUDA(cudaMemset(pool.memory.get(), 0xab, pool.memory.bytes()));
+  ASSERT_CUDA(cudaMemsetAsync(pool.memory.get(), 0xab, pool.memory.bytes(), stream.get()));
   cudaGraph_t graph;
   ASSERT_CUDA(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
   quantize_kv(r.view, s.view, pool.view, 1.0f, stream.get());
