@@ -64,8 +64,10 @@ for step in $steps; do
       # memcheck also on windows that are not a multiple of 4: a row's K may not be one either
       run_step memcheck tests.log timeout 260 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=GpuDecode.OddWindowsAgainstOracleAndCpu:$filter
-      run_step racecheck tests.log timeout 260 compute-sanitizer --tool racecheck --error-exitcode 9 \
-        "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter ;;
+      for tool in racecheck synccheck initcheck; do
+        run_step $tool tests.log timeout 260 compute-sanitizer --tool $tool --error-exitcode 9 \
+          "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter
+      done ;;
     bench) run_step bench bench.log timeout -s KILL 300 "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
     probe)
       run_step probe bench.log timeout -s KILL 120 "$BUILD/smla_copy_probe"
