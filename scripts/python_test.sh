@@ -26,10 +26,13 @@ pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-
 wheels=(); [ -d .whl ] && wheels=(--no-index --find-links .whl)
 
 need=()
-for mod in numpy:numpy ml_dtypes:ml_dtypes pytest:pytest scikit_build_core:scikit-build-core \
-           nanobind:nanobind; do
+for mod in numpy:numpy ml_dtypes:ml_dtypes pytest:pytest scikit_build_core:scikit-build-core; do
   "$PY" -c "import ${mod%%:*}" 2>/dev/null || need+=("${mod#*:}")
 done
+# nanobind: 2.10 or later, the first with the float8_e4m3fn DLPack code the bindings use.
+"$PY" -c 'import nanobind, sys
+sys.exit(tuple(map(int, nanobind.__version__.split(".")[:2])) < (2, 10))' 2>/dev/null ||
+  need+=("nanobind>=2.10")
 [ ${#need[@]} -eq 0 ] || pip_install "${wheels[@]}" "${need[@]}"
 
 cuda=${SMLA_PYTHON_CUDA:-}

@@ -19,7 +19,8 @@ namespace smla {
 //
 //   rows      [N, 512] bf16, last dim contiguous
 //   slots     [N] i32; negative = padding (skipped); else < num_blocks * block_size, distinct
-//   pool      a KV pool as sparse_mla_decode takes it (decode.h); its device is the call's
+//   pool      a KV pool as sparse_mla_decode takes it (decode.h), apart from rows and slots;
+//             its device is the call's
 //   kv_scale  finite and > 0 for every layout; used by fp8_e4m3 pools only
 //
 // Runs on the device of its tensors (on CUDA the current device). Throws smla::Error naming

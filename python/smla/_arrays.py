@@ -168,14 +168,18 @@ class on_device:
             self._guard.__exit__(*exc)
 
 
-def integer(x, name: str) -> int:
-    """An integer argument: ints and NumPy integers, never a float or a bool (no truncation)."""
+def integer(x, name: str, bits: int = 32) -> int:
+    """An integer argument that fits the C++ parameter's `bits`-bit signed type: ints and NumPy
+    integers, never a float or a bool (no truncation, no wrap-around)."""
     if isinstance(x, bool):
         raise type_error(name, "an int", "a bool")
     try:
-        return operator.index(x)
+        value = operator.index(x)
     except TypeError:
         raise type_error(name, "an int", type(x).__name__) from None
+    if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+        raise value_error(name, f"an int{bits} value", str(value))
+    return value
 
 
 def scale(x, name: str) -> float:

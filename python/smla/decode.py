@@ -81,7 +81,7 @@ def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, 
         topk_indices=tensor(topk.topk_indices, "topk_columns.topk_indices"),
         topk_block_table=tensor(topk.block_table, "topk_columns.block_table"),
         is_valid_token=tensor(topk.is_valid_token, "topk_columns.is_valid_token"),
-        num_decodes=integer(topk.num_decodes, "topk_columns.num_decodes"),
+        num_decodes=integer(topk.num_decodes, "topk_columns.num_decodes", 64),
         compress_ratio=integer(topk.compress_ratio, "topk_columns.compress_ratio"),
         stream=stream_handle(stream, device, query),
     )
@@ -92,7 +92,7 @@ def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, 
 def kv_counter_bytes(max_tokens: int, num_heads: int) -> int:
     """Bytes of multi-CTA counters for launches of up to `max_tokens` tokens of `num_heads`
     heads (0 in a build without CUDA)."""
-    return _smla.kv_counter_bytes(integer(max_tokens, "max_tokens"),
+    return _smla.kv_counter_bytes(integer(max_tokens, "max_tokens", 64),
                                   integer(num_heads, "num_heads"))
 
 
@@ -100,8 +100,9 @@ def workspace_bytes(max_tokens: int, num_heads: int, max_columns: int, device="c
     """Bytes of split-KV workspace enough for every launch of `num_heads` heads with at most
     `max_tokens` tokens and `max_columns` columns on `device` (0 on the CPU)."""
     kind, index = parse_device(device)
-    return _smla.workspace_bytes(integer(max_tokens, "max_tokens"), integer(num_heads, "num_heads"),
-                                 integer(max_columns, "max_columns"), kind, index)
+    return _smla.workspace_bytes(integer(max_tokens, "max_tokens", 64),
+                                 integer(num_heads, "num_heads"),
+                                 integer(max_columns, "max_columns", 64), kind, index)
 
 
 def query_capability(head_size: int, query_dtype: str, kv_dtype: str, block_size: int,

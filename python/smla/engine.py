@@ -62,10 +62,17 @@ def _merge_tokens(x, name: str, ndim: int):
 
 
 def _call_stream(like, stream):
-    """A context in which PyTorch allocates and queues on the call's `stream`, where one is
-    given for PyTorch CUDA arrays: the temporaries below must be ordered with the kernel."""
-    array = _array(like)
-    if stream is None or _module(like).__name__ != "torch" or not array.is_cuda:
+    """A context in which PyTorch or CuPy allocates and queues on the call's device and
+    `stream`, where one is given: the temporaries below must be ordered with the kernel."""
+    array, xp = _array(like), _module(like)
+    if xp.__name__ == "cupy":
+        context = contextlib.ExitStack()
+        context.enter_context(xp.cuda.Device(array.device.id))
+        if stream is not None:
+            handle = stream_handle(stream, ("cuda", array.device.id))
+            context.enter_context(xp.cuda.ExternalStream(handle))
+        return context
+    if stream is None or xp.__name__ != "torch" or not array.is_cuda:
         return contextlib.nullcontext()
     torch = sys.modules["torch"]
     if not isinstance(stream, torch.cuda.Stream):
@@ -77,7 +84,8 @@ def _call_stream(like, stream):
 def _uniform_cum(seq_lens, q_len: int):
     """cum_seq_lens_q for [B, q, H, D] queries: every request has q tokens (device-side
     arithmetic only, so it is capturable)."""
-    xp, n = _module(seq_lens), seq_lens.shape[0] + 1
+    xp, seq_lens = _module(seq_lens), _array(seq_lens)
+    n = seq_lens.shape[0] + 1
     if xp.__name__ == "torch":
         return xp.arange(n, dtype=xp.int32, device=seq_lens.device) * q_len
     return xp.arange(0, n * q_len, q_len, dtype=xp.int32)
@@ -107,7 +115,7 @@ def trtllm_batch_decode_sparse_mla_dsv4(
     [T, 1, K], cum_seq_lens_q [B+1] or None (one token per request, or q per request for a
     [B, q, H, 512] query), max_q_len (required with a device cum_seq_lens_q). Runs on the
     current stream of the query's framework; capturable in a CUDA graph."""
-    if sparse_indices_are_storage_offsets is not True:
+    if not _is_true(sparse_indices_are_storage_offsets):
         raise value_error("sparse_indices_are_storage_offsets",
                           "True (smla reads storage offsets, SPEC §4: (slot / block_size) * span"
                           " + slot % block_size, equal to slots for unpacked pools)",
@@ -138,8 +146,15 @@ def trtllm_batch_decode_sparse_mla_dsv4(
     return result
 
 
+def _is_true(flag) -> bool:
+    """True or NumPy's True: never a truthy int, string or array."""
+    import numpy as np
+    return flag is True or (isinstance(flag, np.bool_) and bool(flag))
+
+
 def _max_q_len(cum_seq_lens_q) -> int:
     """max_q_len from host offsets; device offsets would need a synchronisation."""
+    cum_seq_lens_q = _array(cum_seq_lens_q)
     if on_a_device(cum_seq_lens_q):
         raise value_error("max_q_len", "an int (required with a device cum_seq_lens_q: reading "
                           "it would synchronise)", "None")

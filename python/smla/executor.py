@@ -68,15 +68,19 @@ class StepExecutor:
         with on_device(self._device, self._like):
             self._executor = _smla.StepExecutor(
                 specs=[l.spec for l in layers],
-                swa_kv_caches=[tensor(l.swa_kv_cache, "swa_kv_cache") for l in layers],
-                compressed_kv_caches=[tensor(l.compressed_kv_cache, "compressed_kv_cache")
-                                      for l in layers],
-                sinks=[tensor(l.sinks, "sinks") for l in layers],
-                bmm1_scales=[scale(l.bmm1_scale, "bmm1_scale") for l in layers],
-                bmm2_scales=[scale(l.bmm2_scale, "bmm2_scale") for l in layers],
+                swa_kv_caches=[tensor(l.swa_kv_cache, f"layers[{i}].swa_kv_cache")
+                               for i, l in enumerate(layers)],
+                compressed_kv_caches=[tensor(l.compressed_kv_cache,
+                                             f"layers[{i}].compressed_kv_cache")
+                                      for i, l in enumerate(layers)],
+                sinks=[tensor(l.sinks, f"layers[{i}].sinks") for i, l in enumerate(layers)],
+                bmm1_scales=[scale(l.bmm1_scale, f"layers[{i}].bmm1_scale")
+                             for i, l in enumerate(layers)],
+                bmm2_scales=[scale(l.bmm2_scale, f"layers[{i}].bmm2_scale")
+                             for i, l in enumerate(layers)],
                 kind=self._device[0], id=self._device[1], stream=handle,
-                max_tokens=integer(max_tokens, "max_tokens"),
-                max_columns=integer(max_columns, "max_columns"),
+                max_tokens=integer(max_tokens, "max_tokens", 64),
+                max_columns=integer(max_columns, "max_columns", 64),
                 compressed_index=str(compressed_index))
 
     def begin_step(self, inputs: StepInputs) -> None:
@@ -87,8 +91,10 @@ class StepExecutor:
     def run_layer(self, layer: int, query, out) -> None:
         """`layer`'s attention of query [T, H, 512] into out [T, H_out, 512]."""
         with on_device(self._device, self._like):
-            self._executor.run_layer(layer, tensor(query, "query"),
-                                     tensor(out, "out", writable=True))
+            self._executor.run_layer(integer(layer, "layer"),
+                                     tensor(query, "query", required="a [T, H, 512] array"),
+                                     tensor(out, "out", writable=True,
+                                            required="a [T, H_out, 512] bf16 array"))
 
     def end_step(self) -> None:
         """Joins the side stream, so a graph capture of the step ends joined."""
@@ -99,8 +105,12 @@ class StepExecutor:
         """begin_step, every layer in order (queries[i], outs[i] for the i-th), end_step;
         joins on an error too."""
         with on_device(self._device, self._like):
-            self._executor.run_step(_inputs(inputs), [tensor(q, "query") for q in queries],
-                                    [tensor(o, "out", writable=True) for o in outs])
+            self._executor.run_step(
+                _inputs(inputs),
+                [tensor(q, f"queries[{i}]", required="a [T, H, 512] array")
+                 for i, q in enumerate(queries)],
+                [tensor(o, f"outs[{i}]", writable=True, required="a [T, H_out, 512] bf16 array")
+                 for i, o in enumerate(outs)])
 
     @property
     def stats(self) -> dict:

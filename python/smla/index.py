@@ -61,7 +61,7 @@ class SparseIndexArgs:
 def sparse_index_columns(window: int, top_k: int, decode_swa_width: int = 0) -> int:
     """K of a table: window + round_up(top_k, 4) (top_k = 0 for SWA-only layers), or the DSpark
     width."""
-    return _smla.sparse_index_columns(integer(window, "window"), integer(top_k, "top_k"),
+    return _smla.sparse_index_columns(integer(window, "window"), integer(top_k, "top_k", 64),
                                       integer(decode_swa_width, "decode_swa_width"))
 
 
@@ -74,11 +74,11 @@ def dspark_swa_width(window: int, num_draft_tokens: int) -> int:
 def step_metadata(s: StepMetadata):
     """The `_smla.StepMetadata` of `s` (views of its arrays, held alive)."""
     return _smla.make_step_metadata(
-        num_tokens=integer(s.num_tokens, "num_tokens"),
+        num_tokens=integer(s.num_tokens, "num_tokens", 64),
         seq_lens=tensor(s.seq_lens, "seq_lens"),
         cum_seq_lens_q=tensor(s.cum_seq_lens_q, "cum_seq_lens_q"),
         is_valid_token=tensor(s.is_valid_token, "is_valid_token"),
-        num_decodes=integer(s.num_decodes, "num_decodes"),
+        num_decodes=integer(s.num_decodes, "num_decodes", 64),
         max_q_len=integer(s.max_q_len, "max_q_len"),
         decode_swa_width=integer(s.decode_swa_width, "decode_swa_width"))
 

@@ -4,7 +4,7 @@ keys, with forked builds for the run's other SWA groups."""
 from typing import Callable
 
 from . import _smla
-from ._arrays import on_device, parse_device, stream_handle
+from ._arrays import integer, on_device, parse_device, stream_handle
 from .index import SparseIndexArgs, SparseIndexTable, index_args
 
 
@@ -23,7 +23,7 @@ class SparseIndexTables:
         tables, after reset(), are built elsewhere while they live."""
         with on_device(self._device, None):
             indices, lens, seq_lens = self._tables.lookup(
-                layer, lambda other: index_args(inputs(other)))
+                integer(layer, "layer"), lambda other: index_args(inputs(other)))
         return SparseIndexTable(indices, lens, seq_lens)
 
     def join(self) -> None:

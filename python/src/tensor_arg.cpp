@@ -135,6 +135,9 @@ Tensor::Tensor(nb::handle array, const std::string& name, std::optional<std::str
     return;
   }
   std::string got = nb::type_name(array.type()).c_str();
+  // An array of a dtype DLPack cannot describe (float8_e5m2, big-endian, object): name it.
+  if (nb::hasattr(array, "dtype"))
+    got += " of dtype " + std::string(nb::str(nb::getattr(array, "dtype")).c_str());
   if (writable && nb::try_cast(array, ro, false)) got = "a read-only array";
   throw Error(ErrorKind::type, name,
               writable ? "a writable array (NumPy, PyTorch, or any DLPack producer)"

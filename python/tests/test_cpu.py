@@ -2,6 +2,7 @@
 in np_reference.py, on fresh random inputs, outputs poisoned with NaN before each call, and
 every pool row that no attended column points to poisoned too."""
 
+import dataclasses
 import gc
 import math
 
@@ -196,6 +197,27 @@ def test_decode_strided_views_cross_without_copies():
         assert np.isnan(outside.astype(np.float32)).all(), "wrote outside the out view"
 
 
+def test_size_one_dims_take_any_stride():
+    """A one-page pool and a pool of one row a page are read at index 0 of that dim alone: any
+    stride there (PyTorch up to 2.9 exports such strides as 1) gives the row-major bits."""
+    rng = ref.fresh_rng()
+    args, _ = make_case(rng, q_lens=(1,), seq_lens=(300,), separate_pools=False)
+    as_strided = np.lib.stride_tricks.as_strided
+    for shape in [(1, 64, D), (64, 1, D)]:
+        pool = rng.standard_normal(shape).astype(BF16)
+        odd = as_strided(pool, shape, tuple(2 if n == 1 else st
+                                            for n, st in zip(shape, pool.strides)))
+        indices = rng.integers(-1, 64, args["sparse_indices"].shape).astype(np.int32)
+        outs = []
+        for view in (pool, odd):
+            out = np.full_like(args["out"], np.nan)
+            smla.sparse_mla_decode(**dict(args, swa_kv_cache=view, sparse_indices=indices,
+                                          out=out, lse=None))
+            outs.append(out.view(np.uint16))
+        assert np.isfinite(outs[0].view(BF16).astype(np.float32)).all()
+        assert (outs[0] == outs[1]).all(), shape
+
+
 def test_decode_raw_bits_with_dtype_give_the_same_result():
     args, pools = make_case(ref.fresh_rng(), sinks=None)
     run_and_check(args, pools)
@@ -303,6 +325,10 @@ def bad(args, **changes):
     (lambda a: bad(a, bmm1_scale=True), TypeError, "bmm1_scale"),
     (lambda a: bad(a, bmm2_scale=np.bool_(True)), TypeError, "bmm2_scale"),
     (lambda a: bad(a, query=None), ValueError, "query"),
+    (lambda a: bad(a, max_q_len=2**31), ValueError, "max_q_len"),  # never wrapped
+    (lambda a: bad(a, seq_lens=np.zeros(0, np.int32), cum_seq_lens_q=np.zeros(1, np.int32)),
+     ValueError, "seq_lens"),  # tokens of no request
+    (lambda a: bad(a, window=np.int64(-2**40)), ValueError, "window"),
     (lambda a: bad(a, lse=a["out"][:, 0, :16].view(np.float32)), ValueError, "out"),  # in out
 ])
 def test_decode_errors_name_the_argument(change, error, argument):
@@ -319,6 +345,12 @@ def test_dtype_errors_name_the_conversion_taken():
         smla.sparse_mla_decode(**bad(args, seq_lens=args["seq_lens"].astype(np.int64)))
     with pytest.raises(TypeError, match=r"got float64: sinks and lse are float32 \(\.float\(\)"):
         smla.sparse_mla_decode(**bad(args, lse=args["lse"].astype(np.float64)))
+
+
+def test_an_array_dlpack_cannot_describe_names_its_dtype():
+    args, _ = make_case(ref.fresh_rng())
+    with pytest.raises(TypeError, match="smla: query: .*got ndarray of dtype >f4"):
+        smla.sparse_mla_decode(**bad(args, query=args["query"].astype(">f4")))
 
 
 def test_decode_of_no_tokens_is_checked_and_runs():
@@ -416,6 +448,25 @@ def test_engine_call_takes_with_dtype_arrays():
         sparse_topk_lens=args["sparse_topk_lens"], seq_lens=args["seq_lens"],
         bmm1_scale=args["bmm1_scale"], sinks=args["sinks"])
     assert out.shape == (2, 2, 8, D)
+    ref.assert_out_close(out.reshape(4, 8, D), expected_out, ref.CPU_TOL)
+
+
+def test_engine_call_takes_with_dtype_offsets_and_lengths():
+    """with_dtype cum_seq_lens_q (max_q_len derived) and seq_lens (4-D query's offsets)."""
+    args, pools = make_case(ref.fresh_rng(), q_lens=(2, 2), seq_lens=(2, 260))
+    expected_out, _ = reference(args, pools)
+    common = dict(swa_kv_cache=args["swa_kv_cache"],
+                  compressed_kv_cache=args["compressed_kv_cache"],
+                  sparse_indices=args["sparse_indices"], sparse_topk_lens=args["sparse_topk_lens"],
+                  bmm1_scale=args["bmm1_scale"], sinks=args["sinks"],
+                  sparse_indices_are_storage_offsets=np.True_)
+    out = trtllm_batch_decode_sparse_mla_dsv4(
+        query=args["query"], seq_lens=args["seq_lens"],
+        cum_seq_lens_q=smla.with_dtype(args["cum_seq_lens_q"], "i32"), **common)
+    ref.assert_out_close(out, expected_out, ref.CPU_TOL)
+    out = trtllm_batch_decode_sparse_mla_dsv4(
+        query=args["query"].reshape(2, 2, 8, D),
+        seq_lens=smla.with_dtype(args["seq_lens"], "i32"), **common)
     ref.assert_out_close(out.reshape(4, 8, D), expected_out, ref.CPU_TOL)
 
 
@@ -674,6 +725,21 @@ def test_step_executor_matches_the_reference():
     executor.end_step()
     for a, b in zip(outs, again):
         assert (a.view(np.uint16) == b.view(np.uint16)).all()
+    # Errors name the layer: its number, or its position in the list.
+    executor.begin_step(inputs)
+    with pytest.raises(TypeError, match="smla: layer:"):
+        executor.run_layer(True, queries[1], again[1])
+    with pytest.raises(ValueError, match="smla: query:"):
+        executor.run_layer(specs[1].layer, None, again[1])
+    with pytest.raises(ValueError, match=rf"smla: query: .*\(layer {specs[1].layer}\)"):
+        executor.run_layer(specs[1].layer, queries[1][:, :, :256], again[1])
+    executor.end_step()
+    odd = [dataclasses.replace(l, sinks=np.zeros(5, np.float32)) for l in layers]
+    with pytest.raises(ValueError, match=rf"smla: sinks: .*\(layer {specs[0].layer}\)"):
+        smla.StepExecutor(odd, max_tokens=8, max_columns=W + 12).run_step(inputs, queries, outs)
+    odd[1] = dataclasses.replace(layers[1], sinks=np.zeros(4))
+    with pytest.raises(TypeError, match=r"smla: layers\[1\].sinks:"):
+        smla.StepExecutor(odd, max_tokens=8, max_columns=W + 12)
 
 
 def test_model_presets():
@@ -762,6 +828,8 @@ def test_quantize_kv_fp8_ds_mla_feeds_the_decode_op():
     (lambda a: dict(a, slots=np.array([0, 64], np.int32)), ValueError, "slots"),
     (lambda a: dict(a, kv_scale=0.0), ValueError, "kv_scale"),
     (lambda a: dict(a, kv_scale="x"), TypeError, "kv_scale"),
+    (lambda a: dict(a, rows=a["pool"].view(np.uint8).reshape(-1)[:2048].view(BF16)
+                    .reshape(2, D)), ValueError, "pool"),
 ])
 def test_quantize_kv_errors_name_the_argument(change, error, argument):
     args = dict(rows=np.zeros((2, D), np.float32).astype(BF16), slots=np.array([0, 1], np.int32),

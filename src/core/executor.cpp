@@ -194,7 +194,12 @@ void StepExecutor::run_layer(int layer, const TensorView& query, const TensorVie
   args.workspace = workspace_view_;
   args.kv_counters = counters_view_;
   args.window = l.spec.window;
-  sparse_mla_decode(args, streams_.current());
+  try {
+    sparse_mla_decode(args, streams_.current());
+  } catch (const Error& e) {  // every layer's arguments have the same names: say which
+    throw Error(e.kind(), e.argument(), e.expected(),
+                e.got() + " (layer " + std::to_string(layer) + ")");
+  }
   before_next(position(layer));
 }
 

@@ -129,6 +129,17 @@ TEST_F(QuantizeValidation, SlotWrittenTwice) {
   expect_error(ErrorKind::value, "slots", "distinct slots", "slots[1] = 11 and slots[3] = 11");
 }
 
+// The pool must not share bytes with the rows or slots it is written from: the result would
+// depend on the order of the writes.
+TEST_F(QuantizeValidation, PoolOverlapsItsInputs) {
+  const TensorView valid_rows = rows;
+  rows = make_view(pool_bytes.data() + 512, DType::bf16, Device{}, {kRows, 512});
+  expect_error(ErrorKind::value, "pool", "memory apart from rows", "an overlap with rows");
+  rows = valid_rows;
+  slots = make_view(pool_bytes.data() + 4 * 512, DType::i32, Device{}, {kRows});
+  expect_error(ErrorKind::value, "pool", "memory apart from slots", "an overlap with slots");
+}
+
 TEST_F(QuantizeValidation, PoolAbsent) {
   pool = TensorView{};
   expect_error(ErrorKind::value, "pool", "KV pool", "absent");
