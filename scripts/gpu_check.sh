@@ -61,9 +61,11 @@ for step in $steps; do
       # fallback), index builders, quantizer, a 3-layer forked step and the decodes reading
       # their top-k (handed over through shared memory)
       filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.Fp8GraphReplayEqualsEagerBitwise:GpuDecode.UnsplitPlansAgainstOracleAndCpu:GpuDecode.ReversedBroadcastAndPaddedQueryViews:GpuIndex.*:GpuQuantize.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups:GpuTopkColumns.*-GpuIndex.ManyRequestsMatchTheCpu'  # gtest: positives, then -negatives
-      # memcheck also on windows that are not a multiple of 4: a row's K may not be one either
+      # memcheck also on windows that are not a multiple of 4 (a row's K may not be one either),
+      # tokens past the last request and strides of size-1 dims
+      more=GpuDecode.OddWindowsAgainstOracleAndCpu:GpuDecode.TokensPastTheLastRequestReadNothingPastTheViews:GpuDecode.SizeOneDimsTakeAnyStride
       run_step memcheck tests.log timeout 260 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        "$BUILD/tests/smla_gpu_tests" --gtest_filter=GpuDecode.OddWindowsAgainstOracleAndCpu:$filter
+        "$BUILD/tests/smla_gpu_tests" --gtest_filter=$more:$filter
       for tool in racecheck synccheck initcheck; do
         run_step $tool tests.log timeout 260 compute-sanitizer --tool $tool --error-exitcode 9 \
           "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter

@@ -118,36 +118,44 @@ KvPool make_pool(const TensorView& v, const char* name) {
   pool.block_size = v.size(1);
   if (pool.block_size < 1) fail(ErrorKind::value, name, "block_size >= 1", shape_of(v));
   const int64_t elem = static_cast<int64_t>(dtype_size(v.dtype));
-  pool.block_stride_bytes = v.stride(0) * elem;
-  if (pool.layout == KvLayout::fp8_ds_mla) {
+  // A dim of size 1 is read at index 0 alone: a stride that no layout could have there (DLPack
+  // exporters may rewrite such strides, PyTorch up to 2.9 to 1) reads as the packed one.
+  const bool ds = pool.layout == KvLayout::fp8_ds_mla;
+  int64_t token_stride = v.stride(1), block_stride = v.stride(0);
+  if (pool.block_size == 1 && token_stride < row) token_stride = row;
+  const int64_t page_unit = ds ? kDsMlaRecordBytes : token_stride;  // a page stride's multiple
+  const int64_t page = pool.block_size * (ds ? row : token_stride);  // and its least
+  if (pool.num_blocks == 1 && token_stride >= row &&
+      (block_stride < page || block_stride % page_unit != 0))
+    block_stride = (page + page_unit - 1) / page_unit * page_unit;
+  pool.block_stride_bytes = block_stride * elem;
+  if (ds) {
     // SPEC §2: offsets are plain slots and a page starts every block stride bytes, whatever
     // the view's token stride says; records are 576 B, then the page's scale records.
-    const int64_t least = pool.block_size * row;
-    if (pool.block_stride_bytes % kDsMlaRecordBytes != 0 || pool.block_stride_bytes < least)
+    if (pool.block_stride_bytes % kDsMlaRecordBytes != 0 || pool.block_stride_bytes < page)
       fail(ErrorKind::value, name,
-           "a page stride that is a multiple of 576 B and >= block_size * 584 = " + num(least) +
+           "a page stride that is a multiple of 576 B and >= block_size * 584 = " + num(page) +
                " B",
            num(pool.block_stride_bytes) + " B");
     // The view must cover those block_size * 584 bytes of its last page too.
-    if (pool.block_size > 1 && v.stride(1) < row)
+    if (token_stride < row)
       fail(ErrorKind::value, name,
            "a token stride >= 584 B (each page's block_size * 584 bytes are read and written)",
-           num(v.stride(1)) + " B");
+           num(token_stride) + " B");
     pool.span = pool.block_size;
     pool.token_stride_bytes = kDsMlaRecordBytes;
     return pool;
   }
-  const int64_t token_stride = v.stride(1);
   if (token_stride < row)
     fail(ErrorKind::value, name,
          "a token stride >= " + num(row) + " elements (rows must not overlap)", num(token_stride));
-  if (v.stride(0) % token_stride != 0)
+  if (block_stride % token_stride != 0)
     fail(ErrorKind::value, name,
          "a block stride that is a whole number of token strides (span = block stride / token "
          "stride)",
-         "a non-integral span: block stride " + num(v.stride(0)) + " / token stride " +
+         "a non-integral span: block stride " + num(block_stride) + " / token stride " +
              num(token_stride));
-  pool.span = v.stride(0) / token_stride;
+  pool.span = block_stride / token_stride;
   if (pool.span < pool.block_size)
     fail(ErrorKind::value, name,
          "span = block stride / token stride >= block_size = " + num(pool.block_size),
@@ -221,6 +229,9 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   p.num_requests = a.seq_lens.size(0);
   if (p.num_requests > INT32_MAX - 1)
     fail(ErrorKind::unsupported, "seq_lens", "[B] with B < 2^31 - 1", shape_of(a.seq_lens));
+  if (p.num_requests == 0 && p.num_tokens > 0)
+    fail(ErrorKind::value, "seq_lens", "[B >= 1] (the T=" + T + " tokens belong to requests)",
+         shape_of(a.seq_lens));
   if (a.cum_seq_lens_q.defined()) {
     check_tensor(a.cum_seq_lens_q, "cum_seq_lens_q", DType::i32, p.device, {p.num_requests + 1},
                  "[B+1=" + num(p.num_requests + 1) + "] (B = seq_lens.size(0))");

@@ -28,7 +28,8 @@ PoolParams pool_params(const KvPool& pool, const char* name) {
   p.base = reinterpret_cast<const char*>(pool.base);
   p.token_stride_bytes = pool.token_stride_bytes;
   p.block_stride_bytes = pool.block_stride_bytes;
-  p.rows = uint32_t(std::min<int64_t>(pool.rows(), INT32_MAX));  // offsets are int32
+  // Offsets are int32: every one up to 2^31 - 1 is a row of a pool that large.
+  p.rows = uint32_t(std::min<int64_t>(pool.rows(), int64_t(1) << 31));
   require(pool.span <= UINT32_MAX, name, "a span (block stride / token stride) below 2^32 on CUDA",
           std::to_string(pool.span));
   p.span = FastDiv(uint32_t(pool.span));
@@ -42,14 +43,16 @@ PoolParams pool_params(const KvPool& pool, const char* name) {
   return p;
 }
 
-TopkParams topk_params(const TopkColumns& c, const DecodeProblem& problem) {
+// `unread`: a device pointer for a top-k of no entries ([T, 0], whose data may be null): the
+// kernels tell a top-k from a table by `indices`, and read none of its entries.
+TopkParams topk_params(const TopkColumns& c, const DecodeProblem& problem, const int32_t* unread) {
   require(problem.top_k <= kMaxTopk, "topk_columns.topk_indices",
           "[T, top_k] with top_k <= " + std::to_string(kMaxTopk) + " on CUDA",
           describe(c.topk_indices));
   require(c.block_table.size(1) <= INT32_MAX, "topk_columns.block_table",
           "at most 2^31 - 1 pages on CUDA", describe(c.block_table));
   TopkParams t{};
-  t.indices = c.topk_indices.ptr<const int32_t>();
+  t.indices = c.topk_indices.data ? c.topk_indices.ptr<const int32_t>() : unread;
   t.stride = c.topk_indices.stride(0);
   t.top_k = int(problem.top_k);
   t.block_table = c.block_table.ptr<const int32_t>();
@@ -125,6 +128,14 @@ bool is_layout_kernel(const void* func) {
          func == reinterpret_cast<const void*>(&decode_kernel<L, true, kF16, kQueryTma>);
 }
 
+// Token and head strides of whole 8-element units. A dim of size 1 is only read at index 0,
+// whatever its stride (DLPack exporters may rewrite such strides, PyTorch up to 2.9 to 1).
+bool rows_aligned(const TensorView& v) {
+  for (int dim : {0, 1})
+    if (v.size(dim) > 1 && v.stride(dim) % 8 != 0) return false;
+  return true;
+}
+
 size_t bytes_of(const TensorView& v) {
   return v.defined() ? size_t(v.numel()) * dtype_size(v.dtype) : 0;
 }
@@ -195,13 +206,12 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   // Rows of 8-element units: 16 bytes for a bf16 query, 8 for an e4m3 one.
   const TensorView& q = args.query;
   const bool q_fp8 = problem.query_dtype == DType::f8e4m3;
-  require(aligned(q.data, 16) && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0, "query",
+  require(aligned(q.data, 16) && rows_aligned(q), "query",
           q_fp8 ? "8-byte aligned rows on CUDA (16-byte aligned start)"
                 : "16-byte aligned rows on CUDA",
           describe(q));
-  require(aligned(args.out.data, 16) && args.out.stride(0) % 8 == 0 &&
-              args.out.stride(1) % 8 == 0,
-          "out", "16-byte aligned rows on CUDA", describe(args.out));
+  require(aligned(args.out.data, 16) && rows_aligned(args.out), "out",
+          "16-byte aligned rows on CUDA", describe(args.out));
 
   // Element-aligned data (a misaligned access would kill the context).
   for (const auto& [view, name] :
@@ -236,7 +246,7 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   p.sparse_indices = args.sparse_indices.ptr<const int32_t>();
   p.indices_stride = args.sparse_indices.stride(0);
   p.sparse_topk_lens = problem.topk_columns ? nullptr : args.sparse_topk_lens.ptr<const int32_t>();
-  if (problem.topk_columns) p.topk = topk_params(args.topk_columns, problem);
+  if (problem.topk_columns) p.topk = topk_params(args.topk_columns, problem, p.sparse_indices);
   p.seq_lens = args.seq_lens.ptr<const int32_t>();
   p.cum_seq_lens_q =
       args.cum_seq_lens_q.defined() ? args.cum_seq_lens_q.ptr<const int32_t>() : nullptr;

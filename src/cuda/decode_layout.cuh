@@ -184,6 +184,8 @@ __device__ __forceinline__ Work locate_work(const DecodeParams& p) {
     const int end = b < p.num_requests ? __ldg(p.cum_seq_lens_q + b + 1) : INT_MAX;
     const int len = b < p.num_requests ? __ldg(p.seq_lens + b) : 0;
     const int start = __ldg(p.cum_seq_lens_q);
+    // A token past cum[B] (device offsets are unchecked) finds request B, whose lane holds
+    // no request (or, B = 32, lane 0's): no read past the views; stage_topk clamps it.
     request = __popc(__ballot_sync(~0u, end <= w.token));
     const int previous_end = __shfl_sync(~0u, end, request - 1);
     first = request == 0 ? start : previous_end;
@@ -194,7 +196,7 @@ __device__ __forceinline__ Work locate_work(const DecodeParams& p) {
     for (int b = threadIdx.x % 32; b < p.num_requests; b += 32)
       ended += __ldg(p.cum_seq_lens_q + b + 1) <= w.token;
     for (int d = 16; d > 0; d /= 2) ended += __shfl_xor_sync(~0u, ended, d);
-    request = ended;
+    request = min(ended, p.num_requests - 1);  // a token past cum[B]: read the last request
     first = __ldg(p.cum_seq_lens_q + request);
     q_len = __ldg(p.cum_seq_lens_q + request + 1) - first;
     seq_len = __ldg(p.seq_lens + request);

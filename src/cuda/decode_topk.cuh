@@ -33,7 +33,8 @@ __device__ __forceinline__ void stage_topk(const DecodeParams& p, int token, int
   const TopkParams& k = p.topk;
   const uint32_t entries = p.compressed.block_size;
   const int32_t* row = k.indices + int64_t(token) * k.stride;
-  const int32_t* table = k.block_table + int64_t(request) * k.table_stride;
+  // A token past cum_seq_lens_q[B] (unchecked on the device) reads the last request's row.
+  const int32_t* table = k.block_table + int64_t(min(request, p.num_requests - 1)) * k.table_stride;
   for (int base = i; base < k.top_k; base += kTopkBatch * 256) {
     int32_t x[kTopkBatch], page_id[kTopkBatch];
 #pragma unroll

@@ -97,6 +97,66 @@ TEST(GpuDecode, TokensFindTheirRequestPastAWarp) {
     }
 }
 
+// Device offsets are not checked: tokens past cum_seq_lens_q[B] read nothing past seq_lens or
+// cum_seq_lens_q (values placed right after them change no output bit), whether the token's
+// request is found by one warp's loads (B <= 32) or by the scan.
+TEST(GpuDecode, TokensPastTheLastRequestReadNothingPastTheViews) {
+  SKIP_WITHOUT_GPU();
+  for (int requests : {5, 40}) {
+    DecodeCase c = make_case({.heads = 8, .requests = requests, .max_q = 2}, fresh_seed());
+    DeviceCase d(c);
+    const int B = requests;
+    std::vector<int32_t> seq(B + 1), cum(B + 2);
+    CUDA_THROW(cudaMemcpy(seq.data(), d.args.seq_lens.data, 4 * B, cudaMemcpyDeviceToHost));
+    CUDA_THROW(cudaMemcpy(cum.data(), d.args.cum_seq_lens_q.data, 4 * (B + 1),
+                          cudaMemcpyDeviceToHost));
+    cum[B] -= c.query.shape[0] > cum[B - 1] + 1 ? 2 : 1;  // the last one or two tokens: past it
+    const DeviceMemory seq_mem(4 * (B + 1)), cum_mem(4 * (B + 2));
+    DecodeArgs args = d.args;
+    args.seq_lens = make_view(seq_mem.get(), DType::i32, d.device, {B});
+    args.cum_seq_lens_q = make_view(cum_mem.get(), DType::i32, d.device, {B + 1});
+    std::vector<std::byte> first;
+    for (int32_t past : {0, 1 << 20}) {
+      seq[B] = past, cum[B + 1] = past;
+      CUDA_THROW(cudaMemcpy(seq_mem.get(), seq.data(), 4 * (B + 1), cudaMemcpyHostToDevice));
+      CUDA_THROW(cudaMemcpy(cum_mem.get(), cum.data(), 4 * (B + 2), cudaMemcpyHostToDevice));
+      CUDA_THROW(cudaMemset(d.device_ptr(c.out), 0xff, c.out.bytes.size()));
+      sparse_mla_decode(args);
+      ASSERT_CUDA(cudaDeviceSynchronize());
+      d.fetch(c);
+      if (first.empty())
+        first = c.out.bytes;
+      else
+        EXPECT_TRUE(first == c.out.bytes) << B << " requests: the output read past a view";
+    }
+  }
+}
+
+// A dim of size 1 is read at index 0 alone, so its stride may be anything (PyTorch up to 2.9
+// exports such strides as 1): one token, and one head, with the bits of row-major strides.
+TEST(GpuDecode, SizeOneDimsTakeAnyStride) {
+  SKIP_WITHOUT_GPU();
+  for (int heads : {1, 64}) {
+    DecodeCase c = make_case(
+        {.heads = heads, .requests = 1, .max_q = 1, .varlen = false, .compressed_width = 512},
+        fresh_seed());
+    DeviceCase d(c);
+    sparse_mla_decode(d.args);
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    d.fetch(c);
+    const std::vector<std::byte> row_major = c.out.bytes;
+    DecodeArgs args = d.args;
+    for (TensorView* v : {&args.query, &args.out})
+      for (int dim : {0, 1})
+        if (v->size(dim) == 1) v->strides[dim] = 1;
+    CUDA_THROW(cudaMemset(d.device_ptr(c.out), 0xff, c.out.bytes.size()));
+    sparse_mla_decode(args);
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    d.fetch(c);
+    EXPECT_TRUE(row_major == c.out.bytes) << "H=" << heads;
+  }
+}
+
 // Split rows reduced in clusters of every size the planner picks (2..8 CTAs), with 16 to 64
 // heads a CTA and a partial head block, against the oracle and the CPU backend.
 TEST(GpuDecode, ClusterSplitsOfEverySize) {

@@ -123,6 +123,42 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
   EXPECT_GT(attended, 0);  // compressed columns were there to compare
 }
 
+// A top-k of no entries ([T, 0], whose data PyTorch leaves null): each row's window alone,
+// as on the CPU, and no read through the null pointer (it had killed the context).
+TEST(GpuTopkColumns, AnEmptyTopkReadsTheWindowAlone) {
+  SKIP_WITHOUT_GPU();
+  std::vector<LayerSpec> specs = three_layers(2);
+  for (LayerSpec& s : specs) s.num_heads = 16;
+  StepCase c(specs, {.q_lens = {1, 2}, .seq_lens = {200, 9000}, .num_decodes = 2},
+             std::random_device{}());
+  const int64_t T = c.num_tokens();
+  const int H = specs[2].num_heads;
+  DeviceMirror gpu;
+  const AttentionLayer l = gpu(c.layers)[2];
+  const SparseIndexArgs host = c.args(2);
+  CompressedColumns compressed = gpu(host).compressed;
+  compressed.topk_indices = make_view(nullptr, DType::i32, gpu.device, {T, 0});
+  const auto on_gpu = [&](DType dtype, std::initializer_list<int64_t> shape) {
+    return gpu.output(dtype, shape);
+  };
+  const SparseIndexArgs swa = built(swa_only(gpu(host)), on_gpu);
+  const TensorView q_host = c.bf16(T, H);
+  const DecodeArgs args = topk_decode_args(l, swa, compressed, gpu(q_host),
+                                           gpu.output(DType::bf16, {T, H, kHeadDim}, 0xff));
+  sparse_mla_decode(args);
+  CUDA_THROW(cudaDeviceSynchronize());
+
+  CompressedColumns cpu_compressed = host.compressed;
+  cpu_compressed.topk_indices = make_view(nullptr, DType::i32, Device{}, {T, 0});
+  const auto on_cpu = [&](DType dtype, std::initializer_list<int64_t> shape) {
+    return c.zeros(dtype, shape);
+  };
+  const SparseIndexArgs cpu_swa = built(swa_only(host), on_cpu);
+  const TensorView cpu_out = c.zeros(DType::bf16, {T, H, kHeadDim});
+  sparse_mla_decode(topk_decode_args(c.layers[2], cpu_swa, cpu_compressed, q_host, cpu_out));
+  expect_close_bf16(bytes_of(args.out), cpu_out, "an empty top-k");
+}
+
 // More entries than the kernel stages in shared memory: unsupported on CUDA, saying so.
 TEST(GpuTopkColumns, TooWideATopkIsUnsupported) {
   SKIP_WITHOUT_GPU();
