@@ -91,6 +91,14 @@ void check_topk_columns(const DecodeArgs& a, DecodeProblem& p) {
          shape_of(c.topk_indices));
 }
 
+// Storage offsets are int32 (SPEC §4: page * span + slot): a span past that reaches no row of
+// a second page, and page * span would overflow the builders' int64 arithmetic.
+void check_span(const KvPool& pool, const TensorView& v, const char* name) {
+  if (pool.span > INT32_MAX)
+    fail(ErrorKind::unsupported, name, "span (rows a page, packing included) below 2^31",
+         "span " + num(pool.span) + " of " + shape_of(v));
+}
+
 }  // namespace
 
 KvPool make_pool(const TensorView& v, const char* name) {
@@ -144,6 +152,7 @@ KvPool make_pool(const TensorView& v, const char* name) {
            num(token_stride) + " B");
     pool.span = pool.block_size;
     pool.token_stride_bytes = kDsMlaRecordBytes;
+    check_span(pool, v, name);
     return pool;
   }
   if (token_stride < row)
@@ -161,6 +170,7 @@ KvPool make_pool(const TensorView& v, const char* name) {
          "span = block stride / token stride >= block_size = " + num(pool.block_size),
          "span " + num(pool.span));
   pool.token_stride_bytes = token_stride * elem;
+  check_span(pool, v, name);
   return pool;
 }
 

@@ -397,6 +397,25 @@ TEST_F(Validation, DsMlaPageStride) {
   EXPECT_NO_THROW(validate_decode(a));
 }
 
+// Offsets are int32: a page of 2^31 rows or more is beyond what they address.
+TEST_F(Validation, SpanFromInt32) {
+  a.swa_kv_cache = view(DType::bf16, {2, 1, 512}, {int64_t(1) << 40, 512, 1});
+  expect_error(ErrorKind::unsupported, "swa_kv_cache", "span (rows a page, packing included)",
+               "span 2147483648 of [2, 1, 512]");
+}
+
+// A dim of size 1 is read at index 0 alone: a stride no layout could have there (PyTorch up
+// to 2.9 exports 1) is not an error.
+TEST_F(Validation, SizeOneDimsTakeAnyStride) {
+  a.swa_kv_cache = view(DType::bf16, {1, 16, 512}, {1, 512, 1});  // one page
+  EXPECT_NO_THROW(validate_decode(a));
+  a.swa_kv_cache = view(DType::bf16, {4, 1, 512}, {512, 1, 1});  // one row a page
+  EXPECT_NO_THROW(validate_decode(a));
+  a.compressed_kv_cache = TensorView{};
+  a.swa_kv_cache = view(DType::u8, {1, 16, 584}, {1, 584, 1});
+  EXPECT_NO_THROW(validate_decode(a));
+}
+
 TEST_F(Validation, CumSeqLensStartsAtZero) {
   c.cum_seq_lens_q.set<int32_t>(0, 1);
   expect_error(ErrorKind::value, "cum_seq_lens_q", "cum_seq_lens_q[0] == 0",
