@@ -154,7 +154,7 @@ void SynthStep::place(std::vector<std::byte> bytes, DType dtype,
   device_view.data = buffer.device.get();
   device_view.device = streams_.device();
   if (host_copy) return;
-  buffer.host = {};
+  std::vector<std::byte>().swap(buffer.host);  // its memory too (`= {}` keeps the capacity)
   host_view = {};
 }
 
@@ -186,24 +186,36 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
   };
   // In floating point: the flags' products may pass int64 before the limit refuses them.
   double pool_bytes = 0, row_bytes = 0;  // the pools; the queries and outputs
+  double index_bytes = 0, layer_rows = 0;  // tables and top-k (kept on the host); one layer's rows
+  int groups = 0;
   for (const LayerSpec& s : specs) {
+    groups = std::max(groups, s.swa_group + 1);
     pool_bytes += double(B) * double(swa_pages - evicted) * double(swa_page);
-    if (s.compress_ratio > 0 && s.kv_source == s.layer)
+    if (s.compress_ratio > 0 && s.kv_source == s.layer) {
       pool_bytes += double(B) * double(compressed_pages(s)) * double(c_page);
-    row_bytes += double(T) * s.num_heads * kHeadDim * (dtype_size(query_dtype(layout)) + 2);
+      index_bytes += double(B) * double(compressed_pages(s)) * 4;
+    }
+    if (s.compress_ratio > 0 && s.index_source == s.layer)
+      index_bytes += 2.0 * double(T) * double(topk_width(s, context)) * 4;  // + bytes_of
+    const double rows = double(T) * s.num_heads * kHeadDim * (dtype_size(query_dtype(layout)) + 2);
+    row_bytes += rows;
+    layer_rows = std::max(layer_rows, rows);
   }
+  index_bytes += double(groups + 1) * double(B) * double(swa_pages) * 4;
   // The oracle reads host copies; on the CPU the pools are host memory anyway. Device memory
-  // is the allocator's to refuse, past a bound that keeps the byte counts int64.
+  // is the allocator's to refuse, past a bound that keeps the byte counts int64; the host then
+  // holds the tables, the top-k and one layer's queries and outputs on their way up.
   const bool host_copies = o.check > 0 || streams.device().kind == DeviceKind::cpu;
-  const double limit = host_copies ? host_limit_bytes() : 0x1p62;
-  if (pool_bytes + row_bytes > limit)
+  const double host_bytes = index_bytes + (host_copies ? pool_bytes + row_bytes : layer_rows);
+  const double limit = host_limit_bytes();
+  const auto mib = [](double bytes) { return std::to_string(int64_t(bytes / 1048576)) + " MiB"; };
+  if (host_bytes > limit || pool_bytes + row_bytes > 0x1p62)
     throw Error(ErrorKind::value, "--requests, --context, --mtp (with --model and --kv)",
-                "a step whose caches, queries and outputs fit in " +
-                    (host_copies ? std::to_string(int64_t(limit / 1048576)) +
-                                       " MiB (two thirds of this machine's or container's memory)"
-                                 : std::string("memory")),
-                std::to_string(int64_t(pool_bytes / 1048576)) + " MiB of KV pools and " +
-                    std::to_string(int64_t(row_bytes / 1048576)) + " MiB of queries and outputs");
+                "a step whose host memory fits in " + mib(limit) +
+                    " (two thirds of this machine's or container's memory)",
+                mib(pool_bytes) + " of KV pools, " + mib(row_bytes) + " of queries and outputs" +
+                    (host_copies ? "" : " (on the device)") + " and " + mib(index_bytes) +
+                    " of block tables and top-k");
   kv_bytes = int64_t(pool_bytes);
 
   // Step metadata: every request decodes q_len tokens at the end of its context.
@@ -215,8 +227,6 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
         device.inputs.metadata.seq_lens);
   place(bytes_of(cum), DType::i32, {B + 1}, {1}, host.inputs.metadata.cum_seq_lens_q,
         device.inputs.metadata.cum_seq_lens_q);
-  int groups = 0;
-  for (const LayerSpec& s : specs) groups = std::max(groups, s.swa_group + 1);
   host.inputs.block_tables.resize(groups);
   device.inputs.block_tables.resize(groups);
   for (int g = 0; g < groups; ++g)

@@ -11,6 +11,7 @@
 #include "cpu/streams.h"
 #include "args.h"
 #include "graph_table.h"
+#include "smla/error.h"
 #include "smla/executor.h"
 #include "step_graph.h"
 #include "synth.h"
@@ -227,6 +228,21 @@ TEST(SynthStep, UncheckedDeviceStepTilesItsPools) {
   const auto* bytes = static_cast<const std::byte*>(pool.data);
   EXPECT_EQ(std::memcmp(bytes, bytes + tile, pool.size(0) * page - tile), 0);
   EXPECT_NE(std::memcmp(bytes, bytes + page, page), 0);
+}
+
+// Without host copies the host still holds the block tables and the top-k: a step whose
+// tables alone pass the host limit is refused by its flags before anything is allocated.
+TEST(SynthStep, UncheckedDeviceStepCountsItsHostTables) {
+  const RunOptions o{.requests = 1 << 30, .context = 1 << 30, .mtp = 1, .check = 0};
+  DeviceLikeStreams streams;
+  try {
+    const SynthStep step(o, model_layers(model_preset(o.model), 1), streams);
+    ADD_FAILURE() << "a step of 2^30 requests of 2^30 tokens was made";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "--requests, --context, --mtp (with --model and --kv)");
+    EXPECT_NE(std::string(e.what()).find("of block tables and top-k"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
