@@ -5,6 +5,7 @@ their raw bits with the dtype named, and so is any array wrapped in `with_dtype`
 are recognised by their type's module, so a NumPy caller never imports torch.
 """
 
+import math
 import operator
 import sys
 from typing import Any, NamedTuple
@@ -187,13 +188,22 @@ def scale(x, name: str) -> float:
     tensor is refused: reading it would synchronise the stream and break graph capture."""
     if isinstance(x, bool) or str(getattr(x, "dtype", "")) in ("bool", "torch.bool"):
         raise type_error(name, "a float", "a bool")
-    if isinstance(x, (int, float)):
-        return float(x)
-    if on_a_device(x):
+    if not isinstance(x, (int, float)) and on_a_device(x):
         raise type_error(name, "a Python float (a device tensor cannot be read without a "
                          "synchronisation, which graph capture forbids)",
                          f"a tensor on {getattr(x, 'device', 'a device')}")
+    expected = "a value float32 can hold (0, or 1.4e-45 to 3.4e38 in magnitude)"
     try:
-        return float(x)
+        value = float(x)
     except (TypeError, ValueError):
         raise type_error(name, "a float", type(x).__name__) from None
+    except OverflowError:
+        raise value_error(name, expected, f"{type(x).__name__} past float64's range") from None
+    # The library takes float32: a finite value past its range is refused, not made inf or 0.
+    if math.isfinite(value) and value != 0 and not _FLT_TRUE_MIN <= abs(value) <= _FLT_MAX:
+        raise value_error(name, expected, repr(value))
+    return value
+
+
+_FLT_MAX = 3.4028234663852886e38
+_FLT_TRUE_MIN = 1.401298464324817e-45

@@ -324,6 +324,9 @@ def bad(args, **changes):
     (lambda a: bad(a, max_q_len=3.7), TypeError, "max_q_len"),
     (lambda a: bad(a, bmm1_scale=True), TypeError, "bmm1_scale"),
     (lambda a: bad(a, bmm2_scale=np.bool_(True)), TypeError, "bmm2_scale"),
+    (lambda a: bad(a, bmm1_scale=1e39), ValueError, "bmm1_scale"),  # not made inf
+    (lambda a: bad(a, bmm2_scale=1e-50), ValueError, "bmm2_scale"),  # nor 0
+    (lambda a: bad(a, bmm1_scale=10**400), ValueError, "bmm1_scale"),
     (lambda a: bad(a, query=None), ValueError, "query"),
     (lambda a: bad(a, max_q_len=2**31), ValueError, "max_q_len"),  # never wrapped
     (lambda a: bad(a, seq_lens=np.zeros(0, np.int32), cum_seq_lens_q=np.zeros(1, np.int32)),
