@@ -183,6 +183,10 @@ def integer(x, name: str, bits: int = 32) -> int:
     return value
 
 
+_FLT_MAX = 3.4028234663852886e38  # float32's largest finite value and its least subnormal
+_FLT_TRUE_MIN = 1.401298464324817e-45
+
+
 def scale(x, name: str) -> float:
     """A scale as a Python float: floats, NumPy scalars and one-element host tensors. A device
     tensor is refused: reading it would synchronise the stream and break graph capture."""
@@ -204,6 +208,3 @@ def scale(x, name: str) -> float:
         raise value_error(name, expected, repr(value))
     return value
 
-
-_FLT_MAX = 3.4028234663852886e38
-_FLT_TRUE_MIN = 1.401298464324817e-45

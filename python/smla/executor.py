@@ -32,6 +32,9 @@ class StepInputs:
     topk_indices: Dict[int, Any] = field(default_factory=dict)      # by index source
 
 
+_QUERY, _OUT = "a [T, H, 512] array", "a [T, H_out, 512] bf16 array"  # a layer's, when None
+
+
 def _inputs(inputs: StepInputs):
     by_layer = {}
     for name in ("compressed_block_tables", "topk_indices"):
@@ -92,9 +95,8 @@ class StepExecutor:
         """`layer`'s attention of query [T, H, 512] into out [T, H_out, 512]."""
         with on_device(self._device, self._like):
             self._executor.run_layer(integer(layer, "layer"),
-                                     tensor(query, "query", required="a [T, H, 512] array"),
-                                     tensor(out, "out", writable=True,
-                                            required="a [T, H_out, 512] bf16 array"))
+                                     tensor(query, "query", required=_QUERY),
+                                     tensor(out, "out", writable=True, required=_OUT))
 
     def end_step(self) -> None:
         """Joins the side stream, so a graph capture of the step ends joined."""
@@ -107,9 +109,8 @@ class StepExecutor:
         with on_device(self._device, self._like):
             self._executor.run_step(
                 _inputs(inputs),
-                [tensor(q, f"queries[{i}]", required="a [T, H, 512] array")
-                 for i, q in enumerate(queries)],
-                [tensor(o, f"outs[{i}]", writable=True, required="a [T, H_out, 512] bf16 array")
+                [tensor(q, f"queries[{i}]", required=_QUERY) for i, q in enumerate(queries)],
+                [tensor(o, f"outs[{i}]", writable=True, required=_OUT)
                  for i, o in enumerate(outs)])
 
     @property
