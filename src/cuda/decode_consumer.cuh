@@ -64,7 +64,8 @@ struct ConsumerCore {
   static __device__ __forceinline__ uint64_t* query_bar(uint8_t* smem, int half) {
     return reinterpret_cast<uint64_t*>(smem + Smem::query_bars) + half;
   }
-  static __device__ __forceinline__ void request_query(const QueryTmaParams& p, uint8_t* smem) {
+  static __device__ __forceinline__ void request_query(const QueryTmaParams& p, uint8_t* smem,
+                                                       uint64_t policy) {
     const int half = threadIdx.x / 128 - 1;
     constexpr int kGroups = kMmaRows / 8;
     constexpr int kChunks = kF16 ? 2 : 4;  // of 128 bytes a row: an e4m3 query has four
@@ -79,7 +80,8 @@ struct ConsumerCore {
 #pragma unroll
       for (int chunk = half * kChunks; chunk < (half + 1) * kChunks; ++chunk)
         ptx::tma_load_3d(ptx::smem_addr(smem + Smem::q + chunk * kQChunkBytes + group * 8 * 128),
-                         &p.q_map, chunk * (kF16 ? 128 : 64), head0 + 8 * group, token, bar);
+                         &p.q_map, chunk * (kF16 ? 128 : 64), head0 + 8 * group, token, bar,
+                         policy);
     }
   }
 

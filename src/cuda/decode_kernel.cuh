@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::griddep_wait();  // the previous kernel (a table build, a layer) may write what we read
   if constexpr (kQueryTma)
     if (threadIdx.x >= 128 && threadIdx.x % 128 == 0)
-      ConsumerOf<L, kF16, kQueryTma>::request_query(p, smem);
+      ConsumerOf<L, kF16, kQueryTma>::request_query(
+          p, smem, ptx::l2_policy(stream_rows<L, kF16>(p) && p.query_evict_first));
   // The producer's first indices load alongside the row's metadata.
   constexpr int kProducerTopk = kF16 ? int(kTopk) : -1;  // see reads_topk
   IndexPipe<kProducerTopk> indices;

@@ -85,10 +85,21 @@ bool query_map(const TensorView& q, const DecodeProblem& problem, CUtensorMap* m
   return tensor_map(map, q.data, e4m3, 3, dims, strides, box, "query");
 }
 
+// A query of at least kQueryEvictFirstBytes goes to L2 as evicted first where the rows do
+// (stream_rows), being read once too. Against plain copies on an H200 (forty-seventh session),
+// 2 tokens a request: bf16 H=64 at 96 / 128 / 192 / 256 requests (12-32 MiB of query) 0.992 /
+// 0.953 / 0.947 / 0.979, an e4m3 query at 256 requests (16 MiB) 0.988; at 4-8 MiB 1.006-1.014
+// (bf16 H=64 at 64 requests or one token a request, H=16/32 at 128; e4m3 at 128). The reason is
+// not analysed (a smaller query likely stays in L2 across the benchmark's launches, which
+// reuse it).
+//
 // Unsplit plans of 64 heads a CTA read the query by TMA where a map holds its view (`tp` then
 // has it); other views take the cp.async kernel of the same plan.
 bool query_by_tma(const DecodePlan& plan, const TensorView& q, const DecodeProblem& problem,
                   QueryTmaParams& tp) {
+  tp.query_evict_first = int64_t(problem.num_tokens) * problem.num_heads * 512 *
+                             dtype_size(problem.query_dtype) >=
+                         kQueryEvictFirstBytes;
   return plan.num_splits == 1 && plan.heads_per_cta == kMmaRows && query_map(q, problem, &tp.q_map);
 }
 

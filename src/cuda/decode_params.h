@@ -62,6 +62,7 @@ struct DecodeParams {
 // the others keep DecodeParams as it is, so their code does not move.
 struct QueryTmaParams : DecodeParams {
   CUtensorMap q_map;
+  bool query_evict_first;  // the query's lines go first from L2 where the rows' do (query_by_tma)
 };
 template <bool kQueryTma>
 using KernelParams = std::conditional_t<kQueryTma, QueryTmaParams, DecodeParams>;

@@ -15,6 +15,8 @@ constexpr int kTileColumns = 32;      // KV rows gathered per pipeline stage
 constexpr int kMaxSplits = 32;        // CTAs one row's columns may be split over
 constexpr int kMaxClusterSplits = 8;  // splits reduced in a cluster (the portable cluster size)
 constexpr int kMaxTopk = 2048;        // TopkColumns' width on CUDA (staged in shared memory)
+// A query read by TMA of at least this many bytes is evicted first from L2 (decode_launch.cu)
+constexpr int64_t kQueryEvictFirstBytes = int64_t(10) << 20;
 
 // Split partials, per (token, head block, split): heads_per_cta x 512 f32 unnormalized
 // outputs, then heads_per_cta x (m, l).

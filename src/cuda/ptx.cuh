@@ -61,6 +61,16 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
                : "memory");
 }
 
+// ---- L2 eviction policies ------------------------------------------------------------------
+// For a load's .L2::cache_hint: its lines are the first L2 evicts (data read once), or their
+// priority stays as it was.
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+  uint64_t first, unchanged;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+  asm("createpolicy.fractional.L2::evict_unchanged.b64 %0, 1.0;" : "=l"(unchanged));
+  return evict_first ? first : unchanged;
+}
+
 // ---- tensor memory access -------------------------------------------------------------------
 // The box of `map` at coordinates (x, y[, z]) into shared memory at `dst`, swizzled as the map
 // says (by dst's address bits), completing its bytes on `bar`'s transaction count.
@@ -72,12 +82,13 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar))
       : "memory");
 }
+// The 3-d box, its lines given L2 eviction `policy` (l2_policy).
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int x, int y,
-                                            int z, uint64_t* bar) {
+                                            int z, uint64_t* bar, uint64_t policy) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
-      "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar))
+      ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
+      "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar)), "l"(policy)
       : "memory");
 }
 
@@ -92,8 +103,7 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
 template <bool kEvictFirst>
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   if constexpr (kEvictFirst) {
-    uint64_t policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    const uint64_t policy = l2_policy(true);
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst),
                  "l"(src), "r"(valid ? 16 : 0), "l"(policy)
                  : "memory");

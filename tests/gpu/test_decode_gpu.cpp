@@ -211,6 +211,22 @@ TEST(GpuDecode, UnsplitPlansAgainstOracleAndCpu) {
     }
 }
 
+// Queries of at least kQueryEvictFirstBytes, whose TMA loads carry the L2 evict-first policy
+// (bf16, and an e4m3 query with an e4m3 cache, one head block), against the oracle and the CPU.
+TEST(GpuDecode, LargeQueriesAgainstOracleAndCpu) {
+  SKIP_WITHOUT_GPU();
+  const std::pair<KvLayout, DType> kinds[] = {{KvLayout::bf16, DType::bf16},
+                                              {KvLayout::fp8_e4m3, DType::f8e4m3}};
+  for (const auto& [layout, query] : kinds) {
+    const int64_t token_bytes = 64 * 512 * int64_t(dtype_size(query));
+    const int tokens = int((cuda::kQueryEvictFirstBytes + token_bytes - 1) / token_bytes);
+    CaseSpec spec{.layout = layout, .query_dtype = query, .heads = 64,
+                  .q_lens = std::vector<int>((tokens + 1) / 2, 2), .compressed_width = 64};
+    EXPECT_EQ(check_against_oracle_and_cpu(spec, 0, 0).num_splits, 1);
+    if (HasFailure()) return;
+  }
+}
+
 // How check_query_view stores the query: heads last to first (a negative head stride), one row
 // for every head (a zero stride), or heads 520 elements apart, the gaps NaN (1040 bytes for
 // bf16, which a TMA map holds; 520 for e4m3, which it does not: 16-byte multiples only).
