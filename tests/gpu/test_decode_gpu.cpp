@@ -222,7 +222,9 @@ TEST(GpuDecode, LargeQueriesAgainstOracleAndCpu) {
     const int tokens = int((cuda::kQueryEvictFirstBytes + token_bytes - 1) / token_bytes);
     CaseSpec spec{.layout = layout, .query_dtype = query, .heads = 64,
                   .q_lens = std::vector<int>((tokens + 1) / 2, 2), .compressed_width = 64};
-    EXPECT_EQ(check_against_oracle_and_cpu(spec, 0, 0).num_splits, 1);
+    const cuda::DecodePlan plan = check_against_oracle_and_cpu(spec, 0, 0);
+    EXPECT_EQ(plan.num_splits, 1);  // with 64 heads a CTA: the query by TMA
+    EXPECT_EQ(plan.heads_per_cta, cuda::kMmaRows);
     if (HasFailure()) return;
   }
 }
