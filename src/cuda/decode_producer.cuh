@@ -79,7 +79,8 @@ struct IndexPipe {
 // block; the head blocks of a token read its rows within a few CTAs, the later ones from L2:
 // H=128 with the hint +1.2%), in the layouts where it measured faster (forty-first session, H=64
 // 128 x 2 / 64 x 2: bf16 -1.7% / -7.3%, an e4m3 cache with an e4m3 query -1.2% / -1.6%;
-// fp8_ds_mla +2.7% / -0.3%, so not there).
+// fp8_ds_mla +2.7% / -0.3%, so not there; beside an evict-first query, bf16 128 x 2 -7%,
+// fp8_ds_mla 1.00-1.02x: forty-eighth session).
 template <KvLayout L, bool kF16>
 __device__ __forceinline__ bool stream_rows(const DecodeParams& p) {
   return (L == KvLayout::bf16 || kF16) && p.head_blocks == 1;
