@@ -143,8 +143,10 @@ struct Result {
   double us, tflops, gbps, floor_us, anchor_us;
 };
 
+// Each launch of a replay reads its own indices; with `rotate_all` its own query and output
+// buffers too, so that none of them is in L2 from an earlier launch.
 Result run_shape(const Shape& shape, const Layout& layout, void* pool, double gather_bw,
-                 double matmul_rate, std::mt19937& rng) {
+                 double matmul_rate, bool rotate_all, std::mt19937& rng) {
   const int T = shape.requests * shape.tokens_per_request, H = shape.heads;
   const int K = kWindow + shape.topk;
   const Device dev{DeviceKind::cuda, cuda::current_device()};
@@ -172,10 +174,14 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
     else
       v.bf16(&q[i]);
   }
-  uint8_t* d_q = device_copy(q);
-  void* d_out;
-  SMLA_CUDA_CHECK(cudaMalloc(&d_out, size_t(T) * H * 512 * 2));
-  SMLA_CUDA_CHECK(cudaMemset(d_out, 0xff, size_t(T) * H * 512 * 2));  // NaN until written
+  const size_t out_bytes = size_t(T) * H * 512 * 2;
+  std::vector<uint8_t*> d_qs(rotate_all ? sets : 1);
+  std::vector<void*> d_outs(d_qs.size());
+  for (size_t i = 0; i < d_qs.size(); ++i) {
+    d_qs[i] = device_copy(q);
+    SMLA_CUDA_CHECK(cudaMalloc(&d_outs[i], out_bytes));
+    SMLA_CUDA_CHECK(cudaMemset(d_outs[i], 0xff, out_bytes));  // NaN until written
+  }
   const size_t ws_bytes = workspace_bytes(T, H, K, dev), counter_bytes = kv_counter_bytes(T, H);
   void *d_ws = nullptr, *d_counters = nullptr;
   SMLA_CUDA_CHECK(cudaMalloc(&d_ws, std::max<size_t>(ws_bytes, 16)));
@@ -183,13 +189,11 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
   SMLA_CUDA_CHECK(cudaMemset(d_counters, 0, counter_bytes));
 
   DecodeArgs args;
-  args.query = make_view(d_q, layout.query, dev, {T, H, 512});
   args.swa_kv_cache = pool_view(pool, layout, dev);
   args.seq_lens = make_view(d_seq, DType::i32, dev, {shape.requests});
   args.cum_seq_lens_q = make_view(d_cum, DType::i32, dev, {shape.requests + 1});
   args.max_q_len = shape.tokens_per_request;
   args.sparse_topk_lens = make_view(d_lens, DType::i32, dev, {T});
-  args.out = make_view(d_out, DType::bf16, dev, {T, H, 512});
   args.bmm1_scale = 1.f / std::sqrt(512.f);
   args.workspace = make_view(d_ws, DType::u8, dev, {int64_t(std::max<size_t>(ws_bytes, 16))});
   args.kv_counters = make_view(d_counters, DType::u8, dev, {int64_t(counter_bytes)});
@@ -197,6 +201,8 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
       [&](cudaStream_t stream) {
         for (int s = 0; s < sets; ++s) {
           args.sparse_indices = make_view(d_indices[s], DType::i32, dev, {T, K});
+          args.query = make_view(d_qs[s % d_qs.size()], layout.query, dev, {T, H, 512});
+          args.out = make_view(d_outs[s % d_outs.size()], DType::bf16, dev, {T, H, 512});
           sparse_mla_decode(args, stream);
         }
       },
@@ -210,22 +216,26 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
   r.tflops = flops / (r.us * 1e-6) / 1e12;
   r.gbps = bytes / (r.us * 1e-6) / 1e9;
   r.floor_us = std::max(bytes / gather_bw, layout.compute_share * flops / matmul_rate) * 1e6;
-  // A time is only worth reporting for a launch that wrote its output: the last one's, finite
-  // and not all zero (the inputs are random).
+  // A time is only worth reporting for launches that wrote their output: each output buffer
+  // finite and not all zero (the inputs are random).
   std::vector<uint16_t> out(size_t(T) * H * 512);
-  SMLA_CUDA_CHECK(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost));
-  const bool finite = std::all_of(out.begin(), out.end(),
-                                  [](uint16_t b) { return (b & 0x7f80) != 0x7f80; });
-  const bool written = std::any_of(out.begin(), out.end(), [](uint16_t b) { return b & 0x7fff; });
-  if (!finite || !written) {
-    std::fprintf(stderr, "smla_bench: %s %d:%d:%d:%d wrote %s\n", layout.name, H,
-                 shape.requests, shape.tokens_per_request, shape.topk,
-                 finite ? "only zeros" : "a NaN or inf");
-    std::exit(1);
+  for (void* d_out : d_outs) {
+    SMLA_CUDA_CHECK(cudaMemcpy(out.data(), d_out, out_bytes, cudaMemcpyDeviceToHost));
+    const bool finite = std::all_of(out.begin(), out.end(),
+                                    [](uint16_t b) { return (b & 0x7f80) != 0x7f80; });
+    const bool written =
+        std::any_of(out.begin(), out.end(), [](uint16_t b) { return b & 0x7fff; });
+    if (!finite || !written) {
+      std::fprintf(stderr, "smla_bench: %s %d:%d:%d:%d wrote %s\n", layout.name, H,
+                   shape.requests, shape.tokens_per_request, shape.topk,
+                   finite ? "only zeros" : "a NaN or inf");
+      std::exit(1);
+    }
   }
   for (int32_t* d : d_indices) SMLA_CUDA_CHECK(cudaFree(d));
-  for (void* p :
-       {(void*)d_cum, (void*)d_seq, (void*)d_lens, (void*)d_q, (void*)d_out, d_ws, d_counters})
+  for (uint8_t* d : d_qs) SMLA_CUDA_CHECK(cudaFree(d));
+  for (void* d : d_outs) SMLA_CUDA_CHECK(cudaFree(d));
+  for (void* p : {(void*)d_cum, (void*)d_seq, (void*)d_lens, d_ws, d_counters})
     SMLA_CUDA_CHECK(cudaFree(p));
   return r;
 }
@@ -243,7 +253,8 @@ std::vector<Shape> issue_shapes() {
 
 constexpr const char* kUsage =
     "usage: smla_bench [--csv PATH] [--shape HEADS:REQUESTS:TOKENS:TOPK] "
-    "[--kv bf16|fp8_ds_mla|fp8_e4m3 (default: all)]\n";
+    "[--kv bf16|fp8_ds_mla|fp8_e4m3 (default: all)] [--rotate indices|all (default: indices)]\n"
+    "  --rotate all: each launch also reads its own query and writes its own output buffer\n";
 
 // HEADS:REQUESTS:TOKENS:TOPK, each field whole and in range; else a UsageError naming it.
 Shape parse_shape(std::string_view text) {
@@ -265,15 +276,21 @@ struct Options {
   std::string csv_path;
   std::vector<Shape> shapes = issue_shapes();
   std::vector<Layout> layouts{std::begin(kLayouts), std::end(kLayouts)};
+  bool rotate_all = false;
 };
 
 Options parse(int argc, char** argv) {
   Options o;
   const std::vector<std::string_view> words(argv + 1, argv + argc);
-  constexpr std::string_view valued[] = {"--csv", "--shape", "--kv"};
+  constexpr std::string_view valued[] = {"--csv", "--shape", "--kv", "--rotate"};
   cli::parse_flags(words, valued, {}, [&](std::string_view flag, std::string_view value) {
     if (flag == "--csv") o.csv_path = value;
     if (flag == "--shape") o.shapes = {parse_shape(value)};
+    if (flag == "--rotate") {
+      if (value != "indices" && value != "all")
+        throw cli::UsageError("--rotate: expected indices|all, got '" + std::string(value) + "'");
+      o.rotate_all = value == "all";
+    }
     if (flag == "--kv") {
       o.layouts.clear();
       for (const Layout& l : kLayouts)
@@ -320,6 +337,9 @@ int main(int argc, char** argv) {
     std::printf("workspace for 256 requests x 2 tokens x 128 heads, 128+1024: %.1f MiB\n",
                 ws / 1048576.0);
 
+    std::printf("each launch of a replay has its own %s\n",
+                o.rotate_all ? "indices, query and output buffer"
+                             : "indices (one query and output buffer a shape)");
     void* pool;
     SMLA_CUDA_CHECK(cudaMalloc(&pool, kPoolBytes));
     std::mt19937 rng(2026);
@@ -337,7 +357,7 @@ int main(int argc, char** argv) {
       fill_pool(pool, layouts[li], rng);
       for (const Shape& s : shapes) {
         const Layout& l = layouts[li];
-        const Result r = run_shape(s, l, pool, gather_bw[li], matmul_rate, rng);
+        const Result r = run_shape(s, l, pool, gather_bw[li], matmul_rate, o.rotate_all, rng);
         const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
         std::printf("%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n",
                     l.name, s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
