@@ -55,6 +55,27 @@ CompressedColumns compressed_columns(const StepInputs& inputs, const AttentionLa
           .compressed_kv_cache = l.compressed_kv_cache};
 }
 
+// A layer's spec and scales, named by its position in the list. A negative ratio would run as
+// an SWA-only layer, and a negative group would be looked up as a huge one: refused here.
+void check_layer(const AttentionLayer& l, size_t i) {
+  const std::string layer = "layers[" + std::to_string(i) + "].";
+  if (const int heads = l.spec.num_heads; heads < 1 || heads > kMaxHeads)
+    check::fail(ErrorKind::value, layer + "spec.num_heads", "1.." + std::to_string(kMaxHeads),
+                std::to_string(heads));
+  if (l.spec.compress_ratio < 0)
+    check::fail(ErrorKind::value, layer + "spec.compress_ratio", ">= 0 (0: SWA-only)",
+                std::to_string(l.spec.compress_ratio));
+  if (l.spec.swa_group < 0)
+    check::fail(ErrorKind::value, layer + "spec.swa_group", ">= 0",
+                std::to_string(l.spec.swa_group));
+  for (const auto& [name, scale] :
+       {std::pair{"bmm1_scale", l.bmm1_scale}, std::pair{"bmm2_scale", l.bmm2_scale}})
+    if (!std::isfinite(scale))
+      check::fail(ErrorKind::value, layer + name,
+                  "a finite float (bmm1_scale has no default: D^-0.5 in V4)",
+                  std::to_string(scale));
+}
+
 }  // namespace
 
 const char* compressed_index_name(CompressedIndex compressed) {
@@ -89,18 +110,7 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
       table_specs_(table_specs(specs_of(layers_), compressed, sharing)),
       streams_(streams),
       tables_(table_specs_, streams_, sharing) {
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const std::string layer = "layers[" + std::to_string(i) + "].";
-    if (const int heads = layers_[i].spec.num_heads; heads < 1 || heads > kMaxHeads)
-      check::fail(ErrorKind::value, layer + "spec.num_heads", "1.." + std::to_string(kMaxHeads),
-                  std::to_string(heads));
-    for (const auto& [name, scale] : {std::pair{"bmm1_scale", layers_[i].bmm1_scale},
-                                      std::pair{"bmm2_scale", layers_[i].bmm2_scale}})
-      if (!std::isfinite(scale))
-        check::fail(ErrorKind::value, layer + name,
-                    "a finite float (bmm1_scale has no default: D^-0.5 in V4)",
-                    std::to_string(scale));
-  }
+  for (size_t i = 0; i < layers_.size(); ++i) check_layer(layers_[i], i);
   int max_heads = 1;
   for (const AttentionLayer& l : layers_) max_heads = std::max(max_heads, l.spec.num_heads);
   const bool gpu = streams_.device().kind != DeviceKind::cpu;  // the CPU needs no counters

@@ -233,6 +233,16 @@ TEST(Executor, LayersAreCheckedWhenMade) {
   layers[1].spec.num_heads = 0;  // LayerSpec's default: a spec nobody filled in
   test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
                           "layers[1].spec.num_heads", "1..128", "0");
+  // Neither would run as given: a negative ratio as an SWA-only layer, a negative group as
+  // group 2^64 - 1.
+  layers = c.layers;
+  layers[1].spec.compress_ratio = -2;
+  test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
+                          "layers[1].spec.compress_ratio", ">= 0", "-2");
+  layers = c.layers;
+  layers[0].spec.swa_group = -1;
+  test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
+                          "layers[0].spec.swa_group", ">= 0", "-1");
   layers = c.layers;
   layers[0].bmm1_scale = NAN;
   test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
