@@ -192,6 +192,8 @@ def scale(x, name: str) -> float:
     tensor is refused: reading it would synchronise the stream and break graph capture."""
     if isinstance(x, bool) or str(getattr(x, "dtype", "")) in ("bool", "torch.bool"):
         raise type_error(name, "a float", "a bool")
+    if isinstance(x, (str, bytes, bytearray)):  # float() would parse "0.04": text is no scale
+        raise type_error(name, "a float", type(x).__name__)
     if not isinstance(x, (int, float)) and on_a_device(x):
         raise type_error(name, "a Python float (a device tensor cannot be read without a "
                          "synchronisation, which graph capture forbids)",

@@ -315,6 +315,8 @@ def bad(args, **changes):
     (lambda a: bad(a, lse=a["lse"][:, :2]), ValueError, "lse"),
     (lambda a: bad(a, bmm1_scale=float("nan")), ValueError, "bmm1_scale"),
     (lambda a: bad(a, bmm2_scale="x"), TypeError, "bmm2_scale"),
+    (lambda a: bad(a, bmm1_scale="0.04"), TypeError, "bmm1_scale"),  # never parsed
+    (lambda a: bad(a, bmm2_scale=b"1"), TypeError, "bmm2_scale"),
     (lambda a: bad(a, swa_kv_cache=a["swa_kv_cache"][:, :, :256]), ValueError, "swa_kv_cache"),
     (lambda a: bad(a, compressed_kv_cache=a["compressed_kv_cache"].view(np.uint16)), TypeError,
      "compressed_kv_cache"),
