@@ -160,6 +160,8 @@ def _max_q_len(cum_seq_lens_q) -> int:
                           "it would synchronise)", "None")
     import numpy as np
     cum = np.asarray(cum_seq_lens_q)
+    if cum.ndim != 1 or cum.dtype.kind not in "iu":  # no offsets: the op's checks say why
+        return 1
     return int(max(np.diff(cum).max(initial=1), 1))
 
 

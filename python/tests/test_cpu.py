@@ -488,6 +488,12 @@ def test_engine_call_refuses_slots_and_copies():
     split = np.zeros((3, 3, 8, D), BF16)[:, :2]  # [B, q, H, D] whose tokens do not merge
     with pytest.raises(ValueError, match="smla: out:"):
         trtllm_batch_decode_sparse_mla_dsv4(**dict(common, out=split))
+    # max_q_len computed from offsets that are no [B+1] array: the offsets' error, named.
+    for cum in (np.array(3, np.int32), np.int32(3)):
+        with pytest.raises(ValueError, match="smla: cum_seq_lens_q:") as info:
+            trtllm_batch_decode_sparse_mla_dsv4(**dict(common, cum_seq_lens_q=cum,
+                                                       max_q_len=None))
+        assert info.value.argument == "cum_seq_lens_q"
 
 
 # ---------------------------------------------------------------------------------------------
