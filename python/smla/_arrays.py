@@ -7,6 +7,7 @@ are recognised by their type's module, so a NumPy caller never imports torch.
 
 import math
 import operator
+import re
 import sys
 from typing import Any, NamedTuple
 
@@ -112,16 +113,17 @@ def device_of(t) -> tuple:
 
 def parse_device(device) -> tuple:
     """A device given as "cpu", "cuda", "cuda:1", a torch.device or a (kind, index) pair."""
-    if isinstance(device, tuple):
-        return device
+    if isinstance(device, tuple) and len(device) == 2:
+        return device[0], integer(device[1], "device")
     text = str(device)
     kind, _, index = text.partition(":")
-    if kind not in ("cpu", "cuda"):
+    # An index of digits alone: int() would raise its own error, or take " 1" or "1_0".
+    if kind not in ("cpu", "cuda") or (index and not re.fullmatch("-?[0-9]+", index)):
         raise type_error("device", "cpu, cuda or cuda:<index>", repr(device))
     if kind == "cuda" and not index:
         torch = sys.modules.get("torch")
         index = torch.cuda.current_device() if torch is not None else 0
-    return kind, int(index or 0)
+    return kind, integer(int(index or 0), "device")
 
 
 def stream_handle(stream, device: tuple, like=None) -> int:

@@ -515,6 +515,13 @@ def test_buffer_sizes_and_capability():
         smla.query_capability(True, "bf16", "bf16", 64, "cpu")
     with pytest.raises(TypeError, match="smla: block_size: expected an int, got float"):
         smla.query_capability(512, "bf16", "bf16", 64.0, "cpu")
+    # A device's index is an int32 in its text too: named errors, not int()'s or nanobind's.
+    for device, error in [("cuda:x", TypeError), ("cuda:1.5", TypeError),
+                          ("cuda:99999999999", ValueError), (("cuda", 2**40), ValueError),
+                          (("cuda", "0"), TypeError)]:
+        with pytest.raises(error, match="smla: device:") as info:
+            smla.workspace_bytes(64, 64, 640, device)
+        assert info.value.argument == "device"
 
 
 # ---------------------------------------------------------------------------------------------
