@@ -153,6 +153,13 @@ TEST(ModelPresets, ShapesOfSpec6) {
   EXPECT_EQ(flash[3].index_topk, 0);  // ratio 128: every compressed entry
   EXPECT_EQ(topk_width(flash[3], 4096), 32);
   EXPECT_EQ(topk_width(flash[2], 4096), 512);
+  // A negative length or ratio has no width (ratio 128, -500: -3 before).
+  test::expect_smla_error([&] { topk_width(flash[3], -500); }, ErrorKind::value, "max_seq_len",
+                          ">= 0", "-500");
+  LayerSpec negative = flash[3];
+  negative.compress_ratio = -4;
+  test::expect_smla_error([&] { topk_width(negative, 4096); }, ErrorKind::value,
+                          "layer.compress_ratio", ">= 0", "-4");
   const auto pro = model_layers(model_preset("v4-pro"), 1);
   ASSERT_EQ(pro.size(), 61u);
   EXPECT_EQ(pro[0].num_heads, 128);
