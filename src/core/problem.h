@@ -65,4 +65,10 @@ DecodeProblem validate_decode(const DecodeArgs& args);
 // Geometry of a pool argument named `name`; throws smla::Error when it is not a valid pool.
 KvPool make_pool(const TensorView& pool, const char* name);
 
+// For overlap checks (check::apart) beside the view itself: the bytes of an fp8_ds_mla pool's
+// pages that hold records, the first block_size * 584 of each page whatever the view's token
+// stride says (a stride past 584 B leaves bytes between the view's rows that are read and
+// written). Absent for the other layouts, whose view's rows are those bytes.
+TensorView pool_records(const TensorView& view, const KvPool& pool);
+
 }  // namespace smla

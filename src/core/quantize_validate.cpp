@@ -55,7 +55,9 @@ QuantizeProblem validate_quantize(const TensorView& rows, const TensorView& slot
   if (!std::isfinite(kv_scale) || !(kv_scale > 0))
     fail(ErrorKind::value, "kv_scale", "a finite float > 0", std::to_string(kv_scale));
   p.kv_scale = kv_scale;
+  const TensorView records = pool_records(pool, p.pool);
   check::all_apart({{pool, "pool"}}, {{rows, "rows"}, {slots, "slots"}});
+  check::all_apart({{records, "pool"}}, {{rows, "rows"}, {slots, "slots"}});
   if (p.device.kind == DeviceKind::cpu) check_slot_values(slots, p);
   return p;
 }

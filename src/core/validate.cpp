@@ -174,6 +174,20 @@ KvPool make_pool(const TensorView& v, const char* name) {
   return pool;
 }
 
+TensorView pool_records(const TensorView& v, const KvPool& pool) {
+  if (pool.layout != KvLayout::fp8_ds_mla) return {};
+  TensorView records;
+  records.data = v.data;
+  records.dtype = DType::u8;
+  records.device = v.device;
+  records.ndim = 2;
+  records.shape[0] = pool.num_blocks;
+  records.shape[1] = pool.block_size * (kDsMlaRecordBytes + kDsMlaScaleBytes);
+  records.strides[0] = pool.block_stride_bytes;
+  records.strides[1] = 1;
+  return records;
+}
+
 DecodeProblem validate_decode(const DecodeArgs& a) {
   DecodeProblem p;
   const TensorView& q = a.query;
@@ -293,6 +307,9 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   check_scratch(a.kv_counters, "kv_counters");
   const TensorView ignored{};  // without TopkColumns its views are not read (nor checked)
   const TopkColumns& columns = a.topk_columns;
+  const TensorView swa_records = pool_records(a.swa_kv_cache, p.swa);
+  const TensorView compressed_records =
+      a.compressed_kv_cache.defined() ? pool_records(a.compressed_kv_cache, p.compressed) : ignored;
   check::all_apart({{a.out, "out"},
                     {a.lse, "lse"},
                     {a.workspace, "workspace"},
@@ -300,6 +317,8 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
                    {{a.query, "query"},
                     {a.swa_kv_cache, "swa_kv_cache"},
                     {a.compressed_kv_cache, "compressed_kv_cache"},
+                    {swa_records, "swa_kv_cache"},
+                    {compressed_records, "compressed_kv_cache"},
                     {a.sparse_indices, "sparse_indices"},
                     {a.sparse_topk_lens, "sparse_topk_lens"},
                     {p.topk_columns ? columns.topk_indices : ignored, "topk_columns.topk_indices"},

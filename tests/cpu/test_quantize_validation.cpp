@@ -140,6 +140,26 @@ TEST_F(QuantizeValidation, PoolOverlapsItsInputs) {
   expect_error(ErrorKind::value, "pool", "memory apart from slots", "an overlap with slots");
 }
 
+// An fp8_ds_mla page's records and scale records fill its first block_size * 584 bytes
+// whatever the view's token stride says: with a token stride past 584 B, bytes between the
+// view's rows are still written. Slots there (byte 600 of page 0, inside slot 1's record)
+// would be overwritten by the call that reads them.
+TEST_F(QuantizeValidation, DsMlaPoolOverlapsItsInputsBetweenTokenStrides) {
+  pool = make_view(scratch.data(), DType::u8, Device{}, {2, 2, 584}, {125 * 576, 1000, 1});
+  rows = make_view(row_bytes.data(), DType::bf16, Device{}, {2, 512});
+  auto* slot_bytes = reinterpret_cast<int32_t*>(scratch.data() + 600);
+  slot_bytes[0] = 0;
+  slot_bytes[250] = 1;
+  slots = make_view(slot_bytes, DType::i32, Device{}, {2}, {250});
+  const std::vector<std::byte> before = scratch;
+  test::expect_smla_error([&] { quantize_kv(rows, slots, pool, kv_scale); }, ErrorKind::value,
+                          "pool", "memory apart from slots", "an overlap with slots");
+  EXPECT_TRUE(scratch == before) << "the pool was written before the error";
+  // Past the page's 2 * 584 bytes, between the view's rows, they are apart.
+  slots = make_view(scratch.data() + 1600, DType::i32, Device{}, {2}, {500});
+  EXPECT_NO_THROW(quantize_kv(rows, slots, pool, kv_scale));
+}
+
 TEST_F(QuantizeValidation, PoolAbsent) {
   pool = TensorView{};
   expect_error(ErrorKind::value, "pool", "KV pool", "absent");

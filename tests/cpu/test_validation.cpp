@@ -211,6 +211,21 @@ TEST_F(Validation, OutputsApartFromEachOtherAndTheInputs) {
   expect_error(ErrorKind::value, "out", "memory apart from query", "an overlap with query");
 }
 
+// An fp8_ds_mla pool is read at its pages' first block_size * 584 bytes whatever its token
+// stride: an output in the gaps between a wider stride's rows (lse at byte 600 of page 0,
+// inside token 1's record) would be written while those bytes are read.
+TEST_F(Validation, OutputsApartFromDsMlaRecordsBetweenTokenStrides) {
+  a.swa_kv_cache = view(DType::u8, {2, 2, 584}, {125 * 576, 1000, 1});
+  a.compressed_kv_cache = TensorView{};
+  const int64_t T = a.lse.size(0), H = a.lse.size(1);
+  a.lse = make_view(scratch.data() + 600, DType::f32, Device{}, {T, H}, {250, 1});
+  expect_error(ErrorKind::value, "lse", "memory apart from swa_kv_cache",
+               "an overlap with swa_kv_cache");
+  // Past the page's 2 * 584 bytes, between the view's rows, it is apart.
+  a.lse = make_view(scratch.data() + 1600, DType::f32, Device{}, {T, H}, {500, 1});
+  EXPECT_NO_THROW(validate_decode(a));
+}
+
 // The kernel uses a scratch buffer's bytes from its start: they must be its own.
 TEST_F(Validation, ScratchBuffersContiguousAndApart) {
   set_scratch_buffers();
