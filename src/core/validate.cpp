@@ -37,11 +37,13 @@ void check_tensor(const TensorView& v, const char* name, DType dtype, Device dev
 }
 
 // A scratch buffer (workspace, kv_counters): the kernel uses its bytes from `data` on, so they
-// must be the view's own (contiguous).
+// must be the view's own (contiguous) and there.
 void check_scratch(const TensorView& v, const char* name) {
   if (v.defined() && !v.is_contiguous())
     fail(ErrorKind::value, name, "a contiguous buffer", shape_of(v) + " with strides " +
                                                           check::strides_of(v));
+  if (v.defined() && v.numel() > 0 && v.data == nullptr)
+    fail(ErrorKind::value, name, "data", "a null pointer");
 }
 
 // Values of host-resident index arguments (see the file comment for device data).

@@ -149,6 +149,21 @@ TEST_F(Validation, NullData) {
   expect_error(ErrorKind::value, "sinks", "data", "a null pointer");
 }
 
+// The scratch buffers too: on CUDA a plan that splits rows through the counters writes the
+// partials and counters at their data, whatever the view's size says is there.
+TEST_F(Validation, NullScratchBuffers) {
+  set_scratch_buffers();
+  ASSERT_NO_THROW(validate_decode(a));
+  const TensorView workspace = a.workspace;
+  a.workspace.data = nullptr;
+  expect_error(ErrorKind::value, "workspace", "data", "a null pointer");
+  a.workspace = workspace;
+  a.kv_counters.data = nullptr;
+  expect_error(ErrorKind::value, "kv_counters", "data", "a null pointer");
+  a.kv_counters = make_view(nullptr, DType::i32, Device{}, {0});  // no bytes: nothing written
+  EXPECT_NO_THROW(validate_decode(a));
+}
+
 // A view's own fields: its rank, and sizes whose element count or byte extent leave int64.
 TEST_F(Validation, RankOutsideTheViewAndSizesPastInt64) {
   a.query.ndim = 50;
