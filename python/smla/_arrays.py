@@ -201,9 +201,9 @@ def scale(x, name: str) -> float:
                          "synchronisation, which graph capture forbids)",
                          f"a tensor on {getattr(x, 'device', 'a device')}")
     expected = "a value float32 can hold (0, or 1.4e-45 to 3.4e38 in magnitude)"
-    try:
-        value = float(x)
-    except (TypeError, ValueError):
+    try:  # item(): NumPy 2 no longer converts a one-element array by float()
+        value = float(x.item() if hasattr(x, "item") else x)
+    except (TypeError, ValueError, RuntimeError):  # torch's item() of many elements: Runtime
         raise type_error(name, "a float", type(x).__name__) from None
     except OverflowError:
         raise value_error(name, expected, f"{type(x).__name__} past float64's range") from None

@@ -317,6 +317,7 @@ def bad(args, **changes):
     (lambda a: bad(a, bmm2_scale="x"), TypeError, "bmm2_scale"),
     (lambda a: bad(a, bmm1_scale="0.04"), TypeError, "bmm1_scale"),  # never parsed
     (lambda a: bad(a, bmm2_scale=b"1"), TypeError, "bmm2_scale"),
+    (lambda a: bad(a, bmm2_scale=np.ones(2, np.float32)), TypeError, "bmm2_scale"),
     (lambda a: bad(a, swa_kv_cache=a["swa_kv_cache"][:, :, :256]), ValueError, "swa_kv_cache"),
     (lambda a: bad(a, compressed_kv_cache=a["compressed_kv_cache"].view(np.uint16)), TypeError,
      "compressed_kv_cache"),
@@ -403,7 +404,8 @@ def test_engine_call_matches_the_op():
         compressed_kv_cache=args["compressed_kv_cache"], workspace_buffer=np.zeros(64, np.uint8),
         sparse_indices=args["sparse_indices"], sparse_topk_lens=args["sparse_topk_lens"],
         seq_lens=args["seq_lens"], out=out, bmm1_scale=np.float32(args["bmm1_scale"]),
-        bmm2_scale=1.0, sinks=args["sinks"], cum_seq_lens_q=args["cum_seq_lens_q"],
+        bmm2_scale=np.ones(1, np.float32), sinks=args["sinks"],  # a one-element host array
+        cum_seq_lens_q=args["cum_seq_lens_q"],
         max_q_len=None, multi_ctas_kv_counter_buffer=None,
         sparse_indices_are_storage_offsets=True)
     assert result is out
