@@ -47,6 +47,10 @@ void view(const TensorView& v, const std::string& name) {
 void memory(const TensorView& v, const std::string& name) {
   if (v.size(-1) > 1 && v.stride(-1) != 1)
     fail(ErrorKind::value, name, "a contiguous last dim (stride 1)", "stride " + num(v.stride(-1)));
+  has_data(v, name);
+}
+
+void has_data(const TensorView& v, const std::string& name) {
   if (v.numel() > 0 && v.data == nullptr) fail(ErrorKind::value, name, "data", "a null pointer");
 }
 
@@ -169,7 +173,7 @@ void tensor(const TensorView& v, const char* name, DType dtype, Device device,
   int d = 0;
   for (int64_t size : shape) ok = ok && (size < 0 || v.shape[d] == size), ++d;
   if (!ok) fail(ErrorKind::value, name, expected, shape_of(v));
-  if (v.numel() > 0 && v.data == nullptr) fail(ErrorKind::value, name, "data", "a null pointer");
+  has_data(v, name);
 }
 
 }  // namespace smla::check

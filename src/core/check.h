@@ -30,6 +30,9 @@ void view(const TensorView& view, const std::string& name);
 // data behind it.
 void memory(const TensorView& view, const std::string& name);
 
+// Data behind a view that has elements (a null pointer with a size is refused).
+void has_data(const TensorView& view, const std::string& name);
+
 // A count the backends keep in int: 0..2^31 - 1.
 void int32_count(int64_t value, const std::string& name);
 

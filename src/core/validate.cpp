@@ -42,8 +42,7 @@ void check_scratch(const TensorView& v, const char* name) {
   if (v.defined() && !v.is_contiguous())
     fail(ErrorKind::value, name, "a contiguous buffer", shape_of(v) + " with strides " +
                                                           check::strides_of(v));
-  if (v.defined() && v.numel() > 0 && v.data == nullptr)
-    fail(ErrorKind::value, name, "data", "a null pointer");
+  if (v.defined()) check::has_data(v, name);
 }
 
 // Values of host-resident index arguments (see the file comment for device data).
