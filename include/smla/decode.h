@@ -59,7 +59,7 @@ struct DecodeArgs {
                                    // reduced through the counters
   TensorView kv_counters;          // CUDA: i32/u8, contiguous, 4-byte aligned, apart from the
                                    // workspace, zeroed once; kv_counter_bytes(...) covers every
-                                   // plan (splits in clusters of <= 8 CTAs need neither)
+                                   // plan (splits reduced in a cluster need neither)
   int window = kWindow;            // W: columns [0, W) read the SWA pool
 };
 

@@ -33,8 +33,10 @@ __device__ __forceinline__ void consume(const DecodeParams& p, const Work& w, ui
   // it first: ptxas lays out the tile loop differently (docs/benchmarks.md, eleventh session).
   if constexpr (kQueryTma)  // an unsplit plan's
     store_output(p, w, c, smem, thread);
+  else if (p.num_splits > kPortableClusterCtas && p.cluster)
+    finish_cluster<kMaxClusterSplits>(p, w, c, smem, thread);
   else if (p.num_splits > 1 && p.cluster)
-    finish_cluster(p, w, c, smem, thread);
+    finish_cluster<kPortableClusterCtas>(p, w, c, smem, thread);
   else if (p.num_splits > 1)
     finish_split(p, w, c, smem, thread);
   else

@@ -106,10 +106,15 @@ bool query_by_tma(const DecodePlan& plan, const TensorView& q, const DecodeProbl
 // Sets the kernel's shared-memory size on the current device, before each launch or query: the
 // setting belongs to the device's context, which a cudaDeviceReset may replace (this driver
 // keeps it, others have not), and a call costs ~240 ns on an H200 against ~3.4 us a launch.
+// Clusters past the portable size need one more.
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma = false>
-void allow_large_smem() {
-  SMLA_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<L, kTopk, kF16, kQueryTma>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<L>));
+void allow_large_smem(int cluster = 1) {
+  const auto kernel = decode_kernel<L, kTopk, kF16, kQueryTma>;
+  SMLA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<L>));
+  if (cluster > kPortableClusterCtas)
+    SMLA_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 }
 
 // The kernels: per cache layout, reading a table or (kTopk) a top-k, for an e4m3 cache with an
@@ -117,7 +122,7 @@ void allow_large_smem() {
 // (kQueryTma) those that read the query by TMA: only these fourteen are built.
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 void launch(const KernelParams<kQueryTma>& p, int64_t ctas, cudaStream_t stream) {
-  allow_large_smem<L, kTopk, kF16, kQueryTma>();
+  allow_large_smem<L, kTopk, kF16, kQueryTma>(p.cluster ? p.num_splits : 1);
   launch_early("the decode kernel", decode_kernel<L, kTopk, kF16, kQueryTma>,
                dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<L>, stream,
                p.cluster ? p.num_splits : 1, p);
@@ -165,7 +170,7 @@ Occupancy decode_occupancy(int device) {
   for (int c = 2; c <= kMaxClusterSplits; ++c) {
     int clusters = cached[c].load(std::memory_order_relaxed);
     if (clusters == 0) {
-      allow_large_smem<KvLayout::bf16, false, false>();
+      allow_large_smem<KvLayout::bf16, false, false>(c);
       cudaLaunchAttribute attr = cluster_attribute(c);
       cudaLaunchConfig_t config{};
       config.gridDim = dim3(unsigned(c));

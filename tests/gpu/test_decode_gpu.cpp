@@ -157,7 +157,7 @@ TEST(GpuDecode, SizeOneDimsTakeAnyStride) {
   }
 }
 
-// Split rows reduced in clusters of every size the planner picks (2..8 CTAs), with 16 to 64
+// Split rows reduced in clusters of every size the planner picks (2..16 CTAs), with 16 to 64
 // heads a CTA and a partial head block, against the oracle and the CPU backend.
 TEST(GpuDecode, ClusterSplitsOfEverySize) {
   SKIP_WITHOUT_GPU();
@@ -177,6 +177,8 @@ TEST(GpuDecode, ClusterSplitsOfEverySize) {
         if (HasFailure()) return;
       }
   EXPECT_GE(sizes.size(), 6u) << "cluster sizes covered: " << sizes.size();
+  if (gpu.cluster_ctas[cuda::kMaxClusterSplits] > 0)  // the non-portable sizes too
+    EXPECT_GT(*sizes.rbegin(), cuda::kPortableClusterCtas) << "largest cluster covered";
   EXPECT_GE(plans.size(), 12u) << "(cluster size, heads a CTA) pairs covered: " << plans.size();
 }
 
