@@ -182,6 +182,16 @@ TEST(GpuDecode, ClusterSplitsOfEverySize) {
   EXPECT_GE(plans.size(), 12u) << "(cluster size, heads a CTA) pairs covered: " << plans.size();
 }
 
+// One split row over a cluster past the portable size, small enough for the sanitizers.
+TEST(GpuDecode, WideClusterSplits) {
+  SKIP_WITHOUT_GPU();
+  if (cuda::decode_occupancy(0).cluster_ctas[cuda::kMaxClusterSplits] == 0)
+    GTEST_SKIP() << "this device runs no clusters past " << cuda::kPortableClusterCtas << " CTAs";
+  const CaseSpec spec{.heads = 16, .q_lens = {1, 1}, .compressed_width = 1024};
+  const cuda::DecodePlan plan = check_against_oracle_and_cpu(spec);
+  EXPECT_TRUE(plan.cluster && plan.num_splits > cuda::kPortableClusterCtas) << plan.num_splits;
+}
+
 // Plans without splits (no clusters, no split buffers: SPEC §3's fallback), where bf16 caches
 // read the query by TMA: every head count, padded output heads, rows attending nothing, against
 // the oracle and the CPU. fp8 caches too: a CTA's 20 tiles cycle the e4m3 kernel's four raw
