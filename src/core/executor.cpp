@@ -68,6 +68,9 @@ void check_layer(const AttentionLayer& l, size_t i) {
   if (l.spec.swa_group < 0)
     check::fail(ErrorKind::value, layer + "spec.swa_group", ">= 0",
                 std::to_string(l.spec.swa_group));
+  if (l.spec.index_topk < 0)
+    check::fail(ErrorKind::value, layer + "spec.index_topk", ">= 0 (0: every compressed entry)",
+                std::to_string(l.spec.index_topk));
   for (const auto& [name, scale] :
        {std::pair{"bmm1_scale", l.bmm1_scale}, std::pair{"bmm2_scale", l.bmm2_scale}})
     if (!std::isfinite(scale))

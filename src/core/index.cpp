@@ -12,6 +12,7 @@ namespace smla {
 int64_t sparse_index_columns(int window, int64_t top_k, int decode_swa_width) {
   if (window < 1) check::fail(ErrorKind::value, "window", ">= 1", std::to_string(window));
   check::int32_count(top_k, "top_k");
+  check::int32_count(decode_swa_width, "decode_swa_width");  // a negative one is no "off"
   if (decode_swa_width > window) return decode_swa_width;
   return window + (top_k + 3) / 4 * 4;
 }

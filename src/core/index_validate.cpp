@@ -30,6 +30,7 @@ void check_step(const StepMetadata& s, IndexProblem& p) {
   if (s.num_decodes < 0 || s.num_decodes > p.num_requests)
     fail(ErrorKind::value, "num_decodes", "0..B = " + num(p.num_requests), num(s.num_decodes));
   p.num_decodes = s.num_decodes;
+  check::int32_count(s.decode_swa_width, "decode_swa_width");  // 0..window: causal, not < 0
 }
 
 // seq_lens and cum_seq_lens_q on the host: request b's tokens are [cum[b], cum[b+1]).

@@ -244,6 +244,10 @@ TEST(Executor, LayersAreCheckedWhenMade) {
   test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
                           "layers[0].spec.swa_group", ">= 0", "-1");
   layers = c.layers;
+  layers[1].spec.index_topk = -4;
+  test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
+                          "layers[1].spec.index_topk", ">= 0", "-4");
+  layers = c.layers;
   layers[0].bmm1_scale = NAN;
   test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
                           "layers[0].bmm1_scale", "a finite float", "nan");

@@ -80,6 +80,8 @@ TEST(IndexColumns, WidthRules) {
                           "0..2^31 - 1", "-4");
   test::expect_smla_error([] { sparse_index_columns(128, int64_t(1) << 31, 0); },
                           ErrorKind::value, "top_k", "0..2^31 - 1", "2147483648");
+  test::expect_smla_error([] { sparse_index_columns(128, 4, -4); }, ErrorKind::value,
+                          "decode_swa_width", "0..2^31 - 1", "-4");
 }
 
 // W = 4, SWA pages of 4 rows packed with a stride of 6 rows.
@@ -234,6 +236,17 @@ TEST(IndexDspark, NonCausalWindowPerToken) {
   EXPECT_EQ(b.indices, (Rows{draft, draft, draft, row({12, 13})}));
   EXPECT_EQ(b.lens, (std::vector<int32_t>{7, 7, 7, 4}));  // max(window len, W)
   EXPECT_EQ(b.seq_lens, (std::vector<int32_t>{10, 10, 10, 2}));
+}
+
+// A negative DSpark width is not a way to say "causal" (0..W is): refused, naming it.
+TEST(IndexErrors, NegativeDecodeSwaWidth) {
+  SwaOnlyCase c;
+  SparseIndexArgs a = c.args();
+  std::vector<int32_t> indices(3 * 4), lens(3);
+  a.out = {i32(indices, {3, 4}), i32(lens, {3}), {}};
+  a.step.decode_swa_width = -1;
+  test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "decode_swa_width",
+                          "0..2^31 - 1", "-1");
 }
 
 // Outputs may not share memory with each other or with the inputs: the builder's threads (or a

@@ -160,6 +160,10 @@ TEST(ModelPresets, ShapesOfSpec6) {
   negative.compress_ratio = -4;
   test::expect_smla_error([&] { topk_width(negative, 4096); }, ErrorKind::value,
                           "layer.compress_ratio", ">= 0", "-4");
+  negative = flash[2];
+  negative.index_topk = -512;  // not "every compressed entry", which is 0
+  test::expect_smla_error([&] { topk_width(negative, 4096); }, ErrorKind::value,
+                          "layer.index_topk", ">= 0", "-512");
   const auto pro = model_layers(model_preset("v4-pro"), 1);
   ASSERT_EQ(pro.size(), 61u);
   EXPECT_EQ(pro[0].num_heads, 128);
