@@ -16,8 +16,8 @@ struct StepMetadata {
   TensorView is_valid_token{};  // [T] u8, optional (absent: all valid); 0 = padding token
   int64_t num_decodes = 0;      // requests [0, num_decodes) are decode requests, the rest prefill
   int max_q_len = 1;            // >= every q_len; what the decode op is told
-  int decode_swa_width = 0;  // > window: DSpark non-causal window (dspark_swa_width); 0..window:
-                             // causal; negative: refused
+  int decode_swa_width = 0;     // > window: DSpark non-causal window (dspark_swa_width); 0..window:
+                                // causal; negative: refused
 };
 
 // One SWA KV-cache group: its pages, and the pool whose block_size and span they address.

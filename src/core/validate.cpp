@@ -177,16 +177,9 @@ KvPool make_pool(const TensorView& v, const char* name) {
 
 TensorView pool_records(const TensorView& v, const KvPool& pool) {
   if (pool.layout != KvLayout::fp8_ds_mla) return {};
-  TensorView records;
-  records.data = v.data;
-  records.dtype = DType::u8;
-  records.device = v.device;
-  records.ndim = 2;
-  records.shape[0] = pool.num_blocks;
-  records.shape[1] = pool.block_size * (kDsMlaRecordBytes + kDsMlaScaleBytes);
-  records.strides[0] = pool.block_stride_bytes;
-  records.strides[1] = 1;
-  return records;
+  return make_view(v.data, DType::u8, v.device,
+                   {pool.num_blocks, pool.block_size * (kDsMlaRecordBytes + kDsMlaScaleBytes)},
+                   {pool.block_stride_bytes, 1});
 }
 
 DecodeProblem validate_decode(const DecodeArgs& a) {

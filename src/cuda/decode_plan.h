@@ -9,13 +9,13 @@
 
 namespace smla::cuda {
 
-constexpr int kMmaRows = 64;          // the wgmma M dimension: query heads a CTA computes
-constexpr int kMinHeadsPerCta = 16;   // small batches use 16 or 32 live heads per CTA
-constexpr int kTileColumns = 32;      // KV rows gathered per pipeline stage
-constexpr int kMaxSplits = 32;        // CTAs one row's columns may be split over
+constexpr int kMmaRows = 64;             // the wgmma M dimension: query heads a CTA computes
+constexpr int kMinHeadsPerCta = 16;      // small batches use 16 or 32 live heads per CTA
+constexpr int kTileColumns = 32;         // KV rows gathered per pipeline stage
+constexpr int kMaxSplits = 32;           // CTAs one row's columns may be split over
 constexpr int kPortableClusterCtas = 8;  // larger clusters need a kernel attribute
-constexpr int kMaxClusterSplits = 16;     // splits reduced in a cluster (past 8: <= 32 heads)
-constexpr int kMaxTopk = 2048;        // TopkColumns' width on CUDA (staged in shared memory)
+constexpr int kMaxClusterSplits = 16;    // splits reduced in a cluster (past 8: <= 32 heads)
+constexpr int kMaxTopk = 2048;           // TopkColumns' width on CUDA (staged in shared memory)
 // A query read by TMA of at least this many bytes is evicted first from L2 (decode_launch.cu)
 constexpr int64_t kQueryEvictFirstBytes = int64_t(10) << 20;
 
