@@ -229,28 +229,25 @@ TEST(Executor, LayersAreCheckedWhenMade) {
       .q_lens = {1}, .seq_lens = {150}, .num_decodes = 1, .block_size = 64, .span = 64};
   const test::StepCase c(specs, shape, 1);
   test::RecordingStreams streams;
-  std::vector<AttentionLayer> layers = c.layers;
-  layers[1].spec.num_heads = 0;  // LayerSpec's default: a spec nobody filled in
-  test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
-                          "layers[1].spec.num_heads", "1..128", "0");
-  // Neither would run as given: a negative ratio as an SWA-only layer, a negative group as
-  // group 2^64 - 1.
-  layers = c.layers;
-  layers[1].spec.compress_ratio = -2;
-  test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
-                          "layers[1].spec.compress_ratio", ">= 0", "-2");
-  layers = c.layers;
-  layers[0].spec.swa_group = -1;
-  test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
-                          "layers[0].spec.swa_group", ">= 0", "-1");
-  layers = c.layers;
-  layers[1].spec.index_topk = -4;
-  test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
-                          "layers[1].spec.index_topk", ">= 0", "-4");
-  layers = c.layers;
-  layers[0].bmm1_scale = NAN;
-  test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
-                          "layers[0].bmm1_scale", "a finite float", "nan");
+  // c's layers with `edit` applied are refused when the executor is made, naming the field.
+  const auto refused = [&](auto edit, const char* field, const char* expected, const char* got) {
+    std::vector<AttentionLayer> layers = c.layers;
+    edit(layers);
+    test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::value,
+                            field, expected, got);
+  };
+  using Layers = std::vector<AttentionLayer>;
+  // LayerSpec's default: a spec nobody filled in
+  refused([](Layers& l) { l[1].spec.num_heads = 0; }, "layers[1].spec.num_heads", "1..128", "0");
+  // None would run as given: a negative ratio as an SWA-only layer, a negative group as group
+  // 2^64 - 1, a negative top-k as every compressed entry.
+  refused([](Layers& l) { l[1].spec.compress_ratio = -2; }, "layers[1].spec.compress_ratio",
+          ">= 0", "-2");
+  refused([](Layers& l) { l[0].spec.swa_group = -1; }, "layers[0].spec.swa_group", ">= 0", "-1");
+  refused([](Layers& l) { l[1].spec.index_topk = -4; }, "layers[1].spec.index_topk", ">= 0",
+          "-4");
+  refused([](Layers& l) { l[0].bmm1_scale = NAN; }, "layers[0].bmm1_scale", "a finite float",
+          "nan");
 }
 
 INSTANTIATE_TEST_SUITE_P(
