@@ -55,22 +55,17 @@ CompressedColumns compressed_columns(const StepInputs& inputs, const AttentionLa
           .compressed_kv_cache = l.compressed_kv_cache};
 }
 
-// A layer's spec and scales, named by its position in the list. A negative ratio would run as
-// an SWA-only layer, and a negative group would be looked up as a huge one: refused here.
+// A layer's spec and scales, named by its position in the list. A negative group would be
+// looked up as a huge one: refused here.
 void check_layer(const AttentionLayer& l, size_t i) {
   const std::string layer = "layers[" + std::to_string(i) + "].";
   if (const int heads = l.spec.num_heads; heads < 1 || heads > kMaxHeads)
     check::fail(ErrorKind::value, layer + "spec.num_heads", "1.." + std::to_string(kMaxHeads),
                 std::to_string(heads));
-  if (l.spec.compress_ratio < 0)
-    check::fail(ErrorKind::value, layer + "spec.compress_ratio", ">= 0 (0: SWA-only)",
-                std::to_string(l.spec.compress_ratio));
+  check_layer_counts(l.spec, layer + "spec.");
   if (l.spec.swa_group < 0)
     check::fail(ErrorKind::value, layer + "spec.swa_group", ">= 0",
                 std::to_string(l.spec.swa_group));
-  if (l.spec.index_topk < 0)
-    check::fail(ErrorKind::value, layer + "spec.index_topk", ">= 0 (0: every compressed entry)",
-                std::to_string(l.spec.index_topk));
   for (const auto& [name, scale] :
        {std::pair{"bmm1_scale", l.bmm1_scale}, std::pair{"bmm2_scale", l.bmm2_scale}})
     if (!std::isfinite(scale))

@@ -1,5 +1,5 @@
 // The layers of a step as the tables and the executor walk them: found by id, and cut into runs
-// (stretches of consecutive layers with equal sparse_index_key).
+// (stretches of consecutive layers with equal sparse_index_key); a spec's counts checked.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -12,6 +12,17 @@
 #include "smla/tables.h"
 
 namespace smla {
+
+// A negative ratio would run as an SWA-only layer and a negative top-k as every compressed
+// entry: refused, each named `prefix` + field.
+inline void check_layer_counts(const LayerSpec& spec, const std::string& prefix) {
+  if (spec.compress_ratio < 0)
+    check::fail(ErrorKind::value, prefix + "compress_ratio", ">= 0 (0: SWA-only)",
+                std::to_string(spec.compress_ratio));
+  if (spec.index_topk < 0)
+    check::fail(ErrorKind::value, prefix + "index_topk", ">= 0 (0: every compressed entry)",
+                std::to_string(spec.index_topk));
+}
 
 // The index of layer id `layer` in `layers` (ids strictly increasing); else a value error
 // naming "layer", `expected` saying what it should have been.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/layer_runs.h"
 
 namespace smla {
 namespace {
@@ -63,16 +64,10 @@ int source_of(const std::vector<int>& sources, int layer, const char* what) {
 }  // namespace
 
 int64_t topk_width(const LayerSpec& layer, int64_t max_seq_len) {
-  // A negative length or ratio would give a negative width, which no top-k has; a negative
-  // index_topk would read as 0 (every compressed entry).
+  // A negative length would give a negative width, which no top-k has.
   if (max_seq_len < 0)
     check::fail(ErrorKind::value, "max_seq_len", ">= 0", std::to_string(max_seq_len));
-  if (layer.compress_ratio < 0)
-    check::fail(ErrorKind::value, "layer.compress_ratio", ">= 0 (0: SWA-only)",
-                std::to_string(layer.compress_ratio));
-  if (layer.index_topk < 0)
-    check::fail(ErrorKind::value, "layer.index_topk", ">= 0 (0: every compressed entry)",
-                std::to_string(layer.index_topk));
+  check_layer_counts(layer, "layer.");
   if (layer.compress_ratio == 0) return 0;
   return layer.index_topk > 0 ? layer.index_topk : max_seq_len / layer.compress_ratio;
 }
