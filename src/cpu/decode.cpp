@@ -86,7 +86,12 @@ class Columns {
     if (row.request >= c.num_decodes)
       return p_.window + rules::topk_used(false, row.pos, c.compress_ratio, p_.top_k);
     int64_t count = 0;
-    for (int64_t j = 0; j < p_.top_k; ++j) count += check::at(c.topk_indices, t, j) >= 0;
+    for (int64_t j = 0; j < p_.top_k; ++j) {
+      count += check::at(c.topk_indices, t, j) >= 0;
+      // The builder converts every entry of a decode row, also those past its length (after
+      // a -1): converted here too, for the same error at an entry past the block table.
+      at(t, row, p_.window + j);
+    }
     return p_.window + count;
   }
 

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "direct_call.h"
@@ -99,6 +100,41 @@ TEST(TopkColumns, AnEntryPastTheBlockTableIsTheBuildersError) {
       topk_decode_args(l, swa, compressed, c.bf16(2, kHeads), c.bf16(2, kHeads));
   expect_smla_error([&] { sparse_mla_decode(args); }, ErrorKind::value, "topk_columns.topk_indices",
                     "block_table pages * E", "topk_indices[0][0] = ");
+}
+
+// A decode row's entries past its length (its count of entries >= 0, short of them when a -1
+// comes first) are converted by the builder too: one past the block table there is its error,
+// and the decode's.
+TEST(TopkColumns, AnEntryPastTheRowsLengthIsTheBuildersErrorToo) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  // Ratio 2, top-k 30: a KV length below 60 sees seq_len / 2 entries, fewer than the top-k holds.
+  const int seq_len = std::uniform_int_distribution<int>(4, 58)(rng);
+  StepCase c(layers_of(2), {.q_lens = {1, 1}, .seq_lens = {seq_len, 200}, .num_decodes = 2},
+             rng());
+  const AttentionLayer& l = c.layers[2];
+  const CompressedColumns compressed = c.args(l.spec.layer).compressed;
+  const SparseIndexArgs swa = swa_table(c, l.spec.layer);
+  int32_t* x = compressed.topk_indices.ptr<int32_t>();
+  const int visible = seq_len / 2;
+  ASSERT_TRUE(x[visible - 1] >= 0 && x[visible] == -1) << "seq_len " << seq_len;
+  x[std::uniform_int_distribution<int>(0, visible - 1)(rng)] = -1;
+  const int32_t past = static_cast<int32_t>(compressed.block_table.size(1) * 8);  // E = 8
+  x[visible] = past;
+  const std::string got = "topk_indices[0][" + std::to_string(visible) + "] = " +
+                          std::to_string(past);
+  expect_smla_error(
+      [&] {
+        built(c.args(l.spec.layer), [&](DType dtype, std::initializer_list<int64_t> shape) {
+          return c.zeros(dtype, shape);
+        });
+      },
+      ErrorKind::value, "topk_indices", "block_table pages * E", got);
+  const DecodeArgs args =
+      topk_decode_args(l, swa, compressed, c.bf16(2, kHeads), c.bf16(2, kHeads));
+  expect_smla_error([&] { sparse_mla_decode(args); }, ErrorKind::value, "topk_columns.topk_indices",
+                    "block_table pages * E", got);
 }
 
 TEST(TopkColumns, ArgumentsAreCheckedByName) {
