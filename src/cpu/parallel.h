@@ -10,8 +10,9 @@ namespace smla::cpu {
 
 constexpr int kMaxThreads = 4096;
 
-// Threads the CPU backend uses: SMLA_NUM_THREADS if set and not empty, else the hardware
-// concurrency; throws a value Error naming SMLA_NUM_THREADS for anything but 1..kMaxThreads.
+// Threads the CPU backend uses: SMLA_NUM_THREADS if set and not empty, else the CPUs this
+// process may run on (its affinity mask), at most kMaxThreads; throws a value Error naming
+// SMLA_NUM_THREADS for anything but 1..kMaxThreads.
 int num_threads();
 
 // Calls fn(i) for i in [0, n), split in contiguous ranges over up to num_threads() threads, the

@@ -1,10 +1,12 @@
 // The CPU backend's thread count and parallel loop.
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <atomic>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <cstdlib>
@@ -22,7 +24,9 @@ namespace {
 using test::ThreadsEnv;
 
 TEST(Parallel, NumThreadsFromEnvironment) {
-  const int fallback = std::max(1u, std::thread::hardware_concurrency());
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  const int fallback = std::min(CPU_COUNT(&allowed), kMaxThreads);
   {
     ThreadsEnv env("3");
     EXPECT_EQ(num_threads(), 3);
@@ -42,6 +46,28 @@ TEST(Parallel, NumThreadsFromEnvironment) {
       EXPECT_EQ(e.got(), "'" + std::string(bad) + "'");
     }
   }
+}
+
+// Unset, the count is the CPUs the process may run on, not the machine's: a child process
+// pinned to one random CPU of its mask gets one thread.
+TEST(Parallel, DefaultIsTheCpusOfTheAffinityMask) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  const int cpu = cpus[std::random_device{}() % cpus.size()];
+  EXPECT_EXIT(
+      {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        if (sched_setaffinity(0, sizeof one, &one) != 0) std::_Exit(2);
+        unsetenv("SMLA_NUM_THREADS");
+        std::_Exit(num_threads() == 1 ? 0 : 1);
+      },
+      testing::ExitedWithCode(0), "")
+      << "pinned to CPU " << cpu << " of " << cpus.size();
 }
 
 TEST(Parallel, EachIndexOnce) {
