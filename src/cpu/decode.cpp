@@ -1,12 +1,14 @@
-// The CPU reference of SPEC §2. One work item is a (token, group of heads): it gathers the
-// token's attended rows once, each as 512 unscaled floats plus one power-of-two scale per
-// 64 values, so dot products run over unscaled values (no float overflow with large UE8M0
-// scales) and scales, softmax sums and outputs are applied and accumulated in double.
+// The CPU reference of SPEC §2. A token's attended rows are gathered once per thread that
+// works on it, each as 512 unscaled floats plus one power-of-two scale per 64 values, so dot
+// products run over unscaled values (no float overflow with large UE8M0 scales) and scales,
+// softmax sums and outputs are applied and accumulated in double.
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -20,7 +22,6 @@ namespace smla::cpu {
 namespace {
 
 constexpr int kGroups = kHeadDim / kDsMlaGroup;  // 7 NoPE groups, then the RoPE group
-constexpr int kHeadsPerItem = 16;           // enough items to spread small batches over threads
 
 const std::array<float, 256> kE4m3 = [] {
   std::array<float, 256> table{};
@@ -37,29 +38,41 @@ float load_bf16(const std::byte* p) {
 float load_e4m3(const std::byte* p) { return kE4m3[static_cast<uint8_t>(*p)]; }
 
 // The attended rows of one token, in column order (an offset attended twice appears twice).
+// Gathering another token reuses the storage.
 struct Rows {
-  int64_t count = 0;
-  std::vector<float> values;   // count x 512
-  std::vector<double> scales;  // count x kGroups
+  int64_t count = 0, capacity = 0;
+  std::unique_ptr<float[]> values;   // count x 512
+  std::unique_ptr<double[]> scales;  // count x kGroups
 
+  // Left uninitialized: only the rows appended are written (and their pages touched).
+  void clear(int64_t rows) {
+    count = 0;
+    if (rows <= capacity) return;
+    values = std::make_unique_for_overwrite<float[]>(rows * kHeadDim);
+    scales = std::make_unique_for_overwrite<double[]>(rows * kGroups);
+    capacity = rows;
+  }
+
+  // After clear(c), at most c times.
   void append(const KvPool& pool, int64_t offset) {
-    values.resize((count + 1) * kHeadDim);
-    scales.resize((count + 1) * kGroups, 1.0);
     float* v = &values[count * kHeadDim];
     double* s = &scales[count * kGroups];
     const std::byte* src = pool.row(offset);
     switch (pool.layout) {
       case KvLayout::bf16:
         for (int d = 0; d < kHeadDim; ++d) v[d] = load_bf16(src + 2 * d);
+        std::fill(s, s + kGroups, 1.0);
         break;
       case KvLayout::fp8_e4m3:
         for (int d = 0; d < kHeadDim; ++d) v[d] = load_e4m3(src + d);
+        std::fill(s, s + kGroups, 1.0);
         break;
       case KvLayout::fp8_ds_mla: {
         for (int d = 0; d < kNopeDim; ++d) v[d] = load_e4m3(src + d);
         for (int d = 0; d < kRopeDim; ++d) v[kNopeDim + d] = load_bf16(src + kNopeDim + 2 * d);
         const uint8_t* e = pool.ds_mla_scales(offset);
         for (int g = 0; g < kNopeDim / kDsMlaGroup; ++g) s[g] = ue8m0_to_double(e[g]);
+        s[kGroups - 1] = 1.0;
         break;
       }
     }
@@ -110,20 +123,25 @@ class Columns {
   const DecodeArgs& a_;
 };
 
-// Rules 1-3 of SPEC §2; rows of masked columns are never read.
-Rows gather(const DecodeProblem& p, const Columns& columns, int64_t t, const TokenRow& row) {
-  const int64_t len = columns.len(t, row);
-  Rows rows;
-  for (int64_t c = 0; c < std::min(len, p.num_columns); ++c) {
+// Rules 1-3 of SPEC §2 into `rows`; rows of masked columns are never read.
+void gather(const DecodeProblem& p, const Columns& columns, int64_t t, const TokenRow& row,
+            Rows& rows) {
+  const int64_t len = std::min(columns.len(t, row), p.num_columns);
+  rows.clear(len);
+  for (int64_t c = 0; c < len; ++c) {
     const bool swa = c < p.window;
     if (swa && c >= row.swa_len) continue;
     const KvPool& pool = swa ? p.swa : p.compressed;
     const int32_t offset = columns.at(t, row, c);
     if (pool.valid(offset)) rows.append(pool, offset);
   }
-  return rows;
 }
 
+// Heads whose scores and P.V share each pass over the rows: a row is read from memory once
+// per block instead of once per head, and the block's outputs (4 x 4 KiB) stay in L1.
+constexpr int kHeadBlock = 4;
+
+// Float products and sums over one 64-value group, in 8 lanes (vectorized by the compiler).
 float dot64(const float* a, const float* b) {
   float lane[8] = {};
   for (int i = 0; i < kDsMlaGroup; i += 8)
@@ -131,44 +149,56 @@ float dot64(const float* a, const float* b) {
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-struct HeadResult {
-  std::array<double, kHeadDim> out{};
-  double lse = -std::numeric_limits<double>::infinity();
-};
+// q . row j, each 64-value group's dot product under the row's scale for that group.
+double score(const Rows& rows, int64_t j, const float* q) {
+  const float* v = &rows.values[j * kHeadDim];
+  double acc = 0;
+  for (int g = 0; g < kGroups; ++g)
+    acc += rows.scales[j * kGroups + g] * dot64(q + g * kDsMlaGroup, v + g * kDsMlaGroup);
+  return acc;
+}
 
-// One head of one token: the formula of SPEC §2 with the row list already masked.
-void attend(const Rows& rows, const float* q, const DecodeArgs& a, bool has_sink, float sink,
-            HeadResult& r) {
+// s[h * n + j]: the score of head h (query q[h]) for row j.
+template <int B>
+void scores(const Rows& rows, const float (&q)[B][kHeadDim], double bmm1, double* s) {
   const int64_t n = rows.count;
-  r = HeadResult{};
-  if (n == 0) return;
-  std::vector<double> s(n);
-  for (int64_t j = 0; j < n; ++j) {
-    double acc = 0;
-    for (int g = 0; g < kGroups; ++g)
-      acc += rows.scales[j * kGroups + g] *
-             dot64(q + g * kDsMlaGroup, &rows.values[j * kHeadDim + g * kDsMlaGroup]);
-    s[j] = a.bmm1_scale * acc;
-  }
-  const double m_scores = *std::max_element(s.begin(), s.end());
-  double sum_scores = 0;
-  for (double x : s) sum_scores += std::exp(x - m_scores);
-  r.lse = m_scores + std::log(sum_scores);  // never includes the sink, not even a +inf one
-  if (has_sink && sink == std::numeric_limits<float>::infinity()) return;
+  for (int64_t j = 0; j < n; ++j)
+    for (int h = 0; h < B; ++h) s[h * n + j] = bmm1 * score(rows, j, q[h]);
+}
 
-  const double m = has_sink ? std::max<double>(m_scores, sink) : m_scores;
-  double denom = has_sink ? std::exp(sink - m) : 0.0;
-  for (int64_t j = 0; j < n; ++j) {
-    const double p = std::exp(s[j] - m);
-    denom += p;
-    const float* v = &rows.values[j * kHeadDim];
-    for (int g = 0; g < kGroups; ++g) {
-      const double w = p * rows.scales[j * kGroups + g];
-      for (int d = g * kDsMlaGroup; d < (g + 1) * kDsMlaGroup; ++d) r.out[d] += w * v[d];
-    }
+// out[d] += w[0] * x0[d] + w[1] * x1[d], in that order, over one group of values. Rows go in
+// pairs to halve the loads and stores of `out`; the loop over d is the vectorized one.
+void accumulate(double* out, const double (&w)[2], const float* x0, const float* x1) {
+  for (int d = 0; d < kDsMlaGroup; ++d) out[d] = (out[d] + w[0] * x0[d]) + w[1] * x1[d];
+}
+
+constexpr float kZeroRow[kHeadDim] = {};
+
+// out[h] = sum over rows j, in order, of e[h * n + j] * row j, in double.
+template <int B>
+void weighted_sum(const Rows& rows, const double* e, double (&out)[B][kHeadDim]) {
+  const int64_t n = rows.count;
+  for (int64_t j = 0; j < n; j += 2) {
+    // An odd last row pairs with zeros: adding 0 * 0 changes no sum (one from +0 is never -0).
+    const bool pair = j + 1 < n;
+    const float* x0 = &rows.values[j * kHeadDim];
+    const float* x1 = pair ? x0 + kHeadDim : kZeroRow;
+    for (int h = 0; h < B; ++h)
+      for (int g = 0; g < kGroups; ++g) {
+        const double w[2] = {e[h * n + j] * rows.scales[j * kGroups + g],
+                             pair ? e[h * n + j + 1] * rows.scales[(j + 1) * kGroups + g] : 0.0};
+        const int first = g * kDsMlaGroup;
+        accumulate(out[h] + first, w, x0 + first, x1 + first);
+      }
   }
-  const double factor = a.bmm2_scale / denom;
-  for (double& x : r.out) x *= factor;
+}
+
+// Turns a head's scores into exp(s - m), m their max, in place; returns m and their sum.
+std::pair<double, double> exponentiate(double* s, int64_t n) {
+  const double m = *std::max_element(s, s + n);
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += s[j] = std::exp(s[j] - m);
+  return {m, sum};
 }
 
 void load_query(const DecodeArgs& a, int64_t t, int h, float* q) {
@@ -203,31 +233,69 @@ std::vector<TokenRow> token_rows(const DecodeProblem& p, const DecodeArgs& a) {
   return rows;
 }
 
+// Writes head h's output, bmm2 * out / (sum + exp(sink - m)) (out: its rows weighted by
+// exp(s - m), sum: those weights' sum; no sink term without sinks), and its lse m + log(sum).
+// No rows (n = 0): zero output and lse -inf. A +inf sink takes all the weight: zero output,
+// but the lse never includes it.
+void store_head(const DecodeArgs& a, int64_t t, int h, int64_t n, double m, double sum,
+                double* out) {
+  const bool has_sink = a.sinks.defined();
+  const float sink = has_sink ? a.sinks.ptr<const float>()[h * a.sinks.stride(0)] : 0.f;
+  const bool zero = n == 0 || (has_sink && sink == std::numeric_limits<float>::infinity());
+  const double factor = zero ? 0.0 : a.bmm2_scale / (sum + (has_sink ? std::exp(sink - m) : 0.0));
+  for (int d = 0; d < kHeadDim; ++d) out[d] = zero ? 0.0 : out[d] * factor;
+  store_out(a, t, h, out);
+  if (a.lse.defined())
+    a.lse.ptr<float>()[t * a.lse.stride(0) + h * a.lse.stride(1)] =
+        static_cast<float>(n ? m + std::log(sum) : -std::numeric_limits<double>::infinity());
+}
+
+// Heads h0..h0+B-1 of token t: the formula of SPEC §2 with the row list already masked.
+// `e` holds B * rows.count doubles.
+template <int B>
+void attend(const Rows& rows, const DecodeArgs& a, int64_t t, int h0, double* e) {
+  const int64_t n = rows.count;
+  double out[B][kHeadDim] = {};
+  std::pair<double, double> max_sum[B] = {};
+  if (n > 0) {
+    float q[B][kHeadDim];
+    for (int h = 0; h < B; ++h) load_query(a, t, h0 + h, q[h]);
+    scores(rows, q, a.bmm1_scale, e);
+    for (int h = 0; h < B; ++h) max_sum[h] = exponentiate(e + h * n, n);
+    weighted_sum(rows, e, out);
+  }
+  for (int h = 0; h < B; ++h)
+    store_head(a, t, h0 + h, n, max_sum[h].first, max_sum[h].second, out[h]);
+}
+
 }  // namespace
 
+// Work is split in (token, block of kHeadBlock heads) units, contiguous ranges of them a
+// thread: a range gathers each of its tokens' rows once, and one token's heads still spread
+// over several threads when there are fewer tokens than threads.
 void decode(const DecodeProblem& p, const DecodeArgs& a) {
   const std::vector<TokenRow> token = token_rows(p, a);
   const Columns columns(p, a);
-  const int groups = (p.num_heads + kHeadsPerItem - 1) / kHeadsPerItem;
-  parallel_for(p.num_tokens * groups, [&](int64_t item) {
-    const int64_t t = item / groups;
-    const int group = static_cast<int>(item % groups);
-    const Rows rows = gather(p, columns, t, token[t]);
-    std::array<float, kHeadDim> q;
-    HeadResult r;
-    const int h_end = std::min(p.num_heads, (group + 1) * kHeadsPerItem);
-    for (int h = group * kHeadsPerItem; h < h_end; ++h) {
-      load_query(a, t, h, q.data());
-      const bool has_sink = a.sinks.defined();
-      const float sink = has_sink ? a.sinks.ptr<const float>()[h * a.sinks.stride(0)] : 0.f;
-      attend(rows, q.data(), a, has_sink, sink, r);
-      store_out(a, t, h, r.out.data());
-      if (a.lse.defined())
-        a.lse.ptr<float>()[t * a.lse.stride(0) + h * a.lse.stride(1)] = static_cast<float>(r.lse);
-    }
-    if (group == 0) {
-      r.out.fill(0.0);
-      for (int h = p.num_heads; h < p.out_heads; ++h) store_out(a, t, h, r.out.data());
+  const int blocks = (p.num_heads + kHeadBlock - 1) / kHeadBlock;
+  parallel_ranges(p.num_tokens * blocks, [&](int64_t begin, int64_t end) {
+    Rows rows;
+    std::vector<double> e;
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t t = unit / blocks;
+      const int h0 = static_cast<int>(unit % blocks) * kHeadBlock;
+      if (unit == begin || h0 == 0) {
+        gather(p, columns, t, token[t], rows);
+        e.resize(kHeadBlock * rows.count);
+      }
+      if (h0 + kHeadBlock <= p.num_heads) {
+        attend<kHeadBlock>(rows, a, t, h0, e.data());
+      } else {
+        for (int h = h0; h < p.num_heads; ++h) attend<1>(rows, a, t, h, e.data());
+      }
+      if (h0 == 0) {
+        const double zero[kHeadDim] = {};
+        for (int h = p.num_heads; h < p.out_heads; ++h) store_out(a, t, h, zero);
+      }
     }
   });
 }

@@ -15,21 +15,22 @@ constexpr int kMaxThreads = 4096;
 // SMLA_NUM_THREADS for anything but 1..kMaxThreads.
 int num_threads();
 
-// Calls fn(i) for i in [0, n), split in contiguous ranges over up to num_threads() threads, the
-// caller's among them. The exception of the lowest i that threw is rethrown on the caller's
-// thread (each range stops at its first), so errors name the first bad index whatever the
-// thread count. Ranges whose thread the system refuses run on the caller's thread.
+// Calls fn(begin, end) once for each of up to num_threads() contiguous ranges that split
+// [0, n) evenly, each range on a thread of its own, the caller's among them. The exception of
+// the lowest range that threw is rethrown on the caller's thread, so that, with an fn that
+// stops at its range's first error, errors name the first bad index whatever the thread count.
+// Ranges whose thread the system refuses run on the caller's thread.
 template <class Fn>
-void parallel_for(int64_t n, Fn&& fn) {
+void parallel_ranges(int64_t n, Fn&& fn) {
   const int64_t workers = std::min<int64_t>(num_threads(), n);
   if (workers <= 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
+    if (n > 0) fn(int64_t{0}, n);
     return;
   }
   std::vector<std::exception_ptr> errors(workers);
   const auto range = [&](int64_t w) {
     try {
-      for (int64_t i = n * w / workers; i < n * (w + 1) / workers; ++i) fn(i);
+      fn(n * w / workers, n * (w + 1) / workers);
     } catch (...) {
       errors[w] = std::current_exception();
     }
@@ -46,6 +47,15 @@ void parallel_for(int64_t n, Fn&& fn) {
   for (auto& t : threads) t.join();
   for (const std::exception_ptr& error : errors)
     if (error) std::rethrow_exception(error);
+}
+
+// Calls fn(i) for i in [0, n) over parallel_ranges: the exception of the lowest i that threw
+// is rethrown on the caller's thread (each range stops at its first).
+template <class Fn>
+void parallel_for(int64_t n, Fn&& fn) {
+  parallel_ranges(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(i);
+  });
 }
 
 }  // namespace smla::cpu

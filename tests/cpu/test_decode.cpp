@@ -265,17 +265,25 @@ TEST(Decode, UnattendedNanRowsDoNotLeak) {
   }
 }
 
-// Work is split per (token, head group); the split must not change a single bit.
+// Work is split in (token, block of 4 heads) units over threads, a token's rows gathered by
+// each thread that has some of its blocks; the split must not change a single bit. One token's
+// heads too spread over threads, the last block partial when H is no multiple of 4.
 TEST(Decode, ThreadCountDoesNotChangeBits) {
-  DecodeCase c = make_case({.heads = 40, .requests = 4}, fresh_seed());
-  test::ThreadsEnv threads("1");
-  sparse_mla_decode(c.args());
-  const auto out = c.out.bytes, lse = c.lse.bytes;
-  poison_outputs(c);
-  threads.set("5");
-  sparse_mla_decode(c.args());
-  EXPECT_EQ(out, c.out.bytes) << c.summary;
-  EXPECT_EQ(lse, c.lse.bytes) << c.summary;
+  const CaseSpec specs[] = {
+      {.heads = 40, .requests = 4}, {.heads = 16, .q_lens = {1}}, {.heads = 6, .q_lens = {1}}};
+  for (const CaseSpec& spec : specs) {
+    DecodeCase c = make_case(spec, fresh_seed());
+    test::ThreadsEnv threads("1");
+    sparse_mla_decode(c.args());
+    const auto out = c.out.bytes, lse = c.lse.bytes;
+    for (const char* count : {"3", "5"}) {
+      poison_outputs(c);
+      threads.set(count);
+      sparse_mla_decode(c.args());
+      EXPECT_EQ(out, c.out.bytes) << count << " threads, " << c.summary;
+      EXPECT_EQ(lse, c.lse.bytes) << count << " threads, " << c.summary;
+    }
+  }
 }
 
 }  // namespace

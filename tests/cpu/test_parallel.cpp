@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <random>
@@ -76,6 +77,29 @@ TEST(Parallel, EachIndexOnce) {
     std::vector<std::atomic<int>> hits(n);
     parallel_for(n, [&](int64_t i) { hits[i]++; });
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << i << " of " << n;
+  }
+}
+
+// min(threads, n) ranges, none empty, that tile [0, n) and differ in size by at most one.
+TEST(Parallel, RangesTileTheIndicesEvenly) {
+  ThreadsEnv env("4");
+  for (int64_t n : {0, 1, 3, 6, 1001}) {
+    std::mutex mutex;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    parallel_ranges(n, [&](int64_t begin, int64_t end) {
+      const std::lock_guard<std::mutex> lock(mutex);
+      ranges.emplace_back(begin, end);
+    });
+    std::sort(ranges.begin(), ranges.end());
+    ASSERT_EQ(int64_t(ranges.size()), std::min<int64_t>(n, 4)) << n;
+    int64_t next = 0;
+    for (const auto& [begin, end] : ranges) {
+      EXPECT_EQ(begin, next) << n;
+      EXPECT_GE(end - begin, n / 4) << n;
+      EXPECT_LE(end - begin, (n + 3) / 4) << n;
+      next = end;
+    }
+    EXPECT_EQ(next, n);
   }
 }
 
