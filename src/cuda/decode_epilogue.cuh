@@ -1,4 +1,4 @@
-// The decode kernel's epilogue: final scaling, staged 16-byte output writes, and the in-launch
+// The decode kernel's epilogue: final scaling, 16-byte output writes, and the in-launch
 // reduction of split rows: in their cluster, or through the counters (SPEC §3).
 #pragma once
 #include "cuda/decode_layout.cuh"
@@ -43,8 +43,8 @@ __device__ __forceinline__ void zero_tail_heads(const DecodeParams& p, int token
   }
 }
 
-// Output rows are staged as bf16 in the idle KV buffers (kOutPitch apart), then written in
-// 16-byte chunks. Stages output columns (col, col + 1) of `row` (< heads_per_cta) from two f32
+// Split rows stage their output (and a cluster's CTAs their partial O) as bf16 in the idle KV
+// buffers (kOutPitch apart), then write it in 16-byte chunks. Stages output columns (col, col + 1) of `row` (< heads_per_cta) from two f32
 // values.
 __device__ __forceinline__ void stage_pair(uint8_t* smem, int row, int col, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(smem + Smem::kv + row * kOutPitch + col * 2) =
@@ -74,22 +74,43 @@ __device__ __forceinline__ void stage_o(const Consumer& c, uint8_t* smem, int r,
                c.o[4 * j + 2 * r] * factor, c.o[4 * j + 2 * r + 1] * factor);
 }
 
+// An unsplit row's output straight from the fragments, 16 bytes a store: a quad's 4 x 4 words
+// of blocks 4g..4g+3 transposed by two shuffle rounds (xor 2, then xor 1), so that lane q holds
+// the 16 bytes of block 4g + q. No barrier and no shared-memory round trip; 4-byte stores of
+// the fragments as they are measured 8-20% slower, staging through shared memory 0.4-1.7%
+// (docs/kernel.md).
 template <class Consumer>
 __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& w,
-                                             const Consumer& c, uint8_t* smem, int thread) {
-  // The stage overlays the KV tiles: the other warpgroup's last P.V may still read them.
-  ptx::named_sync(kEpilogueBarrier, 256);
+                                             const Consumer& c, const uint8_t* smem, int thread) {
+  const bool hi = c.lane & 2, odd = c.lane & 1;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = c.row_of(r);
-    if (row >= p.heads_per_cta) continue;
+    const int row = c.row_of(r), head = w.head0 + row;
     const float factor = row < w.live_heads
                              ? finish_row(p, w, smem, row, c.row_max[r], c.row_sum[r],
                                           c.half == 0 && c.lane % 4 == 0)
                              : 0.f;
-    stage_o(c, smem, r, factor);
+    const bool write = row < p.heads_per_cta && head < p.out_heads;  // the quad's alike
+    uint4* out = reinterpret_cast<uint4*>(out_row(p, w.token, head)) + c.half * 32 + c.lane % 4;
+#pragma unroll
+    for (int g = 0; g < 8; ++g) {
+      uint32_t a[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {  // fragment columns 8 (4g + k) + 2 (lane % 4), + 1
+        const int i = 4 * (4 * g + k) + 2 * r;
+        const __nv_bfloat162 h = __floats2bfloat162_rn(c.o[i] * factor, c.o[i + 1] * factor);
+        a[k] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+      const uint32_t r0 = __shfl_xor_sync(~0u, hi ? a[0] : a[2], 2);
+      const uint32_t r1 = __shfl_xor_sync(~0u, hi ? a[1] : a[3], 2);
+      if (hi) a[0] = r0, a[1] = r1; else a[2] = r0, a[3] = r1;
+      const uint32_t t0 = __shfl_xor_sync(~0u, odd ? a[0] : a[1], 1);
+      const uint32_t t1 = __shfl_xor_sync(~0u, odd ? a[2] : a[3], 1);
+      if (odd) a[0] = t0, a[2] = t1; else a[1] = t0, a[3] = t1;
+      if (write) out[4 * g] = make_uint4(a[0], a[1], a[2], a[3]);
+    }
   }
-  write_staged(p, w, smem, thread);
+  if (w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
 }
 
 // The last CTA of a split row sums every split's partial in split order (deterministic), each
