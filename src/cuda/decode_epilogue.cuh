@@ -44,8 +44,8 @@ __device__ __forceinline__ void zero_tail_heads(const DecodeParams& p, int token
 }
 
 // Split rows stage their output (and a cluster's CTAs their partial O) as bf16 in the idle KV
-// buffers (kOutPitch apart), then write it in 16-byte chunks. Stages output columns (col, col + 1) of `row` (< heads_per_cta) from two f32
-// values.
+// buffers (kOutPitch apart), then write it in 16-byte chunks. Stages output columns (col,
+// col + 1) of `row` (< heads_per_cta) from two f32 values.
 __device__ __forceinline__ void stage_pair(uint8_t* smem, int row, int col, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(smem + Smem::kv + row * kOutPitch + col * 2) =
       __floats2bfloat162_rn(a, b);
