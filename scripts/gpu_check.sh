@@ -75,11 +75,15 @@ for step in $steps; do
       run_step probe bench.log timeout -s KILL 120 "$BUILD/smla_copy_probe"
       run_step wgmma bench.log timeout -s KILL 120 "$BUILD/smla_wgmma_probe"
       run_step dsmem bench.log timeout -s KILL 120 "$BUILD/smla_dsmem_probe" ;;
-    profile)  # Nsight Compute's warp samples per instruction, one launch a layout at 128 x 2
+    profile)  # Nsight Compute's warp samples per instruction, one launch a layout (default 128 x 2,
+      # SMLA_PROFILE_SHAPE=HEADS:REQUESTS:TOKENS:TOPK), a sample every 32 cycles, its caches as
+      # the 40 launches before left them, as in the benchmark (flushed, a 2 x 2 fp8_ds_mla launch
+      # waited for instructions 2x as often)
       for kv in bf16 fp8_ds_mla fp8_e4m3; do
-        run_step "ncu $kv" bench.log bash -c "ncu --clock-control none -k regex:decode_kernel \
-          --launch-skip 4 --launch-count 1 --section SourceCounters --section WarpStateStats \
-          -o '$OUT/profile' -f '$BUILD/smla_bench' --kv $kv --shape 64:128:2:512 >/dev/null &&
+        run_step "ncu $kv" bench.log bash -c "ncu --clock-control none --cache-control none \
+          -k regex:decode_kernel --launch-skip 40 --launch-count 1 --warp-sampling-interval 0 \
+          --section SourceCounters --section WarpStateStats -o '$OUT/profile' -f \
+          '$BUILD/smla_bench' --kv $kv --shape ${SMLA_PROFILE_SHAPE:-64:128:2:512} >/dev/null &&
           ncu -i '$OUT/profile.ncu-rep' --page source --csv --print-source sass >'$OUT/profile.csv' &&
           scripts/ncu_stalls.py '$OUT/profile.csv'; rc=\$?; rm -f '$OUT'/profile.*; exit \$rc"
       done ;;

@@ -9,6 +9,7 @@ retries it, summed over every branch to the same loop) and the hottest instructi
 """
 import collections
 import csv
+import signal
 import sys
 
 SAMPLES = 'Warp Stall Sampling (All Samples)'
@@ -16,7 +17,9 @@ SAMPLES = 'Warp Stall Sampling (All Samples)'
 
 def main(path, top):
     rows = list(csv.reader(open(path, newline='')))
-    header = next(i for i, r in enumerate(rows) if 'Source' in r and SAMPLES in r)
+    header = next((i for i, r in enumerate(rows) if 'Source' in r and SAMPLES in r), None)
+    if header is None:
+        sys.exit(f'{path}: no source page with "{SAMPLES}" (ncu --page source --csv)')
     col = {name: i for i, name in enumerate(rows[header])}
     body = [r for r in rows[header + 1:] if len(r) == len(rows[header])]
     reasons = [n for n in col if n.startswith('stall_') and 'Not Issued' not in n]
@@ -72,6 +75,7 @@ def main(path, top):
 
 
 if __name__ == '__main__':
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into head: stop quietly
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 12)
