@@ -4,7 +4,8 @@
 // reads 128 bytes of four rows, with the L2 evict-first policy as at H <= 64) over 2 to 6
 // stages, released at once or, as the kernel's seesaw does, a tile or two later (hold); the
 // same without the policy; each instruction reading 512 contiguous bytes of one row (a row in
-// two, as the gather ceiling's loads); or TMA boxes of one row x 64 dims (the swizzle follows
+// two, as the gather ceiling's loads); the kernel's pattern by ld.global into registers and
+// stores, two tiles in flight; or TMA boxes of one row x 64 dims (the swizzle follows
 // the shared-memory address, so a one-row box lands where the kernel's layout wants it) issued
 // by one warp or by four.
 //   smla_copy_probe        prints the median over CTAs of when tiles were issued and arrived
@@ -25,8 +26,36 @@ namespace {
 using namespace smla::cuda;
 
 constexpr int kProbeMaxStages = 6, kMaxTiles = 32, kRowBytes = 1024;
-enum Copy { kCpAsync, kCpAsyncPlain, kCpAsyncRowwise, kTmaOneWarp, kTmaFourWarps };
-__host__ __device__ constexpr bool is_cp_async(Copy c) { return c < kTmaOneWarp; }
+enum Copy { kCpAsync, kCpAsyncPlain, kCpAsyncRowwise, kLoadStore, kTmaOneWarp, kTmaFourWarps };
+__host__ __device__ constexpr bool is_cp_async(Copy c) { return c < kLoadStore; }
+
+// kLoadStore: the warp's eight rows as the kernel's copies read them (128 bytes of four rows an
+// instruction), but by `ld.global.nc` into registers, stored into the stage once it is free;
+// the next tile's loads are issued before this one's stores, so two tiles are in flight.
+struct RowRegs {
+  uint4 v[16];
+  __device__ __forceinline__ void load(const char* row) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      const char* record = reinterpret_cast<const char*>(
+          __shfl_sync(~0u, reinterpret_cast<uintptr_t>(row), 4 * (4 * g + lane / 8)));
+#pragma unroll
+      for (int chunk = 0; chunk < 8; ++chunk)
+        v[8 * g + chunk] = __ldg(reinterpret_cast<const uint4*>(record) + chunk * 8 + lane % 8);
+    }
+  }
+  __device__ __forceinline__ void store(uint8_t* dst) const {
+    const int lane = threadIdx.x % 32, warp_row0 = producer_row() - lane / 4;
+#pragma unroll
+    for (int g = 0; g < 2; ++g)
+#pragma unroll
+      for (int chunk = 0; chunk < 8; ++chunk)
+        *reinterpret_cast<uint4*>(dst + chunk * kKvChunkBytes +
+                                  swizzle(warp_row0 + 4 * g + lane / 8, lane % 8)) =
+            v[8 * g + chunk];
+  }
+};
 
 // The warp's eight rows (this lane's row at `row`, four lanes a row), each in two instructions
 // of 512 contiguous bytes.
@@ -75,14 +104,34 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kProbeStages; ++s) {
-      ptx::mbar_init(&full[s], is_cp_async(kCopy) ? 128 : kCopy == kTmaOneWarp ? 1 : 4);
+      ptx::mbar_init(&full[s], kCopy <= kLoadStore ? 128 : kCopy == kTmaOneWarp ? 1 : 4);
       ptx::mbar_init(&empty[s], 256);
     }
     ptx::mbar_init_fence();
   }
   __syncthreads();
   const unsigned long long start = now_ns();
-  if (warp < 4) {
+  if (kCopy == kLoadStore && warp < 4) {
+    const auto row_of = [&](int n) {
+      return a.pool + int64_t(rows[n * kTileColumns + producer_row()]) * kRowBytes;
+    };
+    const auto put = [&](const RowRegs& r, int n) {  // tile n into its stage
+      const int stage = n % kProbeStages;
+      if (n >= kProbeStages) ptx::mbar_wait(&empty[stage], (n / kProbeStages - 1) & 1);
+      r.store(smem + stage * kTileBytes);
+      ptx::mbar_arrive(&full[stage]);
+      if (threadIdx.x == 0) stamps[n] = now_ns() - start;
+    };
+    RowRegs even, odd;
+    even.load(row_of(0));
+    for (int n = 0; n < a.tiles; n += 2) {  // two register sets, so no index is dynamic
+      if (n + 1 < a.tiles) odd.load(row_of(n + 1));
+      put(even, n);
+      if (n + 1 >= a.tiles) break;
+      if (n + 2 < a.tiles) even.load(row_of(n + 2));
+      put(odd, n + 1);
+    }
+  } else if (warp < 4) {
     for (int n = 0; n < a.tiles; ++n) {
       const int stage = n % kProbeStages;
       uint8_t* dst = smem + stage * kTileBytes;
@@ -181,6 +230,7 @@ int main() {
                  {probe<kCpAsync, 5, 2>, "5 st, hold 2"},
                  {probe<kCpAsync, 4, 2>, "4 st, hold 2"},
                  {probe<kCpAsyncRowwise, 4>, "cp.async rows"},
+                 {probe<kLoadStore, 4>, "ldg + sts"},
                  {probe<kTmaOneWarp, 4>, "tma 1 warp"},
                  {probe<kTmaFourWarps, 4>, "tma 4 warps"}};
   for (const auto& k : kernels)
