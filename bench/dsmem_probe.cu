@@ -4,10 +4,13 @@
 // chunks and reads each of them from every CTA of the cluster, sums them in split order and
 // writes them out. Variants of the read: the kernel's (every peer's chunk loaded, then summed),
 // the peers visited from the next rank on, two chunks a pass, and as baselines every load
-// from the CTA's own shared memory (through `mapa`, and plain). 256 threads a CTA (the
-// consumer warpgroups) and enough shared memory that one CTA runs per SM.
-//   smla_dsmem_probe   prints, per variant and shape, the median over CTAs of the read phase
-//                      and its bytes per microsecond, and checks every output chunk
+// from the CTA's own shared memory (through `mapa`, and plain), and mixed: a share of the chunks
+// (k of every 8) staged to global memory and read back from L2 beside the others' peer reads,
+// to see whether the two paths into an SM add up. 256 threads a CTA (the consumer warpgroups)
+// and enough shared memory that one CTA runs per SM.
+//   smla_dsmem_probe   prints, per variant and shape, the medians over CTAs of staging plus the
+//                      cluster barrier and of the read phase, the reads' bytes per microsecond,
+//                      and checks every output chunk
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -24,13 +27,14 @@
 namespace {
 using namespace smla::cuda;
 
-enum Read { kPeers, kRotated, kTwoChunks, kOwnMapa, kOwnPlain };
+enum Read { kPeers, kRotated, kTwoChunks, kOwnMapa, kOwnPlain, kMixed };
 constexpr int kProbeThreads = 256, kMaxSplits8 = 8, kProbeSmem = 200 * 1024;
 
 struct ProbeArgs {
   int heads, repeats;
   uint4* out;                  // [cta / splits][heads][kRowChunks]
-  unsigned long long* stamps;  // [cta][2]: reads done, end (ns from the first barrier)
+  uint4* staged;               // [cta][heads][kRowChunks]: kMixed's chunks through L2
+  unsigned long long* stamps;  // [cta][3]: barrier passed, reads done, end (ns from staging)
 };
 
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -63,16 +67,27 @@ __device__ __forceinline__ uint4 load(const uint4* at, int rank) {
   return *ptx::cluster_map(at, from);
 }
 
-template <Read kRead>
-__device__ __forceinline__ uint4 reduce_chunk(const uint8_t* smem, int i, int splits, int me) {
+// kMixed: chunk i goes through L2 when i % 8 < kL2Eighths (whole threads, as 8 divides the
+// CTA's thread count, so both paths have loads in flight at once).
+template <int kL2Eighths>
+__device__ __forceinline__ bool through_l2(int i) {
+  return i % 8 < kL2Eighths;
+}
+
+template <Read kRead, int kL2Eighths = 0>
+__device__ __forceinline__ uint4 reduce_chunk(const uint8_t* smem, const uint4* staged, int chunks,
+                                              int i, int splits, int me) {
   const int row = i / kRowChunks, unit = i % kRowChunks;
   const uint4* at = reinterpret_cast<const uint4*>(smem + row * kOutPitch) + unit;
+  const bool l2 = kRead == kMixed && through_l2<kL2Eighths>(i);
   // kRotated sums in the order it loads (exact for the probe's small integers; in the kernel
   // still the same order every launch, as a chunk's owner is fixed).
   uint4 v[kMaxSplits8];
 #pragma unroll
   for (int s = 0; s < kMaxSplits8; ++s)
-    if (s < splits) v[s] = load<kRead>(at, kRead == kRotated ? (me + 1 + s) % splits : s);
+    if (s < splits)
+      v[s] = l2 ? __ldcg(staged + int64_t(s) * chunks + i)
+                : load<kRead>(at, kRead == kRotated ? (me + 1 + s) % splits : s);
   float2 acc[4] = {};
 #pragma unroll
   for (int s = 0; s < kMaxSplits8; ++s)
@@ -91,22 +106,28 @@ __device__ __forceinline__ uint4 reduce_chunk(const uint8_t* smem, int i, int sp
   return out;
 }
 
-template <Read kRead>
+template <Read kRead, int kL2Eighths = 0>
 __global__ void __launch_bounds__(kProbeThreads, 1) probe(ProbeArgs a) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   ptx::griddep_wait();
   const int splits = int(cluster_size()), me = int(cluster_rank());
   const int chunks = a.heads * kRowChunks;
+  const uint4* staged = a.staged + int64_t(blockIdx.x - me) * chunks;
+  ptx::cluster_sync();
+  const unsigned long long start = now_ns();
   for (int i = threadIdx.x; i < chunks; i += kProbeThreads) {
     const int row = i / kRowChunks, unit = i % kRowChunks;
     uint4 v;
     auto* h = reinterpret_cast<__nv_bfloat16*>(&v);
     for (int k = 0; k < 8; ++k) h[k] = __int2bfloat16_rn(element(me, row, unit, k));
-    *reinterpret_cast<uint4*>(smem + row * kOutPitch + unit * 16) = v;
+    if (kRead == kMixed && through_l2<kL2Eighths>(i))
+      a.staged[int64_t(blockIdx.x) * chunks + i] = v;
+    else
+      *reinterpret_cast<uint4*>(smem + row * kOutPitch + unit * 16) = v;
   }
   ptx::cluster_sync();
-  const unsigned long long start = now_ns();
+  const unsigned long long passed = now_ns();
   const int begin = me * chunks / splits, end = (me + 1) * chunks / splits;
   uint4* out = a.out + int64_t(blockIdx.x / splits) * chunks;
   for (int r = 0; r < a.repeats; ++r) {
@@ -114,21 +135,22 @@ __global__ void __launch_bounds__(kProbeThreads, 1) probe(ProbeArgs a) {
 #pragma unroll 1
       for (int i = begin + threadIdx.x; i < end; i += 2 * kProbeThreads) {
         const int j = i + kProbeThreads;
-        const uint4 x = reduce_chunk<kPeers>(smem, i, splits, me);
-        if (j < end) out[j] = reduce_chunk<kPeers>(smem, j, splits, me);
+        const uint4 x = reduce_chunk<kPeers>(smem, staged, chunks, i, splits, me);
+        if (j < end) out[j] = reduce_chunk<kPeers>(smem, staged, chunks, j, splits, me);
         out[i] = x;
       }
     } else {
 #pragma unroll 1
       for (int i = begin + threadIdx.x; i < end; i += kProbeThreads)
-        out[i] = reduce_chunk<kRead>(smem, i, splits, me);
+        out[i] = reduce_chunk<kRead, kL2Eighths>(smem, staged, chunks, i, splits, me);
     }
   }
-  const unsigned long long reads = now_ns() - start;
+  const unsigned long long reads = now_ns();
   ptx::cluster_sync_relaxed();
   if (threadIdx.x == 0) {
-    a.stamps[2 * blockIdx.x] = reads;
-    a.stamps[2 * blockIdx.x + 1] = now_ns() - start;
+    a.stamps[3 * blockIdx.x] = passed - start;
+    a.stamps[3 * blockIdx.x + 1] = reads - passed;
+    a.stamps[3 * blockIdx.x + 2] = now_ns() - start;
   }
 }
 
@@ -168,10 +190,11 @@ long long check(const uint4* out, int clusters, int heads, int splits, bool own)
 
 int main() {
   constexpr int kMaxCtas = 132, kMaxHeads = 64;
-  uint4* out;
+  uint4 *out, *staged;
   unsigned long long* stamps;
   SMLA_CUDA_CHECK(cudaMalloc(&out, kMaxCtas * kMaxHeads * kRowChunks * sizeof(uint4)));
-  SMLA_CUDA_CHECK(cudaMalloc(&stamps, kMaxCtas * 2 * sizeof(unsigned long long)));
+  SMLA_CUDA_CHECK(cudaMalloc(&staged, kMaxCtas * kMaxHeads * kRowChunks * sizeof(uint4)));
+  SMLA_CUDA_CHECK(cudaMalloc(&stamps, kMaxCtas * 3 * sizeof(unsigned long long)));
   const struct {
     void (*kernel)(ProbeArgs);
     const char* name;
@@ -180,39 +203,46 @@ int main() {
                  {probe<kRotated>, "rotated", false},
                  {probe<kTwoChunks>, "two chunks", false},
                  {probe<kOwnMapa>, "own mapa", true},
-                 {probe<kOwnPlain>, "own plain", true}};
+                 {probe<kOwnPlain>, "own plain", true},
+                 {probe<kMixed, 2>, "L2 2/8", false},
+                 {probe<kMixed, 4>, "L2 4/8", false},
+                 {probe<kMixed, 8>, "L2 8/8", false}};
   for (const auto& k : kernels) {
     SMLA_CUDA_CHECK(
         cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kProbeSmem));
   }
-  printf("%-11s %6s %5s %4s %7s | %8s %8s | %s\n", "read", "splits", "heads", "ctas", "repeats",
-         "reads us", "end us", "bytes a CTA per us (reads)");
+  printf("%-11s %6s %5s %4s %7s | %8s %8s %8s | %s\n", "read", "splits", "heads", "ctas",
+         "repeats", "stage us", "reads us", "end us", "bytes a CTA per us (reads)");
   long long wrong = 0;
   for (const int heads : {32, 64})
     for (const int splits : {2, 4, 7, 8})
       for (const int ctas : {56 / splits * splits, 112 / splits * splits})
         for (const int repeats : {1, 4})
           for (const auto& k : kernels) {
-            std::vector<unsigned long long> reads, ends;
+            std::vector<unsigned long long> stages, reads, ends;
             for (int rep = 0; rep < 6; ++rep) {  // rep 0 warms up
               SMLA_CUDA_CHECK(cudaMemset(out, 0xff, ctas / splits * heads * kRowChunks * 16));
               launch_early("the DSMEM probe", k.kernel, dim3(ctas), dim3(kProbeThreads), kProbeSmem,
-                           nullptr, splits, ProbeArgs{heads, repeats, out, stamps});
+                           nullptr, splits, ProbeArgs{heads, repeats, out, staged, stamps});
               SMLA_CUDA_CHECK(cudaDeviceSynchronize());
-              std::vector<unsigned long long> s(2 * ctas);
+              std::vector<unsigned long long> s(3 * ctas);
               SMLA_CUDA_CHECK(
                   cudaMemcpy(s.data(), stamps, s.size() * sizeof(s[0]), cudaMemcpyDeviceToHost));
               if (rep == 0) continue;
               if (rep == 1) wrong += check(out, ctas / splits, heads, splits, k.own);
-              for (int c = 0; c < ctas; ++c)
-                reads.push_back(s[2 * c]), ends.push_back(s[2 * c + 1]);
+              for (int c = 0; c < ctas; ++c) {
+                stages.push_back(s[3 * c]);
+                reads.push_back(s[3 * c + 1]);
+                ends.push_back(s[3 * c + 2]);
+              }
             }
             const double us = median_us(reads);
             const double bytes = double(heads) * kRowChunks * 16 * repeats;  // all CTAs' chunks
-            printf("%-11s %6d %5d %4d %7d | %8.2f %8.2f | %.0f\n", k.name, splits, heads, ctas,
-                   repeats, us, median_us(ends), bytes / us);
+            printf("%-11s %6d %5d %4d %7d | %8.2f %8.2f %8.2f | %.0f\n", k.name, splits, heads,
+                   ctas, repeats, median_us(stages), us, median_us(ends), bytes / us);
           }
   SMLA_CUDA_CHECK(cudaFree(out));
+  SMLA_CUDA_CHECK(cudaFree(staged));
   SMLA_CUDA_CHECK(cudaFree(stamps));
   printf("output elements that did not match: %lld\n", wrong);
   return wrong == 0 ? 0 : 1;
