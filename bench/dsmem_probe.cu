@@ -8,9 +8,12 @@
 // (k of every 8) staged to global memory and read back from L2 beside the others' peer reads,
 // to see whether the two paths into an SM add up. 256 threads a CTA (the consumer warpgroups)
 // and enough shared memory that one CTA runs per SM.
+// Then what one synchronization of a cluster's CTAs costs: `barrier.cluster` (release /
+// acquire, and relaxed) against each CTA arriving on every peer's mbarrier (release at cluster
+// scope, one thread after a CTA barrier) and waiting on its own.
 //   smla_dsmem_probe   prints, per variant and shape, the medians over CTAs of staging plus the
 //                      cluster barrier and of the read phase, the reads' bytes per microsecond,
-//                      and checks every output chunk
+//                      and checks every output chunk; then each synchronization's median cost
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -154,6 +157,55 @@ __global__ void __launch_bounds__(kProbeThreads, 1) probe(ProbeArgs a) {
   }
 }
 
+enum Sync { kBarrier, kBarrierRelaxed, kPeerArrive };
+constexpr int kSyncRounds = 64;
+
+// Arrives on the mbarrier at `bar` (this CTA's shared address) of cluster CTA `rank`.
+__device__ __forceinline__ void arrive_on_peer(uint32_t bar, int rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+__device__ __forceinline__ void wait_cluster(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// kSyncRounds synchronizations of the cluster; stamps[cta] = ns a round.
+template <Sync kSync>
+__global__ void __launch_bounds__(kProbeThreads, 1) sync_probe(unsigned long long* stamps) {
+  __shared__ uint64_t bar;
+  const int splits = int(cluster_size());
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(&bar, splits);
+    ptx::mbar_init_fence();
+  }
+  ptx::cluster_sync();
+  const unsigned long long start = now_ns();
+  for (int r = 0; r < kSyncRounds; ++r) {
+    if constexpr (kSync == kBarrier) {
+      ptx::cluster_sync();
+    } else if constexpr (kSync == kBarrierRelaxed) {
+      ptx::cluster_sync_relaxed();
+    } else {
+      __syncthreads();
+      if (threadIdx.x < splits) arrive_on_peer(ptx::smem_addr(&bar), threadIdx.x);
+      wait_cluster(ptx::smem_addr(&bar), r & 1);
+    }
+  }
+  const unsigned long long end = now_ns();
+  ptx::cluster_sync();  // no CTA exits while a peer may still arrive on its barrier
+  if (threadIdx.x == 0) stamps[blockIdx.x] = (end - start) / kSyncRounds;
+}
+
 double median_us(std::vector<unsigned long long> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2] * 1e-3;
@@ -241,6 +293,29 @@ int main() {
             printf("%-11s %6d %5d %4d %7d | %8.2f %8.2f %8.2f | %.0f\n", k.name, splits, heads,
                    ctas, repeats, median_us(stages), us, median_us(ends), bytes / us);
           }
+  printf("\n%-15s %6s %4s | %s\n", "sync", "splits", "ctas", "ns a synchronization (median)");
+  const struct {
+    void (*kernel)(unsigned long long*);
+    const char* name;
+  } syncs[] = {{sync_probe<kBarrier>, "barrier"},
+               {sync_probe<kBarrierRelaxed>, "barrier relaxed"},
+               {sync_probe<kPeerArrive>, "peer arrivals"}};
+  for (const int splits : {2, 4, 7, 8})
+    for (const int ctas : {56 / splits * splits, 112 / splits * splits})
+      for (const auto& k : syncs) {
+        std::vector<unsigned long long> ns;
+        for (int rep = 0; rep < 6; ++rep) {  // rep 0 warms up
+          launch_early("the cluster sync probe", k.kernel, dim3(ctas), dim3(kProbeThreads), 0,
+                       nullptr, splits, stamps);
+          SMLA_CUDA_CHECK(cudaDeviceSynchronize());
+          std::vector<unsigned long long> s(ctas);
+          SMLA_CUDA_CHECK(
+              cudaMemcpy(s.data(), stamps, s.size() * sizeof(s[0]), cudaMemcpyDeviceToHost));
+          if (rep > 0) ns.insert(ns.end(), s.begin(), s.end());
+        }
+        std::sort(ns.begin(), ns.end());
+        printf("%-15s %6d %4d | %llu\n", k.name, splits, ctas, ns[ns.size() / 2]);
+      }
   SMLA_CUDA_CHECK(cudaFree(out));
   SMLA_CUDA_CHECK(cudaFree(staged));
   SMLA_CUDA_CHECK(cudaFree(stamps));
