@@ -63,26 +63,15 @@ __device__ __forceinline__ void write_staged(const DecodeParams& p, const Work& 
   if (w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
 }
 
-// Stages this warp's 16 fragment rows (row_of(0..1) < heads_per_cta) as bf16, four 8 x 8
-// blocks a `stmatrix`: fragment `o` element i sits at row row_of((i >> 1) & 1) and column
-// 8 (i / 4) + 2 (lane % 4) + (i & 1) of this warpgroup's half, as in an 8 x 8 block's fragment.
+// Stages this thread's part of fragment row r (row_of(r) < heads_per_cta) times `factor`.
+// Fragment `o` element i sits at row row_of((i >> 1) & 1) and column 8 (i / 4) + 2 (lane % 4)
+// + (i & 1) of this warpgroup's half.
 template <class Consumer>
-__device__ __forceinline__ void stage_o(const Consumer& c, uint8_t* smem) {
-  const int block = c.lane / 8;  // the block whose row this lane addresses
-  const int row = c.warp * 16 + 8 * (block % 2) + c.lane % 8;
-  const uint32_t at = ptx::smem_addr(smem + Smem::kv + row * kOutPitch) +
-                      (c.half * 256 + 8 * (block / 2)) * 2;
+__device__ __forceinline__ void stage_o(const Consumer& c, uint8_t* smem, int r, float factor) {
 #pragma unroll
-  for (int j = 0; j < 32; j += 2) {
-    uint32_t words[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {  // block k: columns 8 (j + k / 2), rows 8 (k % 2)
-      const int i = 4 * (j + k / 2) + 2 * (k % 2);
-      const __nv_bfloat162 h = __floats2bfloat162_rn(c.o[i], c.o[i + 1]);
-      words[k] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-    ptx::stmatrix_x4(at + j * 16, words);
-  }
+  for (int j = 0; j < 32; ++j)
+    stage_pair(smem, c.row_of(r), c.half * 256 + 8 * j + 2 * (c.lane % 4),
+               c.o[4 * j + 2 * r] * factor, c.o[4 * j + 2 * r + 1] * factor);
 }
 
 // An unsplit row's output straight from the fragments, 16 bytes a store: a quad's 4 x 4 words
@@ -249,12 +238,12 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
   // still read them.
   ptx::named_sync(kEpilogueBarrier, 256);
   float2* ml = reinterpret_cast<float2*>(smem + Smem::q);  // [row]
-  if (c.row_of(0) < heads) {  // whole warps
-    stage_o(c, smem);
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (c.half == 0 && c.lane % 4 == 0)
-        ml[c.row_of(r)] = make_float2(c.row_max[r], c.row_sum[r]);
+  for (int r = 0; r < 2; ++r) {
+    const int row = c.row_of(r);
+    if (row >= heads) continue;
+    stage_o(c, smem, r, 1.f);
+    if (c.half == 0 && c.lane % 4 == 0) ml[row] = make_float2(c.row_max[r], c.row_sum[r]);
   }
   ptx::cluster_sync();
 
