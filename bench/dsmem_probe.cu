@@ -313,8 +313,7 @@ int main() {
               cudaMemcpy(s.data(), stamps, s.size() * sizeof(s[0]), cudaMemcpyDeviceToHost));
           if (rep > 0) ns.insert(ns.end(), s.begin(), s.end());
         }
-        std::sort(ns.begin(), ns.end());
-        printf("%-15s %6d %4d | %llu\n", k.name, splits, ctas, ns[ns.size() / 2]);
+        printf("%-15s %6d %4d | %.0f\n", k.name, splits, ctas, median_us(ns) * 1e3);
       }
   SMLA_CUDA_CHECK(cudaFree(out));
   SMLA_CUDA_CHECK(cudaFree(staged));
