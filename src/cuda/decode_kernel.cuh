@@ -77,13 +77,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::bars);
     for (int s = 0; s < kStages<L>; ++s) {
-      ptx::mbar_init(&bars[s], 128 + 32);          // full: 128 producer threads + 32 bias writers
+      // full: 128 producer threads + 32 bias writers (unless they go with raw_full)
+      ptx::mbar_init(&bars[s], scores_on_landed<kF16, kQueryTma>(p) ? 128 : 128 + 32);
       ptx::mbar_init(&bars[kStages<L> + s], 256);  // empty: every consumer thread
     }
     ConsumerOf<L, kF16, kQueryTma>::init_barriers(bars);
     if constexpr (kF16)
-      for (int i = 0; i < RawTile<L, true>::kBuffers; ++i)
+      for (int i = 0; i < RawTile<L, true>::kBuffers; ++i) {
         ptx::mbar_init(&raw_bars<L>(smem)[i], 128);
+        ptx::mbar_init(&raw_full<L>(smem)[i], 128 + 32);
+      }
     ptx::mbar_init_fence();
   }
   ptx::griddep_wait();  // the previous kernel (a table build, a layer) may write what we read
@@ -116,6 +119,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       produce_bf16(p, w, smem, indices);
     else if (L == KvLayout::fp8_ds_mla && !kQueryTma && p.num_splits > 1)  // see produce_fp8
       produce_fp8<L, kF16, kProducerTopk, L == KvLayout::fp8_ds_mla>(p, w, smem, indices);
+    else if (scores_on_landed<kF16, kQueryTma>(p))
+      produce_fp8<L, kF16, kProducerTopk, false, kF16 && !kQueryTma>(p, w, smem, indices);
     else
       produce_fp8<L, kF16, kProducerTopk, false>(p, w, smem, indices);
     indices.finish(p);

@@ -65,7 +65,7 @@ struct Smem {  // byte offsets from a 1024-aligned base
   // TopkColumns' staged offsets, past the exchange: the combine overwrites them only after the
   // last tile, whose offsets the producer read before it filled the tile.
   static constexpr int topk = xch + xch_bytes;
-  // Each stage's column biases, float [stage][column] (publish_bias).
+  // Each stage's column biases, float [stage][column] (publish_bias; kF16: per raw buffer).
   static constexpr int bias = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
   // full[kStages<L>], then empty[kStages<L>] (room for kMaxStages each), then at 2 kMaxStages
   // the seesaw's P handover (4)
@@ -91,17 +91,33 @@ __device__ __forceinline__ int raw_offset(int i) {
   else
     return Smem::raw<L> + i * kBytes;
 }
-// kF16: raw buffer i is free again once its tile's scores are done (128 arrivals: the
-// warpgroup that computed them).
+// kF16: raw buffer i is free again once its tile's scores are done and masked (128 arrivals:
+// the warpgroup that computed them).
 template <KvLayout L>
 __device__ __forceinline__ uint64_t* raw_bars(uint8_t* smem) {
   return reinterpret_cast<uint64_t*>(smem + Smem::raw<L> + 2 * RawTile<L, true>::kBytes);
 }
-static_assert(2 * RawTile<KvLayout::fp8_e4m3, true>::kBytes + 4 * 8 <=
+// kF16 split plans (scores_on_landed): raw buffer i's records have landed and its column
+// biases are written (128 copying threads + 32 bias writers).
+template <KvLayout L>
+__device__ __forceinline__ uint64_t* raw_full(uint8_t* smem) {
+  return raw_bars<L>(smem) + RawTile<L, true>::kBuffers;
+}
+static_assert(2 * RawTile<KvLayout::fp8_e4m3, true>::kBytes + 8 * 8 <=
                   RawTile<KvLayout::fp8_e4m3>::kBuffers * RawTile<KvLayout::fp8_e4m3>::kBytes,
               "kF16's first two raw buffers and their barriers fit in the raw region");
 static_assert(4 * kQChunkBytes + 2 * RawTile<KvLayout::fp8_e4m3, true>::kBytes == Smem::xch,
               "kF16's last two raw buffers fill the query's upper half");
+// kF16 split plans: a tile's scores start once its records land in their raw buffer (raw_full,
+// column biases per raw buffer), its P.V once its stage is converted: split plans' CTAs have
+// few tiles, and the conversion was on their critical path (2 x 2 H=64 -4.3%); unsplit plans
+// measured 2-5% slower so (docs/kernel.md). Both sides compile the two ways apart.
+template <bool kF16, bool kQueryTma>
+__device__ __forceinline__ bool scores_on_landed(const DecodeParams& p) {
+  return kF16 && !kQueryTma && p.num_splits > 1;
+}
+static_assert(RawTile<KvLayout::fp8_e4m3, true>::kBuffers <= kMaxStages,
+              "kF16's column biases are laid out per raw buffer");
 static_assert(Smem::xch_bytes + kMaxTopk * 4 <= Smem::combine_bytes,
               "the staged top-k offsets fit where the combine goes");
 // The epilogue stages bf16 O rows from Smem::kv on (decode_epilogue.cuh); the pad spreads a

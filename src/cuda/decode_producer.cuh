@@ -287,15 +287,17 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
 }
 
 // fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage.
-// kF16: a raw buffer is copied into again once the consumers' scores of its tile are done.
+// kF16: a raw buffer is copied into again once the consumers' scores of its tile are done
+// kLanded (scores_on_landed): and masked; the column biases go with the records (raw_full).
 // kRopeDirect (fp8_ds_mla): tile n+1's RoPE chunks go straight into its stage once tile n is
 // converted, so that stage is waited for a conversion earlier: for split plans, whose CTAs have
 // few tiles (2 x 2: H=64 -2.1%, H=128 -0.9%), not unsplit ones (128 x 2 +0.2 to +0.4%;
 // docs/kernel.md).
-template <KvLayout L, bool kF16, int kProducerTopk, bool kRopeDirect>
+template <KvLayout L, bool kF16, int kProducerTopk, bool kRopeDirect, bool kLanded = false>
 __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w, uint8_t* smem,
                                             IndexPipe<kProducerTopk>& indices) {
   static_assert(!kRopeDirect || L == KvLayout::fp8_ds_mla, "RoPE chunks: fp8_ds_mla");
+  static_assert(!kLanded || kF16, "scores on landed records: kF16");
   constexpr int kNumStages = kStages<L>, kRaws = RawTile<L, kF16>::kBuffers;
   using Rows = Fp8Rows<L, kF16>;
   const int row = producer_row(), part = threadIdx.x % 4;
@@ -311,15 +313,22 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
   };
   if (w.tile_begin >= w.tile_end) return;
   const bool stream = stream_rows<L, kF16>(p);
-  const auto copy = [&](const RowSource& from, uint8_t* raw) {
+  // Tile n's records into raw buffer n % kRaws (kLanded: the scores wait for them there).
+  const auto copy = [&](const RowSource& from, int n) {
+    uint8_t* raw = raw_buffer(n % kRaws);
     if (stream)
       Rows::template copy<true, kRopeDirect>(from, raw, row, part);
     else
       Rows::template copy<false, kRopeDirect>(from, raw, row, part);
+    if constexpr (kLanded) {
+      uint64_t* landed = &raw_full<L>(smem)[n % kRaws];
+      ptx::cp_async_arrive(landed);
+      publish_bias(smem, landed, n % kRaws, row, part, from.valid);
+    }
   };
   RowSource src =
       row_source(p, w, w.tile_begin * kTileColumns + row, indices.pop(p, w, smem, w.tile_begin));
-  copy(src, raw_buffer(0));
+  copy(src, 0);
   if constexpr (kRopeDirect) copy_rope(src, 0);
   ptx::cp_async_commit();
   int n = 0;
@@ -330,7 +339,7 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
       if constexpr (kF16)
         if (n + 1 >= kRaws)
           ptx::mbar_wait(&raw_bars<L>(smem)[(n + 1) % kRaws], ((n + 1) / kRaws - 1) & 1);
-      copy(src, raw_buffer((n + 1) % kRaws));
+      copy(src, n + 1);
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // tile n's copies have landed (kRopeDirect: its RoPE too)
@@ -340,7 +349,7 @@ __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w
                                         smem + Smem::kv + stage * kTileBytes, row, part);
     ptx::fence_proxy_async();  // st.shared (and the RoPE cp.async), then wgmma reads
     ptx::mbar_arrive(&full[stage]);
-    publish_bias(smem, &full[stage], stage, row, part, valid);
+    if constexpr (!kLanded) publish_bias(smem, &full[stage], stage, row, part, valid);
     if constexpr (kRopeDirect) {  // waited for with tile n + 2's raw copies
       if (tile + 1 < w.tile_end) copy_rope(src, n + 1);
       ptx::cp_async_commit();

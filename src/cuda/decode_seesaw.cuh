@@ -44,6 +44,9 @@ struct SeesawConsumer
   __device__ __forceinline__ int row_of(int r) const { return warp * 16 + lane / 4 + 8 * r; }
 
   __device__ __forceinline__ void release(int tile) { ptx::mbar_arrive(&empty[tile % kNumStages]); }
+  __device__ __forceinline__ uint8_t* smem_base() const {
+    return reinterpret_cast<uint8_t*>(full) - Smem::bars;
+  }
 
   // P word w, scaled (P of a partner tile moved to this warpgroup's base).
   static __device__ __forceinline__ uint32_t scaled(uint32_t w, float factor) {
@@ -63,10 +66,17 @@ struct SeesawConsumer
     // wgmma descriptors in uniform registers.
     tiles = __shfl_sync(~0u, tiles, 0);
     if (tiles <= 0) return;
+    if constexpr (kF16 && !kQueryTma)
+      if (scores_on_landed<kF16, kQueryTma>(p)) return run_as<true>(tiles, p);
+    run_as<false>(tiles, p);
+  }
+  // kLanded (scores_on_landed): my scores wait for the tile's records, my handover for its stage.
+  template <bool kLanded>
+  __device__ __forceinline__ void run_as(int tiles, const DecodeParams& p) {
     int n = __shfl_sync(~0u, half, 0);
-    if (n == 0) step<true, false>(n, p), n = 2;
-    for (; n < tiles; n += 2) step<true, true>(n, p);
-    if (n == tiles) step<false, true>(n, p);
+    if (n == 0) step<kLanded, true, false>(n, p), n = 2;
+    for (; n < tiles; n += 2) step<kLanded, true, true>(n, p);
+    if (n == tiles) step<kLanded, false, true>(n, p);
   }
 
   // The partner's P of its tile n - 1 (A-operand words) and the bases it is relative to.
@@ -85,10 +95,12 @@ struct SeesawConsumer
   }
 
   // My tile n's scores in log2 units, masked columns -inf (their rows are zeros); each row's max.
+  template <bool kLanded>
   __device__ __forceinline__ void mask_scores(int n, float (&s)[kScores], float (&tile_max)[2],
                                               const DecodeParams& p) const {
     ptx::fence_operands(s);
-    const float* b_col = bias + (n % kNumStages) * kTileColumns + 2 * (lane % 4);
+    const float* b_col =
+        bias + (kLanded ? n % kRawBuffers : n % kNumStages) * kTileColumns + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float2 b = *reinterpret_cast<const float2*>(b_col + 8 * j);
@@ -107,6 +119,7 @@ struct SeesawConsumer
   }
 
   // My tile n's P at my base, added to my sums and handed to the partner through SeesawXch.
+  template <bool kLanded>
   __device__ __forceinline__ void hand_over_p(int n, const float (&s)[kScores],
                                               uint32_t (&pa)[Core::kPSteps][4]) {
 #pragma unroll
@@ -121,6 +134,8 @@ struct SeesawConsumer
       }
     }
     if (n >= 2) ptx::mbar_wait(&handover[2 + half], (n / 2 - 1) & 1);  // my last P was read
+    // The P.V of my tile (the partner's too, after this handover) reads its converted stage.
+    if constexpr (kLanded) ptx::mbar_wait(&full[n % kNumStages], (n / kNumStages) & 1);
     uint4* mine = reinterpret_cast<uint4*>(xch + SeesawXch::p) + (half * 128 + tid) * 2;
     mine[0] = make_uint4(pa[0][0], pa[0][1], pa[0][2], pa[0][3]);
     mine[1] = make_uint4(pa[1][0], pa[1][1], pa[1][2], pa[1][3]);
@@ -137,7 +152,7 @@ struct SeesawConsumer
   // serializes every wgmma when o may be in flight at a rescale.
   // Score fragment element 4j + 2r + e is row r, column 8j + 2 (lane % 4) + e; P's A-operand
   // word [k][i] is row i & 1.
-  template <bool own, bool partner>
+  template <bool kLanded, bool own, bool partner>
   __device__ __forceinline__ void step(int n, const DecodeParams& p) {
     ptx::wgmma_wait<0>();
     ptx::fence_operands(o);
@@ -145,7 +160,11 @@ struct SeesawConsumer
     held = -1;
     float s[kScores];
     if constexpr (own) {
-      ptx::mbar_wait(&full[n % kNumStages], (n / kNumStages) & 1);
+      if constexpr (kLanded)
+        ptx::mbar_wait(&raw_full<KvLayout::fp8_e4m3>(smem_base())[n % kRawBuffers],
+                       (n / kRawBuffers) & 1);
+      else
+        ptx::mbar_wait(&full[n % kNumStages], (n / kNumStages) & 1);
       if constexpr (kCopiedRows) ptx::fence_proxy_async();
       this->issue_scores(s, n % (kF16 ? kRawBuffers : kNumStages));
     }
@@ -178,16 +197,17 @@ struct SeesawConsumer
       ptx::wgmma_commit();  // an empty group, so that wait<1> below waits for the scores
     }
     ptx::wgmma_wait<1>();
-    if constexpr (kF16 && own)  // the tile's raw buffer is free for the producer (full: bars)
-      ptx::mbar_arrive(&raw_bars<KvLayout::fp8_e4m3>(reinterpret_cast<uint8_t*>(full) -
-                                                     Smem::bars)[n % kRawBuffers]);
+    if constexpr (kF16 && own && !kLanded)  // the tile's raw buffer is free for the producer
+      ptx::mbar_arrive(&raw_bars<KvLayout::fp8_e4m3>(smem_base())[n % kRawBuffers]);
     // My tile's max past the threshold (also the first attended tile) raises my base; o moves
     // to it once the partner's P.V is done.
     float raise[2] = {1.f, 1.f};
     uint32_t pa[Core::kPSteps][4];
     if constexpr (own) {
       float tile_max[2] = {-INFINITY, -INFINITY};
-      mask_scores(n, s, tile_max, p);
+      mask_scores<kLanded>(n, s, tile_max, p);
+      if constexpr (kLanded)  // the tile's raw buffer and its biases are free for the producer
+        ptx::mbar_arrive(&raw_bars<KvLayout::fp8_e4m3>(smem_base())[n % kRawBuffers]);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if (tile_max[r] > row_max[r] + kRescaleThreshold<kF16>) {
@@ -197,7 +217,7 @@ struct SeesawConsumer
           row_max[r] = base;
         }
       }
-      hand_over_p(n, s, pa);
+      hand_over_p<kLanded>(n, s, pa);
     }
     if constexpr (partner) {
       ptx::wgmma_wait<0>();  // the partner's stage goes back at once
