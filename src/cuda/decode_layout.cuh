@@ -65,7 +65,7 @@ struct Smem {  // byte offsets from a 1024-aligned base
   // TopkColumns' staged offsets, past the exchange: the combine overwrites them only after the
   // last tile, whose offsets the producer read before it filled the tile.
   static constexpr int topk = xch + xch_bytes;
-  // Each stage's column biases, float [stage][column] (publish_bias; kF16: per raw buffer).
+  // Each stage's column biases, float [stage][column] (publish_bias; scores_on_landed: per raw buffer).
   static constexpr int bias = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
   // full[kStages<L>], then empty[kStages<L>] (room for kMaxStages each), then at 2 kMaxStages
   // the seesaw's P handover (4)
@@ -110,7 +110,7 @@ static_assert(4 * kQChunkBytes + 2 * RawTile<KvLayout::fp8_e4m3, true>::kBytes =
               "kF16's last two raw buffers fill the query's upper half");
 // kF16 split plans: a tile's scores start once its records land in their raw buffer (raw_full,
 // column biases per raw buffer), its P.V once its stage is converted: split plans' CTAs have
-// few tiles, and the conversion was on their critical path (2 x 2 H=64 -4.3%); unsplit plans
+// few tiles, and the conversion was on their critical path (2 x 2 H=64 -2.6%); unsplit plans
 // measured 2-5% slower so (docs/kernel.md). Both sides compile the two ways apart.
 template <bool kF16, bool kQueryTma>
 __device__ __forceinline__ bool scores_on_landed(const DecodeParams& p) {

@@ -288,7 +288,7 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
 
 // fp8: tile n+1's records are copied into a raw buffer while tile n converts into its stage.
 // kF16: a raw buffer is copied into again once the consumers' scores of its tile are done
-// kLanded (scores_on_landed): and masked; the column biases go with the records (raw_full).
+// (kLanded, scores_on_landed: and masked; the column biases then go with the records).
 // kRopeDirect (fp8_ds_mla): tile n+1's RoPE chunks go straight into its stage once tile n is
 // converted, so that stage is waited for a conversion earlier: for split plans, whose CTAs have
 // few tiles (2 x 2: H=64 -2.1%, H=128 -0.9%), not unsplit ones (128 x 2 +0.2 to +0.4%;
