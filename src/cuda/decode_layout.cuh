@@ -65,7 +65,8 @@ struct Smem {  // byte offsets from a 1024-aligned base
   // TopkColumns' staged offsets, past the exchange: the combine overwrites them only after the
   // last tile, whose offsets the producer read before it filled the tile.
   static constexpr int topk = xch + xch_bytes;
-  // Each stage's column biases, float [stage][column] (publish_bias; scores_on_landed: per raw buffer).
+  // Each stage's column biases, float [stage][column] (publish_bias; scores_on_landed: per raw
+  // buffer).
   static constexpr int bias = xch + (xch_bytes > combine_bytes ? xch_bytes : combine_bytes);
   // full[kStages<L>], then empty[kStages<L>] (room for kMaxStages each), then at 2 kMaxStages
   // the seesaw's P handover (4)
