@@ -114,7 +114,10 @@ CheckResult check_row(const AttentionLayer& layer, const TensorView& query, cons
   double error = 0, scale = 0;
   for (int d = 0; d < kHeadDim; ++d) {
     want[d] *= layer.bmm2_scale / denominator;
-    error = std::max(error, std::abs(from_bf16(got + 2 * d) - want[d]));
+    // A NaN would compare false and drop out of the max: a value that is not finite counts as
+    // an infinite error, which fails any tolerance.
+    const double diff = std::abs(from_bf16(got + 2 * d) - want[d]);
+    error = std::max(error, std::isfinite(diff) ? diff : std::numeric_limits<double>::infinity());
     scale = std::max(scale, std::abs(want[d]));
   }
   return {1, error, scale > 0 ? error / scale : error};

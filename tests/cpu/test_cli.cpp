@@ -1,7 +1,10 @@
-// `smla`'s command line (tools/args.cpp) and its check's row sampling (tools/oracle.cpp).
+// `smla`'s command line (tools/args.cpp) and its check (tools/oracle.cpp): the rows it samples,
+// and a failure for any output value that is not finite.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -9,6 +12,8 @@
 
 #include "args.h"
 #include "../tools/oracle.h"  // not tests/oracle.h
+#include "smla/executor.h"
+#include "synth.h"
 
 namespace smla::cli {
 namespace {
@@ -91,6 +96,32 @@ TEST(CheckRows, DistinctSortedAndAllWhenAskedForMore) {
   const std::vector<Row> all = sample(3, 5, 1000, seed);
   ASSERT_EQ(all.size(), 15u);
   EXPECT_EQ(std::set<Row>(all.begin(), all.end()).size(), 15u);
+}
+
+// NaN compares false with every number, so it must not drop out of the check's error: a CPU
+// step checks clean, then one value of a sampled row poisoned as NaN or +inf fails it.
+TEST(CheckRows, OutputThatIsNotFiniteFails) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const RunOptions o{.requests = 2, .context = 300, .mtp = 2, .check = 0, .seed = seed};
+  const auto specs = model_layers(model_preset(o.model), o.groups);
+  const auto streams = make_streams(Device{});
+  SynthStep step(o, specs, *streams);
+  StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
+                        TableSharing::shared, o.compressed_index);
+  executor.run_step(step.device.inputs, step.device.queries, step.device.outs);
+  std::mt19937_64 rng(seed);
+  const std::vector<Row> rows = sample_rows(step.host.queries[0], 4, rng);
+  EXPECT_LT(check_layer(step.host, 0, rows).max_relative_error, 1e-2);
+  const TensorView& out = step.host.outs[0];
+  uint16_t* value = static_cast<uint16_t*>(out.data) + rows[1].token * out.strides[0] +
+                    rows[1].head * out.strides[1] + 5 * out.strides[2];
+  for (const uint16_t bits : {uint16_t{0x7fc0}, uint16_t{0x7f80}}) {  // bf16 NaN, +inf
+    *value = bits;
+    const CheckResult poisoned = check_layer(step.host, 0, rows);
+    EXPECT_EQ(poisoned.max_relative_error, std::numeric_limits<double>::infinity()) << bits;
+    EXPECT_FALSE(poisoned.max_relative_error <= 1e-2) << bits;
+  }
 }
 
 }  // namespace
