@@ -129,7 +129,14 @@ def parse_device(device) -> tuple:
 def stream_handle(stream, device: tuple, like=None) -> int:
     """The cudaStream_t, as an integer, that a call on `device` runs on: `stream` when given
     (an int, a torch.cuda.Stream or anything with .cuda_stream / .ptr), else the current
-    stream of the framework `like` comes from (PyTorch, CuPy), else the legacy default (0)."""
+    stream of the framework `like` comes from (PyTorch, CuPy), else the legacy default (0).
+    A stream that is none of these is refused on every device, the CPU's too."""
+    if stream is not None and not isinstance(stream, int):
+        attr = next((a for a in ("cuda_stream", "ptr") if hasattr(stream, a)), None)
+        if attr is None:
+            raise type_error("stream", "an int cudaStream_t or a stream object",
+                             type(stream).__name__)
+        stream = int(getattr(stream, attr))
     if device[0] != "cuda":
         return 0
     if stream is None:
@@ -143,12 +150,7 @@ def stream_handle(stream, device: tuple, like=None) -> int:
         if framework == "cupy":
             return sys.modules["cupy"].cuda.get_current_stream().ptr
         return 0
-    if isinstance(stream, int):
-        return stream
-    for attr in ("cuda_stream", "ptr"):
-        if hasattr(stream, attr):
-            return int(getattr(stream, attr))
-    raise type_error("stream", "an int cudaStream_t or a stream object", type(stream).__name__)
+    return stream
 
 
 class on_device:

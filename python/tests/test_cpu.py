@@ -382,6 +382,14 @@ def test_decode_read_only_output_is_refused():
         smla.sparse_mla_decode(**args)
 
 
+def test_decode_refuses_a_stream_that_is_not_one_on_every_device():
+    args, _ = make_case(ref.fresh_rng())
+    for stream in ("abc", 1.5, object()):
+        with pytest.raises(TypeError, match="smla: stream: expected an int cudaStream_t") as info:
+            smla.sparse_mla_decode(**args, stream=stream)
+        assert info.value.argument == "stream"
+
+
 def test_decode_too_many_heads_is_unsupported():
     rng = ref.fresh_rng()
     args, _ = make_case(rng, q_lens=(1,), seq_lens=(10,), heads=129, sinks=None)
@@ -410,6 +418,19 @@ def test_engine_call_matches_the_op():
         sparse_indices_are_storage_offsets=True)
     assert result is out
     assert (out.view(np.uint16) == expected.view(np.uint16)).all()
+
+
+def test_engine_call_refuses_what_is_not_an_array():
+    args, _ = make_case(ref.fresh_rng())
+    for out in (None, args["out"]):  # the output allocated from the query's shape, or given
+        with pytest.raises(TypeError, match="smla: query: expected an array") as info:
+            trtllm_batch_decode_sparse_mla_dsv4(
+                query=args["query"].astype(np.float32).tolist(),
+                swa_kv_cache=args["swa_kv_cache"], compressed_kv_cache=args["compressed_kv_cache"],
+                sparse_indices=args["sparse_indices"], sparse_topk_lens=args["sparse_topk_lens"],
+                seq_lens=args["seq_lens"], out=out, bmm1_scale=args["bmm1_scale"],
+                cum_seq_lens_q=args["cum_seq_lens_q"], max_q_len=args["max_q_len"])
+        assert info.value.argument == "query"
 
 
 def test_engine_call_dspark_shapes_and_allocated_out():
