@@ -1,5 +1,6 @@
 #include "smla/tensor.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "smla/error.h"
@@ -32,15 +33,19 @@ std::string device_name(Device device) {
   return device.kind == DeviceKind::cpu ? std::string("cpu") : "cuda:" + std::to_string(device.id);
 }
 
+// A view's fields are the caller's: a rank past kMaxDims (which validation refuses) must not
+// read past shape[] or strides[] on the way there.
+static int dims_held(const TensorView& v) { return std::clamp(v.ndim, 0, kMaxDims); }
+
 int64_t TensorView::numel() const {
   int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  for (int d = 0; d < dims_held(*this); ++d) n *= shape[d];
   return ndim > 0 ? n : 0;
 }
 
 bool TensorView::is_contiguous() const {
   int64_t expected = 1;
-  for (int d = ndim - 1; d >= 0; --d) {
+  for (int d = dims_held(*this) - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != expected) return false;
     expected *= shape[d];
   }
@@ -88,9 +93,15 @@ TensorView make_view(void* data, DType dtype, Device device, std::initializer_li
 std::string describe(const TensorView& view) {
   if (!view.defined()) return "absent";
   std::ostringstream s;
-  s << dtype_name(view.dtype) << "[";
-  for (int d = 0; d < view.ndim; ++d) s << (d ? ", " : "") << view.shape[d];
-  s << "] " << device_name(view.device);
+  s << dtype_name(view.dtype);
+  if (view.ndim > kMaxDims) {
+    s << " of " << view.ndim << " dims";
+  } else {
+    s << "[";
+    for (int d = 0; d < view.ndim; ++d) s << (d ? ", " : "") << view.shape[d];
+    s << "]";
+  }
+  s << " " << device_name(view.device);
   return s.str();
 }
 

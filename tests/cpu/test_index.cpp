@@ -348,6 +348,17 @@ TEST(IndexErrors, NameTheArgument) {
               build_sparse_indices(a);
             }),
             "out.seq_lens");  // written by the DSpark window only
+  // A rank past the view's arrays is named, not read: the message describes the view without
+  // its shape (it once printed 40 "sizes" read past shape[], or crashed at 2000).
+  for (const int ndim : {5, 40, 2000}) {
+    SwaOnlyCase c;
+    SparseIndexArgs a = c.args();
+    std::vector<int32_t> out(3 * 4), lens(3), seq(3);
+    a.out = {i32(out, {3, 4}), i32(lens, {3}), i32(seq, {3})};
+    a.out.seq_lens.ndim = ndim;
+    test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "out.seq_lens",
+                            "absent", "i32 of " + std::to_string(ndim) + " dims cpu");
+  }
 }
 
 // SPEC §4 re-derived token by token from a StepCase.
