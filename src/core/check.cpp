@@ -94,6 +94,7 @@ Runs runs_of(const TensorView& v) {
   Runs r{reinterpret_cast<intptr_t>(v.data), 0, elem, {}};
   r.high = r.low;
   for (int d = 0; d < v.ndim; ++d) {
+    if (v.shape[d] == 1) continue;  // read at index 0 alone: its stride, any int64, is not used
     const int64_t step = v.strides[d] * elem, reach = (v.shape[d] - 1) * step;
     (reach < 0 ? r.low : r.high) += reach;
     if (d == v.ndim - 1 && step == elem)

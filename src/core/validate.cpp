@@ -131,13 +131,16 @@ KvPool make_pool(const TensorView& v, const char* name) {
   // exporters may rewrite such strides, PyTorch up to 2.9 to 1) reads as the packed one.
   const bool ds = pool.layout == KvLayout::fp8_ds_mla;
   int64_t token_stride = v.stride(1), block_stride = v.stride(0);
-  if (pool.block_size == 1 && token_stride < row) token_stride = row;
+  const bool row_token_stride = pool.block_size == 1 && token_stride < row;
+  if (row_token_stride) token_stride = row;
   const int64_t page_unit = ds ? kDsMlaRecordBytes : token_stride;  // a page stride's multiple
   const int64_t page = pool.block_size * (ds ? row : token_stride);  // and its least
   if (pool.num_blocks == 1 && token_stride >= row &&
       (block_stride < page || block_stride % page_unit != 0))
     block_stride = (page + page_unit - 1) / page_unit * page_unit;
-  pool.block_stride_bytes = block_stride * elem;
+  if (__builtin_mul_overflow(block_stride, elem, &pool.block_stride_bytes))
+    fail(ErrorKind::value, name, "a page stride whose size in bytes fits in int64",
+         num(block_stride) + " elements");
   if (ds) {
     // SPEC §2: offsets are plain slots and a page starts every block stride bytes, whatever
     // the view's token stride says; records are 576 B, then the page's scale records.
@@ -164,7 +167,10 @@ KvPool make_pool(const TensorView& v, const char* name) {
          "a block stride that is a whole number of token strides (span = block stride / token "
          "stride)",
          "a non-integral span: block stride " + num(block_stride) + " / token stride " +
-             num(token_stride));
+             num(token_stride) +
+             (row_token_stride ? " (one row: a page of one row has no token stride of its own, "
+                                 "and its " + num(v.stride(1)) + " is not one a layout could have)"
+                               : ""));
   pool.span = block_stride / token_stride;
   if (pool.span < pool.block_size)
     fail(ErrorKind::value, name,

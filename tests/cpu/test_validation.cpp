@@ -399,6 +399,11 @@ TEST_F(Validation, NonIntegralSpan) {
   a.swa_kv_cache = view(DType::bf16, {4, 16, 512}, {16 * 512 + 100, 512, 1});
   expect_error(ErrorKind::value, "swa_kv_cache", "whole number of token strides",
                "a non-integral span: block stride 8292 / token stride 512");
+  // A page of one row: the token stride it reads is a row's, and the message says why.
+  a.swa_kv_cache = view(DType::bf16, {4, 1, 512}, {576, 1, 1});
+  expect_error(ErrorKind::value, "swa_kv_cache", "whole number of token strides",
+               "block stride 576 / token stride 512 (one row: a page of one row has no token "
+               "stride of its own, and its 1 is not one a layout could have)");
 }
 
 TEST_F(Validation, SpanBelowBlockSize) {
@@ -432,6 +437,10 @@ TEST_F(Validation, SpanFromInt32) {
   a.swa_kv_cache = view(DType::bf16, {2, 1, 512}, {int64_t(1) << 40, 512, 1});
   expect_error(ErrorKind::unsupported, "swa_kv_cache", "span (rows a page, packing included)",
                "span 2147483648 of [2, 1, 512]");
+  // One page: its stride is not bounded by the view's extent, but it must fit in bytes.
+  a.swa_kv_cache = view(DType::bf16, {1, 16, 512}, {int64_t(1) << 62, 512, 1});
+  expect_error(ErrorKind::value, "swa_kv_cache", "a page stride whose size in bytes fits in int64",
+               "4611686018427387904 elements");
 }
 
 // A dim of size 1 is read at index 0 alone: a stride no layout could have there (PyTorch up
