@@ -20,10 +20,11 @@ namespace {
 PoolParams pool_params(const KvPool& pool, const char* name) {
   require(aligned(pool.base, 16) && pool.token_stride_bytes % 16 == 0 &&
               pool.block_stride_bytes % 16 == 0,
-          name, "16-byte aligned rows on CUDA",
-          "base " + std::to_string(reinterpret_cast<uintptr_t>(pool.base) % 16) +
-              " mod 16, strides " + std::to_string(pool.token_stride_bytes) + "/" +
-              std::to_string(pool.block_stride_bytes) + " B");
+          name, "16-byte aligned rows on CUDA", [&] {
+            return "base " + std::to_string(reinterpret_cast<uintptr_t>(pool.base) % 16) +
+                   " mod 16, strides " + std::to_string(pool.token_stride_bytes) + "/" +
+                   std::to_string(pool.block_stride_bytes) + " B";
+          });
   PoolParams p;
   p.base = reinterpret_cast<const char*>(pool.base);
   p.token_stride_bytes = pool.token_stride_bytes;
@@ -35,7 +36,7 @@ PoolParams pool_params(const KvPool& pool, const char* name) {
   if (pool.layout == KvLayout::fp8_ds_mla) {
     require(pool.block_size * kDsMlaRecordBytes <= UINT32_MAX, name,
             "fp8_ds_mla pages of at most 2^32 bytes of records on CUDA",
-            std::to_string(pool.block_size) + " rows a page");
+            [&] { return std::to_string(pool.block_size) + " rows a page"; });
     p.scales_offset_bytes = uint32_t(pool.block_size * kDsMlaRecordBytes);
   }
   return p;
@@ -45,10 +46,10 @@ PoolParams pool_params(const KvPool& pool, const char* name) {
 // kernels tell a top-k from a table by `indices`, and read none of its entries.
 TopkParams topk_params(const TopkColumns& c, const DecodeProblem& problem, const int32_t* unread) {
   require(problem.top_k <= kMaxTopk, "topk_columns.topk_indices",
-          "[T, top_k] with top_k <= " + std::to_string(kMaxTopk) + " on CUDA",
-          describe(c.topk_indices));
+          [] { return "[T, top_k] with top_k <= " + std::to_string(kMaxTopk) + " on CUDA"; },
+          [&] { return describe(c.topk_indices); });
   require(c.block_table.size(1) <= INT32_MAX, "topk_columns.block_table",
-          "at most 2^31 - 1 pages on CUDA", describe(c.block_table));
+          "at most 2^31 - 1 pages on CUDA", [&] { return describe(c.block_table); });
   TopkParams t{};
   t.indices = c.topk_indices.data ? c.topk_indices.ptr<const int32_t>() : unread;
   t.stride = c.topk_indices.stride(0);
@@ -223,9 +224,9 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   require(aligned(q.data, 16) && rows_aligned(q), "query",
           q_fp8 ? "8-byte aligned rows on CUDA (16-byte aligned start)"
                 : "16-byte aligned rows on CUDA",
-          describe(q));
+          [&] { return describe(q); });
   require(aligned(args.out.data, 16) && rows_aligned(args.out), "out",
-          "16-byte aligned rows on CUDA", describe(args.out));
+          "16-byte aligned rows on CUDA", [&] { return describe(args.out); });
 
   // Element-aligned data (a misaligned access would kill the context).
   for (const auto& [view, name] :
@@ -247,10 +248,13 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
 
   // The kernel counts CTAs and a token's output chunks in int.
   require(plan.ctas <= INT32_MAX, "query", "at most 2^31 - 1 CTAs (tokens x head blocks) on CUDA",
-          std::to_string(problem.num_tokens) + " tokens, " + std::to_string(plan.ctas) + " CTAs");
+          [&] {
+            return std::to_string(problem.num_tokens) + " tokens, " + std::to_string(plan.ctas) +
+                   " CTAs";
+          });
   require(problem.out_heads <= INT32_MAX / kRowChunks, "out",
-          "H_out below 2^31 / " + std::to_string(kRowChunks) + " on CUDA",
-          std::to_string(problem.out_heads));
+          [] { return "H_out below 2^31 / " + std::to_string(kRowChunks) + " on CUDA"; },
+          [&] { return std::to_string(problem.out_heads); });
   DecodeParams p{};
   p.query = q.data;
   p.q_token_stride = q.stride(0);

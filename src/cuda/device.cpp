@@ -13,8 +13,10 @@ namespace smla::cuda {
 void require_device_index(int device, int count) {
   if (device < 0)
     throw Error(ErrorKind::value, "device", "a CUDA device index >= 0", std::to_string(device));
-  require(device < count, "device", "a CUDA device index below " + std::to_string(count),
-          std::to_string(device));
+  require(
+      device < count, "device",
+      [&] { return "a CUDA device index below " + std::to_string(count); },
+      [&] { return std::to_string(device); });
 }
 
 int sm_count(int device) {
@@ -51,8 +53,8 @@ std::string unsupported_reason(int device) {
   return {};
 }
 
-void require(bool ok, const char* argument, const std::string& expected, const std::string& got) {
-  if (!ok) throw Error(ErrorKind::unsupported, argument, expected, got);
+void fail_unsupported(const char* argument, const std::string& expected, const std::string& got) {
+  throw Error(ErrorKind::unsupported, argument, expected, got);
 }
 
 void require_supported(int device, const char* argument) {
@@ -62,7 +64,7 @@ void require_supported(int device, const char* argument) {
   if (cacheable && supported.at(device).load(std::memory_order_relaxed)) return;
   const std::string why = unsupported_reason(device);
   require(why.empty(), argument, "a Hopper GPU that this build runs on",
-          "cuda:" + std::to_string(device) + ": " + why);
+          [&] { return "cuda:" + std::to_string(device) + ": " + why; });
   if (cacheable) supported.at(device).store(true, std::memory_order_relaxed);
 }
 
@@ -82,17 +84,22 @@ void require_stream_of(cudaStream_t stream, int device) {
 
 void require_aligned(const TensorView& view, const char* argument, size_t bytes) {
   if (bytes == 0) bytes = dtype_size(view.dtype);
-  require(!view.defined() || aligned(view.data, bytes), argument,
-          std::to_string(bytes) + "-byte aligned " + dtype_name(view.dtype) + " data",
-          "a misaligned pointer");
+  require(
+      !view.defined() || aligned(view.data, bytes), argument,
+      [&] { return std::to_string(bytes) + "-byte aligned " + dtype_name(view.dtype) + " data"; },
+      [&] {
+        return "data " + std::to_string(reinterpret_cast<uintptr_t>(view.data) % bytes) +
+               " bytes past a " + std::to_string(bytes) + "-byte boundary";
+      });
 }
 
 void require_usable(Device device, const char* argument) {
   require_supported(device.id, argument);
   const int current = current_device();
-  require(current == device.id, argument,
-          "a tensor on the current CUDA device (cuda:" + std::to_string(current) + ")",
-          device_name(device));
+  require(
+      current == device.id, argument,
+      [&] { return "a tensor on the current CUDA device (cuda:" + std::to_string(current) + ")"; },
+      [&] { return device_name(device); });
 }
 
 std::string device_info() {

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "smla/tensor.h"
@@ -59,8 +60,23 @@ inline bool aligned(const void* p, size_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
+[[noreturn]] void fail_unsupported(const char* argument, const std::string& expected,
+                                   const std::string& got);
+// A message part: text, or a callable that builds it, so that a check passed on every launch
+// builds no string.
+template <class Text>
+std::string message_text(const Text& text) {
+  if constexpr (std::is_invocable_v<const Text&>)
+    return text();
+  else
+    return std::string(text);
+}
 // Throws ErrorKind::unsupported naming `argument` unless `ok`.
-void require(bool ok, const char* argument, const std::string& expected, const std::string& got);
+template <class Expected, class Got>
+void require(bool ok, const char* argument, const Expected& expected, const Got& got) {
+  if (!ok) [[unlikely]]
+    fail_unsupported(argument, message_text(expected), message_text(got));
+}
 // Throws ErrorKind::unsupported naming `argument` unless `device` is a Hopper GPU that this
 // build runs on.
 void require_supported(int device, const char* argument = "device");

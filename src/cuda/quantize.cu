@@ -104,7 +104,7 @@ void quantize_kv(const QuantizeProblem& problem, const TensorView& rows, const T
           "2-byte aligned bf16 data", "a misaligned pointer");  // a KvPool, not a view
   const int64_t ctas = (problem.num_rows + kRowsPerCta - 1) / kRowsPerCta;
   require(ctas <= INT32_MAX, "rows", "at most 2^31 - 1 CTAs of 4 rows on CUDA",
-          std::to_string(problem.num_rows) + " rows");
+          [&] { return std::to_string(problem.num_rows) + " rows"; });
 
   QuantizeParams p{};
   p.rows = rows.ptr<const uint16_t>();

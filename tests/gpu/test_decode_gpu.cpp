@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "cuda/backend.h"
 #include "cuda/decode_plan.h"
@@ -613,15 +614,18 @@ TEST(GpuDecode, MisalignedViewsAreRefusedByName) {
   const auto buffer = [&](int64_t offset) {
     return make_view(base + offset, DType::u8, d.device, {1024});
   };
-  const std::pair<const char*, std::function<void(DecodeArgs&)>> cases[] = {
-      {"workspace", [&](DecodeArgs& a) { a.workspace = buffer(4); }},
-      {"kv_counters", [&](DecodeArgs& a) { a.kv_counters = buffer(2048 + 2); }},
-      {"query", [](DecodeArgs& a) { a.query.data = static_cast<char*>(a.query.data) + 2; }}};
-  for (const auto& [name, change] : cases) {
+  const std::tuple<const char*, std::function<void(DecodeArgs&)>, const char*> cases[] = {
+      {"workspace", [&](DecodeArgs& a) { a.workspace = buffer(4); },
+       "data 4 bytes past a 16-byte boundary"},
+      {"kv_counters", [&](DecodeArgs& a) { a.kv_counters = buffer(2048 + 2); },
+       "data 2 bytes past a 4-byte boundary"},
+      {"query", [](DecodeArgs& a) { a.query.data = static_cast<char*>(a.query.data) + 2; },
+       "bf16["}};
+  for (const auto& [name, change, got] : cases) {
     DecodeArgs args = d.args;
     change(args);  // no launch reads or writes the shifted views
     expect_smla_error([&] { sparse_mla_decode(args); }, ErrorKind::unsupported, name,
-                      "-byte aligned", "");
+                      "-byte aligned", got);
   }
 }
 
