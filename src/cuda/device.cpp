@@ -87,10 +87,12 @@ void require_aligned(const TensorView& view, const char* argument, size_t bytes)
   require(
       !view.defined() || aligned(view.data, bytes), argument,
       [&] { return std::to_string(bytes) + "-byte aligned " + dtype_name(view.dtype) + " data"; },
-      [&] {
-        return "data " + std::to_string(reinterpret_cast<uintptr_t>(view.data) % bytes) +
-               " bytes past a " + std::to_string(bytes) + "-byte boundary";
-      });
+      [&] { return misalignment(view.data, bytes); });
+}
+
+std::string misalignment(const void* p, size_t bytes) {
+  return "data " + std::to_string(reinterpret_cast<uintptr_t>(p) % bytes) + " bytes past a " +
+         std::to_string(bytes) + "-byte boundary";
 }
 
 void require_usable(Device device, const char* argument) {

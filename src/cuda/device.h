@@ -59,6 +59,8 @@ int current_device();
 inline bool aligned(const void* p, size_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
+// "data 2 bytes past a 16-byte boundary": what a misaligned pointer's message says came.
+std::string misalignment(const void* p, size_t bytes);
 
 [[noreturn]] void fail_unsupported(const char* argument, const std::string& expected,
                                    const std::string& got);

@@ -301,20 +301,23 @@ TEST(GpuQuantize, HostChecksComeFirst) {
   HostTensor host_slots = i32_tensor({0, 1, 2, 3});
   const OnDevice r(rows.t), s(host_slots), pool(host_pool);
 
-  auto expect = [&](const TensorView& rv, const TensorView& sv, ErrorKind kind, const char* arg) {
+  auto expect = [&](const TensorView& rv, const TensorView& sv, ErrorKind kind, const char* arg,
+                    const std::string& got = "") {
     try {
       quantize_kv(rv, sv, pool.view, 1.0f);
       ADD_FAILURE() << "no error for " << arg;
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), kind) << e.what();
       EXPECT_EQ(e.argument(), arg) << e.what();
+      EXPECT_NE(e.got().find(got), std::string::npos) << e.what();
     }
   };
   expect(r.view, host_view(host_slots), ErrorKind::type, "slots");  // host slots, device pool
   TensorView misaligned = r.view, three_slots = s.view;
   misaligned.data = static_cast<std::byte*>(misaligned.data) + 1;  // one byte into row 0
   misaligned.shape[0] = three_slots.shape[0] = 3;
-  expect(misaligned, three_slots, ErrorKind::unsupported, "rows");
+  expect(misaligned, three_slots, ErrorKind::unsupported, "rows",
+         "data 1 bytes past a 2-byte boundary");
 
   TensorView none = r.view, no_slots = s.view;
   none.shape[0] = no_slots.shape[0] = 0;
