@@ -124,6 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     else
       produce_fp8<L, kF16, kProducerTopk, false>(p, w, smem, indices);
     indices.finish(p);
+    if constexpr (L == KvLayout::bf16 && kQueryTma) prefetch_next_wave(p, w, smem);
   } else {
     ptx::reg_alloc<kConsumerRegs<L>>();
     consume<L, kTopk, kF16, kQueryTma>(p, w, smem);

@@ -97,7 +97,8 @@ bool query_map(const TensorView& q, const DecodeProblem& problem, CUtensorMap* m
 // Unsplit plans of 64 heads a CTA read the query by TMA where a map holds its view (`tp` then
 // has it); other views take the cp.async kernel of the same plan.
 bool query_by_tma(const DecodePlan& plan, const TensorView& q, const DecodeProblem& problem,
-                  QueryTmaParams& tp) {
+                  const Occupancy& occupancy, QueryTmaParams& tp) {
+  tp.wave_ctas = occupancy.ctas;
   tp.query_evict_first = int64_t(problem.num_tokens) * problem.num_heads * 512 *
                              dtype_size(problem.query_dtype) >=
                          kQueryEvictFirstBytes;
@@ -242,9 +243,9 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   require_aligned(args.workspace, "workspace", 16);
   require_aligned(args.kv_counters, "kv_counters", 4);
   // Too small a workspace or counter buffer only limits splitting (SPEC §3: fall back).
-  const DecodePlan plan =
-      plan_decode(problem.num_tokens, problem.num_heads, problem.num_columns, problem.layout,
-                  decode_occupancy(device), workspace_have, counters_have);
+  const Occupancy occupancy = decode_occupancy(device);
+  const DecodePlan plan = plan_decode(problem.num_tokens, problem.num_heads, problem.num_columns,
+                                      problem.layout, occupancy, workspace_have, counters_have);
 
   // The kernel counts CTAs and a token's output chunks in int.
   require(plan.ctas <= INT32_MAX, "query", "at most 2^31 - 1 CTAs (tokens x head blocks) on CUDA",
@@ -296,18 +297,18 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
     case KvLayout::bf16:
       // Measured (docs/kernel.md): the query by TMA helps unsplit plans of 64 heads a CTA
       // (large batches), not split ones (small batches) nor 16 heads a CTA.
-      if (QueryTmaParams tp{p}; query_by_tma(plan, q, problem, tp))
+      if (QueryTmaParams tp{p}; query_by_tma(plan, q, problem, occupancy, tp))
         return launch<KvLayout::bf16, false, true>(tp, plan.ctas, s);
       return launch<KvLayout::bf16, false>(p, plan.ctas, s);
     case KvLayout::fp8_e4m3:
-      if (QueryTmaParams tp{p}; q_fp8 && query_by_tma(plan, q, problem, tp))
+      if (QueryTmaParams tp{p}; q_fp8 && query_by_tma(plan, q, problem, occupancy, tp))
         return launch<KvLayout::fp8_e4m3, true, true>(tp, plan.ctas, s);
       if (q_fp8) return launch<KvLayout::fp8_e4m3, true>(p, plan.ctas, s);
       return launch<KvLayout::fp8_e4m3, false>(p, plan.ctas, s);
     case KvLayout::fp8_ds_mla:
       // The query by TMA: 128 x 2 H=64 -1.5%, 64 x 2 -2.5%, but +0.7% where two head blocks
       // share each token's rows (H=100 and 128), as measured (docs/kernel.md).
-      if (QueryTmaParams tp{p}; plan.head_blocks == 1 && query_by_tma(plan, q, problem, tp))
+      if (QueryTmaParams tp{p}; plan.head_blocks == 1 && query_by_tma(plan, q, problem, occupancy, tp))
         return launch<KvLayout::fp8_ds_mla, false, true>(tp, plan.ctas, s);
       return launch<KvLayout::fp8_ds_mla, false>(p, plan.ctas, s);
   }

@@ -63,6 +63,7 @@ struct DecodeParams {
 struct QueryTmaParams : DecodeParams {
   CUtensorMap q_map;
   bool query_evict_first;  // the query's lines go first from L2 where the rows' do (query_by_tma)
+  int wave_ctas;  // CTAs that run at once (one an SM): CTA i + wave_ctas follows CTA i's wave
 };
 template <bool kQueryTma>
 using KernelParams = std::conditional_t<kQueryTma, QueryTmaParams, DecodeParams>;

@@ -141,6 +141,12 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// Fetches `bytes` (a multiple of 16, 16-byte aligned) at `src` into L2: a hint with nothing to
+// wait for.
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
 // ---- programmatic dependent launch ----------------------------------------------------------
 // Lets the next kernel on the stream launch now (it still waits for this grid in griddep_wait).
 __device__ __forceinline__ void griddep_launch_dependents() {

@@ -226,6 +226,9 @@ TEST(GpuDecode, UnsplitPlansAgainstOracleAndCpu) {
 
 // Queries of at least kQueryEvictFirstBytes, whose TMA loads carry the L2 evict-first policy
 // (bf16, and an e4m3 query with an e4m3 cache, one head block), against the oracle and the CPU.
+// Their 160 CTAs run in two waves on an H100 or H200: the bf16 first wave's fetch of the
+// second's query and first rows into L2 (prefetch_next_wave) reads tables with padding, offsets
+// past the pool and packed slots.
 TEST(GpuDecode, LargeQueriesAgainstOracleAndCpu) {
   SKIP_WITHOUT_GPU();
   const std::pair<KvLayout, DType> kinds[] = {{KvLayout::bf16, DType::bf16},
