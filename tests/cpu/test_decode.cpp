@@ -2,11 +2,15 @@
 // a failure prints the seed, replayable with SMLA_TEST_SEED).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "oracle.h"
 #include "smla/decode.h"
@@ -262,6 +266,64 @@ TEST(Decode, UnattendedNanRowsDoNotLeak) {
                    std::isinf(ref_bf16(c.out.get<uint16_t>(i))))
           << c.summary;
     EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
+  }
+}
+
+// The byte offset of every element of `t`, in row-major order of its indices.
+std::vector<int64_t> element_offsets(const HostTensor& t) {
+  std::vector<int64_t> offsets{0};
+  for (size_t d = 0; d < t.shape.size(); ++d) {
+    std::vector<int64_t> next;
+    for (int64_t base : offsets)
+      for (int64_t i = 0; i < t.size(static_cast<int>(d)); ++i)
+        next.push_back(base + i * t.stride(static_cast<int>(d)) *
+                                  static_cast<int64_t>(dtype_size(t.dtype)));
+    offsets = std::move(next);
+  }
+  return offsets;
+}
+
+// `t`'s elements laid out with `strides`, every other byte 0xff (a NaN in any float type).
+HostTensor restrided(const HostTensor& t, std::vector<int64_t> strides) {
+  HostTensor r = HostTensor::make(t.dtype, t.shape, std::move(strides));
+  std::fill(r.bytes.begin(), r.bytes.end(), std::byte{0xff});
+  const auto from = element_offsets(t), to = element_offsets(r);
+  for (size_t i = 0; i < from.size(); ++i)
+    std::memcpy(r.bytes.data() + to[i], t.bytes.data() + from[i], dtype_size(t.dtype));
+  return r;
+}
+
+// Query and out whose heads lie further apart than a row, lse's tokens further apart than H (the
+// gaps NaN): the same bits as the contiguous call, and no byte of a gap written.
+TEST(Decode, PaddedHeadStrides) {
+  for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_e4m3}) {
+    CaseSpec spec{.layout = layout, .heads = 8, .requests = 3};
+    if (layout == KvLayout::fp8_e4m3) spec.query_dtype = DType::f8e4m3;
+    DecodeCase c = make_case(spec, fresh_seed());
+    poison_unattended_rows(c);
+    const int64_t H = c.query.size(1), H_out = c.out.size(1);
+    DecodeCase padded = c;
+    padded.query = restrided(c.query, {H * 576, 576, 1});
+    padded.out = restrided(c.out, {H_out * 640, 640, 1});
+    padded.lse = restrided(c.lse, {H + 3, 1});  // heads contiguous: SPEC's only lse layout
+    ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
+    ASSERT_NO_THROW(sparse_mla_decode(padded.args())) << c.summary;
+    const std::pair<const HostTensor*, const HostTensor*> outputs[] = {{&c.out, &padded.out},
+                                                                        {&c.lse, &padded.lse}};
+    for (const auto& [dense, strided] : outputs) {
+      const auto from = element_offsets(*dense), to = element_offsets(*strided);
+      std::vector<bool> element(strided->bytes.size());
+      const size_t size = dtype_size(dense->dtype);
+      for (size_t i = 0; i < from.size(); ++i) {
+        ASSERT_EQ(std::memcmp(dense->bytes.data() + from[i], strided->bytes.data() + to[i], size),
+                  0)
+            << "element " << i << ", " << c.summary;
+        std::fill_n(element.begin() + to[i], size, true);
+      }
+      for (size_t b = 0; b < element.size(); ++b)
+        ASSERT_TRUE(element[b] || strided->bytes[b] == std::byte{0xff})
+            << "a gap's byte " << b << " written, " << c.summary;
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -154,6 +155,10 @@ TEST(Quantize, HandComputedE4m3) {
       {0x4040, 3, 0x38},            // 3 / 3 = 1
       {0x3f80, 3, 0x2b},            // 1 / 3 -> 0.34375
       {0x3f80, 1.0f / 1024, 0x7e},  // 1024 saturates
+      // 1.1484375 / 69.176468 rounds to the float 1.0625 * 2^-6, the tie between e4m3 2^-6 and
+      // 1.125 * 2^-6, which goes to the even 2^-6; times the rounded 1 / kv_scale it would land
+      // just above the tie, at 0x09. The division, not a multiplication, is the rule.
+      {0x3f93, std::bit_cast<float>(0x428a5a5au), 0x08},
   };
   for (const Case& c : cases) {
     Rows row(1);

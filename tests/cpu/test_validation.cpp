@@ -356,6 +356,13 @@ TEST_F(Validation, CumSeqLensShape) {
   expect_error(ErrorKind::value, "cum_seq_lens_q", "[B+1=4]", "[3]");
 }
 
+// Tokens with no request (B = 0, cum_seq_lens_q = {0}) are refused by seq_lens, not read.
+TEST_F(Validation, TokensWithoutRequests) {
+  a.seq_lens = view(DType::i32, {0});
+  a.cum_seq_lens_q = make_view(scratch.data() + 64, DType::i32, Device{}, {1});
+  expect_error(ErrorKind::value, "seq_lens", "[B >= 1] (the T=6 tokens belong to requests)", "[0]");
+}
+
 TEST_F(Validation, NoCumSeqLensMeansOneTokenPerRequest) {
   a.cum_seq_lens_q = TensorView{};
   expect_error(ErrorKind::value, "seq_lens", "[B=T=6]", "[3]");
