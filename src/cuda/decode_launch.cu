@@ -308,7 +308,8 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
     case KvLayout::fp8_ds_mla:
       // The query by TMA: 128 x 2 H=64 -1.5%, 64 x 2 -2.5%, but +0.7% where two head blocks
       // share each token's rows (H=100 and 128), as measured (docs/kernel.md).
-      if (QueryTmaParams tp{p}; plan.head_blocks == 1 && query_by_tma(plan, q, problem, occupancy, tp))
+      if (QueryTmaParams tp{p};
+          plan.head_blocks == 1 && query_by_tma(plan, q, problem, occupancy, tp))
         return launch<KvLayout::fp8_ds_mla, false, true>(tp, plan.ctas, s);
       return launch<KvLayout::fp8_ds_mla, false>(p, plan.ctas, s);
   }
