@@ -129,6 +129,17 @@ TEST(IndexDecode, NegativeSlotsStay) {
   EXPECT_EQ(build(a).indices, (Rows{{-2, -1, 18, 19}}));
 }
 
+// An offset past INT32_MAX addresses no pool: -1, not the int32 it wraps to. Pages of 64 rows:
+// page 2^25 - 1 ends at offset 2^31 - 1, page 2^26 starts at 2^32 (which wraps to 0).
+TEST(IndexDecode, OffsetPastInt32IsPadding) {
+  std::vector<int32_t> seq_lens{66}, block_table{(1 << 25) - 1, 1 << 26};
+  SparseIndexArgs a;
+  a.window = 4;
+  a.step = {.num_tokens = 1, .seq_lens = i32(seq_lens, {1}), .num_decodes = 1};
+  a.swa = {i32(block_table, {1, 2}), pool_view(4, 64, 64)};
+  EXPECT_EQ(build(a).indices, (Rows{{INT32_MAX - 1, INT32_MAX, -1, -1}}));  // positions 62..65
+}
+
 // An fp8_ds_mla pool's offsets are plain slots whatever its page stride (SPEC §2: here 65 x 576
 // B for 64 records and their scales, where §4's span = block stride / token stride would be
 // 65): positions 62..69 on pages 2 and 3 are slots 190..197.
@@ -198,6 +209,22 @@ TEST(IndexMixed, PrefillLengthCountsPaddedEntries) {
   const Built b = build(c.args());
   EXPECT_EQ(b.indices[4], (std::vector<int32_t>{8, 9, 10, 11, -1, 3, -1, -1}));
   EXPECT_EQ(b.lens[4], 6);
+}
+
+// The same for a top-k entry's offset (E = 64 entries a page, unpacked): x = 5 on page 2^26 is
+// past INT32_MAX and becomes -1; x = 70 and 127 on page 2^25 - 1 are at most INT32_MAX. The
+// decode row still counts every x >= 0 (SPEC §4: count(x >= 0)).
+TEST(IndexMixed, TopkOffsetPastInt32IsPadding) {
+  std::vector<int32_t> seq_lens{3}, block_table{1}, compressed_table{1 << 26, (1 << 25) - 1},
+      topk{5, 70, -1, 127};
+  SparseIndexArgs a;
+  a.window = 4;
+  a.step = {.num_tokens = 1, .seq_lens = i32(seq_lens, {1}), .num_decodes = 1};
+  a.swa = {i32(block_table, {1, 1}), pool_view(2, 4, 4)};
+  a.compressed = {4, i32(topk, {1, 4}), i32(compressed_table, {1, 2}), pool_view(2, 64, 64)};
+  const Built b = build(a);
+  EXPECT_EQ(b.indices, (Rows{{4, 5, 6, -1, -1, INT32_MAX - 57, -1, INT32_MAX}}));
+  EXPECT_EQ(b.lens, (std::vector<int32_t>{7}));
 }
 
 TEST(IndexMixed, SwaOnlyLayerOfTheSameStep) {
@@ -361,6 +388,116 @@ TEST(IndexErrors, NameTheArgument) {
   }
 }
 
+// num_decodes counts requests: 0..B.
+TEST(IndexErrors, NumDecodesWithinTheRequests) {
+  for (const int num_decodes : {3, -1}) {
+    SwaOnlyCase c;
+    SparseIndexArgs a = c.args();
+    a.step.num_decodes = num_decodes;
+    test::expect_smla_error([&] { build(a); }, ErrorKind::value, "num_decodes", "0..B = 2",
+                            std::to_string(num_decodes));
+  }
+}
+
+// The DSpark window (decode_swa_width > W) is for decode-only steps, in a width of a multiple
+// of 4 (8 = W + 4 is one).
+TEST(IndexErrors, DsparkIsDecodeOnlyInAWidthOfFours) {
+  SwaOnlyCase c;
+  SparseIndexArgs a = c.args();
+  a.step.decode_swa_width = 64;
+  for (const int num_decodes : {1, 0}) {
+    a.step.num_decodes = num_decodes;
+    test::expect_smla_error([&] { build(a); }, ErrorKind::value, "num_decodes",
+                            "B = 2 (the DSpark window is decode-only)",
+                            std::to_string(num_decodes));
+  }
+  a.step.num_decodes = 2;
+  a.step.decode_swa_width = 10;  // W + 6
+  test::expect_smla_error([&] { build(a); }, ErrorKind::value, "decode_swa_width",
+                          "a multiple of 4", "10");
+  a.step.decode_swa_width = 8;
+  EXPECT_EQ(build(a).seq_lens, (std::vector<int32_t>{3, 6, 6}));
+}
+
+// A draft block of q_len tokens sees up to W + q_len positions, all in one row of
+// decode_swa_width columns: q_len <= 64 - W = 60 here. Request 1's positions are slots (pages of
+// 4 in order), so its rows list the positions [70 - q_len - 4, 70).
+TEST(IndexErrors, DsparkDraftBlockFitsTheRow) {
+  for (const int q_len : {60, 61}) {
+    const int T = 1 + q_len;
+    std::vector<int32_t> seq_lens{9, 70}, cum{0, 1, T}, block_table(2 * 18);
+    for (int p = 0; p < 18; ++p) block_table[p] = 100 + p, block_table[18 + p] = p;
+    SparseIndexArgs a;
+    a.window = 4;
+    a.step = {.num_tokens = T,
+              .seq_lens = i32(seq_lens, {2}),
+              .cum_seq_lens_q = i32(cum, {3}),
+              .num_decodes = 2,
+              .max_q_len = q_len,
+              .decode_swa_width = 64};
+    a.swa = {i32(block_table, {2, 18}), pool_view(118, 4, 4)};
+    // A row's worth of slack: a row that did not fit would write into it, not past the buffer.
+    std::vector<int32_t> indices((T + 1) * 64), lens(T), out_seq_lens(T);
+    a.out = {i32(indices, {T, 64}), i32(lens, {T}), i32(out_seq_lens, {T})};
+    if (q_len == 61) {
+      test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "cum_seq_lens_q",
+                              "q_len <= decode_swa_width - window = 60", "q_len 61 for request 1");
+      continue;
+    }
+    build_sparse_indices(a);
+    for (int c = 0; c < 64; ++c) {
+      ASSERT_EQ(indices[64 + c], 6 + c) << "column " << c;           // request 1's first token
+      ASSERT_EQ(indices[T * 64 - 64 + c], 6 + c) << "column " << c;  // and its last
+    }
+    EXPECT_EQ(lens[T - 1], 64);
+  }
+}
+
+// Both block tables need a row for every request: [B - 1, pages] views of full tables (the rows
+// a missing check would read are there) are refused, naming each.
+TEST(IndexErrors, BlockTablesCoverEveryRequest) {
+  SwaOnlyCase swa;
+  SparseIndexArgs a = swa.args();
+  a.swa.block_table = i32(swa.block_table, {1, 2});
+  test::expect_smla_error([&] { build(a); }, ErrorKind::value, "block_table", "[>= B = 2, pages]",
+                          "[1, 2]");
+  MixedCase mixed;
+  a = mixed.args();
+  a.compressed.block_table = i32(mixed.compressed_table, {1, 2});
+  test::expect_smla_error([&] { build(a); }, ErrorKind::value, "compressed.block_table",
+                          "[>= B = 2, pages]", "[1, 2]");
+}
+
+// A negative ratio is no way to say "SWA-only" (0 is).
+TEST(IndexErrors, NegativeCompressRatio) {
+  MixedCase c;
+  SparseIndexArgs a = c.args();
+  a.compressed.compress_ratio = -1;
+  test::expect_smla_error([&] { build(a); }, ErrorKind::value, "compress_ratio", ">= 0", "-1");
+}
+
+// An output view whose elements overlap (row i, column j and row i + 1, column j - 1 alike)
+// would have its columns written over one another.
+TEST(IndexErrors, SelfOverlappingOutput) {
+  SwaOnlyCase c;
+  SparseIndexArgs a = c.args();
+  std::vector<int32_t> indices(3 * 4), lens(3);
+  a.out = {make_view(indices.data(), DType::i32, Device{}, {3, 4}, {1, 1}), i32(lens, {3}), {}};
+  test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "sparse_indices",
+                          "non-overlapping elements", "[3, 4] with strides [1, 1]");
+}
+
+// decode_swa_width == W is causal (DSpark is > W): no out.seq_lens, which is refused if given.
+TEST(IndexErrors, WidthOfTheWindowWritesNoSeqLens) {
+  SwaOnlyCase c;
+  SparseIndexArgs a = c.args();
+  a.step.decode_swa_width = 4;
+  std::vector<int32_t> indices(3 * 4), lens(3), seq(3);
+  a.out = {i32(indices, {3, 4}), i32(lens, {3}), i32(seq, {3})};
+  test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "out.seq_lens",
+                          "absent (only the DSpark window writes it)", "i32");
+}
+
 // SPEC §4 re-derived token by token from a StepCase.
 Built expected(const test::StepCase& c, const SparseIndexArgs& a) {
   const int W = a.window;
@@ -445,6 +582,30 @@ TEST(IndexRandom, DsparkMatchesThePlainRules) {
     const test::CaseShape s = test::random_dspark_shape(rng, trial);
     const test::StepCase c({{.layer = 0, .num_heads = 1}}, s, rng());
     expect_matches(c, 0);
+  }
+}
+
+// decode_swa_width in 1..W is the causal window: the rows of width 0, and no out.seq_lens
+// (build passes none; one is required only past W).
+TEST(IndexRandom, WidthUpToTheWindowIsCausal) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  for (int trial = 0; trial < 10; ++trial) {
+    const test::CaseShape s = test::random_shape(rng, trial);
+    const int ratio = std::uniform_int_distribution<int>(1, 4)(rng);
+    const test::StepCase c(test::three_layers(ratio), s, rng());
+    for (int layer = 0; layer < 3; ++layer) {
+      SparseIndexArgs a = c.args(layer);
+      const Built causal = build(a);
+      for (const int width : {a.window, std::uniform_int_distribution<int>(1, a.window)(rng)}) {
+        a.step.decode_swa_width = width;
+        const Built got = build(a);
+        EXPECT_EQ(got.indices, causal.indices) << "layer " << layer << " width " << width;
+        EXPECT_EQ(got.lens, causal.lens) << "layer " << layer << " width " << width;
+        EXPECT_TRUE(got.seq_lens.empty());
+      }
+    }
   }
 }
 

@@ -1,7 +1,9 @@
 // The shared per-token rules: the CUDA builder's parallel request count (requests_started,
-// summed over its threads) against the binary search the CPU builder uses.
+// summed over its threads) against the binary search the CPU builder uses; storage offsets at
+// the int32 edge and negative top-k entries.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -50,6 +52,52 @@ TEST(IndexRules, RequestCountOfBadStartsStaysARequest) {
     const int64_t t = rng.uniform(-10, 60), got = counted_request(t, 512, starts);
     ASSERT_GE(got, 0);
     ASSERT_LT(got, num_requests);
+  }
+}
+
+// An offset past INT32_MAX becomes -1 (the int32 it would wrap to may look like a real row),
+// whichever rule makes it: a slot's, a page's or a top-k entry's. Pages drawn at the last one
+// whose rows int32 reaches, or anywhere.
+TEST(IndexRules, OffsetsPastInt32ArePadding) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  Rng rng(seed);
+  int within = 0, past = 0;
+  for (int round = 0; round < 2000; ++round) {
+    const int64_t block_size = rng.uniform(1, 512);
+    const int64_t span = block_size + (rng.chance(0.5) ? rng.uniform(1, 64) : 0);
+    const int64_t edge = INT32_MAX / span;
+    const int64_t page = rng.chance(0.5) ? rng.uniform(std::max<int64_t>(edge - 2, 0),
+                                                       std::min<int64_t>(edge + 2, INT32_MAX))
+                                         : rng.uniform(0, INT32_MAX);
+    const int64_t in_page = rng.uniform(0, block_size - 1);
+    const int64_t pos = in_page + block_size * rng.uniform(0, 1000);  // an int32 entry too
+    const int64_t offset = page * span + in_page;
+    const int32_t want = offset <= INT32_MAX ? static_cast<int32_t>(offset) : -1;
+    ++(offset <= INT32_MAX ? within : past);
+    const int32_t id = static_cast<int32_t>(page);
+    SCOPED_TRACE("page " + std::to_string(page) + ", block_size " + std::to_string(block_size) +
+                 ", span " + std::to_string(span) + ", pos " + std::to_string(pos));
+    ASSERT_EQ(rules::storage_offset(rules::slot(id, block_size, pos), block_size, span), want);
+    ASSERT_EQ(rules::page_offset(id, in_page, block_size, span), want);
+    ASSERT_EQ(rules::topk_offset(static_cast<int32_t>(pos), id, block_size, span), want);
+  }
+  EXPECT_GT(within, 0);
+  EXPECT_GT(past, 0);
+}
+
+// A negative top-k entry is copied as it is, whatever its page (-1 padding or another value).
+TEST(IndexRules, NegativeTopkEntryIsCopied) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  Rng rng(seed);
+  for (int round = 0; round < 200; ++round) {
+    const int32_t x =
+        static_cast<int32_t>(rng.chance(0.5) ? rng.uniform(INT32_MIN, -2) : rng.uniform(-100, -2));
+    const int32_t page = static_cast<int32_t>(rng.uniform(-1, INT32_MAX));
+    const int64_t E = rng.uniform(1, 512), span = E + rng.uniform(0, 64);
+    ASSERT_EQ(rules::topk_offset(x, page, E, span), x)
+        << "page " << page << ", E " << E << ", span " << span;
   }
 }
 
