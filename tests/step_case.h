@@ -29,6 +29,10 @@ struct CaseShape {
   double invalid_fraction = 0.0;      // share of padding tokens (is_valid_token = 0)
   int decode_swa_width = 0;           // > window: DSpark
   bool evict_outside_window = false;  // SWA pages wholly before every window are -1
+  // Prefill rows' top-k entries past the (pos + 1) / ratio a token sees hold random entries
+  // of the request (in range, >= 0) instead of -1: SPEC §4 takes a prefill row's first
+  // min((pos + 1) / ratio, top_k) entries as they are, whatever follows them.
+  bool prefill_topk_tails = false;
 };
 
 // One SWA-only, one dense (every entry) and one indexed compressed layer: each kind of table.
@@ -156,6 +160,15 @@ class StepCase {
     return make_view(bytes_.back().data(), dtype, Device{}, shape);
   }
 
+  // A pool of `like`'s geometry (a [blocks, block_size, 512] bf16 pool, its strides too) whose
+  // every element is a NaN: what no attended column may read.
+  TensorView nan_pool(const TensorView& like) {
+    u16_.emplace_back(like.size(0) * like.stride(0), uint16_t{0x7fc0});
+    return make_view(u16_.back().data(), DType::bf16, Device{},
+                     {like.size(0), like.size(1), like.size(2)},
+                     {like.stride(0), like.stride(1), like.stride(2)});
+  }
+
   TensorView keep(std::vector<int32_t> data, std::initializer_list<int64_t> shape) {
     i32_.push_back(std::move(data));
     return make_view(i32_.back().data(), DType::i32, Device{}, shape);
@@ -225,7 +238,8 @@ class StepCase {
     inputs.compressed_block_tables[s.kv_source] = keep(page_ids(B, pages), {B, pages});
   }
 
-  // Local top-k of an index source: distinct entries of those visible at pos, then -1.
+  // Local top-k of an index source: distinct entries of those visible at pos, then -1 (or,
+  // prefill_topk_tails, random entries of the request in prefill rows).
   void add_index_source(const LayerSpec& s, int max_seq) {
     const int64_t width = topk_width(s, max_seq);
     std::vector<int32_t> topk(T_ * width, -1);
@@ -235,6 +249,10 @@ class StepCase {
       std::iota(entries.begin(), entries.end(), 0);
       if (s.index_topk > 0) std::shuffle(entries.begin(), entries.end(), rng_);
       for (int j = 0; j < std::min<int64_t>(visible, width); ++j) topk[t * width + j] = entries[j];
+      if (!shape_.prefill_topk_tails || request_[t] < shape_.num_decodes) continue;
+      // Entries below visible (0 when none is): inside the request's compressed pages.
+      std::uniform_int_distribution<int32_t> entry(0, std::max(visible - 1, 0));
+      for (int64_t j = visible; j < width; ++j) topk[t * width + j] = entry(rng_);
     }
     inputs.topk_indices[s.index_source] = keep(topk, {T_, width});
   }

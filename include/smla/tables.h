@@ -54,7 +54,8 @@ class SparseIndexTables {
   // up in the other groups (one per group). A hit on a forked table waits for its event.
   // The views stay valid until the group stores another compressed key, or reset().
   SparseIndexTable lookup(int layer, const TableInputs& inputs);
-  // The memory behind the views lookup(layer) returns now (null before its lookup): holding it
+  // The memory behind the views lookup(layer) returns now (null until a table of its group and
+  // key is stored: by its lookup, an earlier layer's of the same key, or a fork): holding it
   // keeps them valid past reset() and later stores, while `streams` lives. Dropping it hands
   // the block to the next build at once: its users must have been queued on the current stream.
   std::shared_ptr<void> memory(int layer) const;

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstring>
 #include <ostream>
+#include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "case_gen.h"
@@ -43,9 +45,12 @@ struct Case {
   int groups;
   int first_layer, num_layers;  // a slice of the model's layers (MTP ones included)
   test::CaseShape shape;
+  int window = kWindow;  // every layer's W
   friend std::ostream& operator<<(std::ostream& os, const Case& c) {
-    return os << c.model << " layers " << c.first_layer << ".." << c.first_layer + c.num_layers - 1
-              << ", " << c.groups << " SWA groups";
+    os << c.model << " layers " << c.first_layer << ".." << c.first_layer + c.num_layers - 1 << ", "
+       << c.groups << " SWA groups";
+    if (c.window != kWindow) os << ", window " << c.window;
+    return os;
   }
 };
 
@@ -66,7 +71,10 @@ TEST_P(ExecutorMatchesDirectCalls, BitForBit) {
   const auto all = model_layers(model_preset(p.model), p.groups, true);
   std::vector<LayerSpec> specs(all.begin() + p.first_layer,
                                all.begin() + p.first_layer + p.num_layers);
-  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  for (LayerSpec& s : specs) {
+    s.num_heads = kHeads;
+    s.window = p.window;
+  }
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
   test::StepCase c(specs, p.shape, seed);
@@ -74,6 +82,10 @@ TEST_P(ExecutorMatchesDirectCalls, BitForBit) {
   std::vector<float> sinks{0.5f, -1.0f};
   for (size_t i = 0; i < c.layers.size(); i += 2)
     c.layers[i].sinks = make_view(sinks.data(), DType::f32, Device{}, {kHeads});
+  // An SWA-only layer's compressed_kv_cache is never read (in DSpark its columns past W read
+  // the SWA pool): NaN there must not reach the outputs.
+  for (AttentionLayer& l : c.layers)
+    if (l.spec.compress_ratio == 0) l.compressed_kv_cache = c.nan_pool(l.swa_kv_cache);
 
   std::vector<TensorView> queries, outs, direct_outs;
   int64_t max_columns = 0;
@@ -197,6 +209,63 @@ TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {
   EXPECT_EQ(streams.log.back(), "join");
 }
 
+// Every layer's decode has the same argument names: its errors say which layer (by id) failed.
+TEST(Executor, DecodeErrorsNameTheLayer) {
+  const auto all = model_layers(model_preset("v41-flash"), 3, false);
+  std::vector<LayerSpec> specs(all.begin() + 20, all.begin() + 26);  // ids 20..25
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  test::StepCase c(specs, kThreeRequests, seed);
+  const int64_t T = c.num_tokens();
+  std::vector<TensorView> queries, outs;
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    queries.push_back(c.bf16(T, kHeads));
+    outs.push_back(c.bf16(T, kHeads));
+  }
+  const auto streams = make_streams(Device{});
+  StepExecutor executor(c.layers, *streams, T, max_columns_of(c));
+  const size_t bad = seed % specs.size();  // not the layer's id: that is 20 more
+  queries[bad].dtype = DType::f32;
+  const std::string layer = "(layer " + std::to_string(specs[bad].layer) + ")";
+  SCOPED_TRACE("bad query for " + layer);
+  try {
+    executor.run_step(c.inputs, queries, outs);
+    FAIL() << "no error for the f32 query";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::type) << e.what();
+    EXPECT_EQ(e.argument(), "query") << e.what();
+    EXPECT_EQ(e.got(), "f32 " + layer) << e.what();
+  }
+}
+
+// SPEC §4: the DSpark window is for SWA-only layers. A compressed layer that reads its top-k in
+// the decode (SWA-only to the tables, which then accept the step) is refused by the executor.
+TEST(Executor, DSparkStepRefusesTopkReads) {
+  const auto all = model_layers(model_preset("v41-flash"), 3, true);
+  std::vector<LayerSpec> specs(all.begin() + 38, all.end());  // 38, 39: ratio 1; MTP: SWA-only
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  test::CaseShape shape = test::random_dspark_shape(rng, static_cast<int>(seed % 2));
+  ASSERT_GT(shape.decode_swa_width, kWindow);
+  shape.num_groups = 3;
+  test::StepCase c(specs, shape, seed);
+  const int64_t T = c.num_tokens();
+  std::vector<TensorView> queries, outs;
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    queries.push_back(c.bf16(T, kHeads));
+    outs.push_back(c.bf16(T, kHeads));
+  }
+  const auto streams = make_streams(Device{});
+  StepExecutor executor(c.layers, *streams, T, max_columns_of(c), TableSharing::shared,
+                        CompressedIndex::topk);
+  test::expect_smla_error([&] { executor.run_step(c.inputs, queries, outs); }, ErrorKind::value,
+                          "compress_ratio", "0 (the DSpark window is for SWA-only layers)",
+                          "1 (layer 38)");
+}
+
 // The caller runs an index source's indexer between the layer before it and its own run_layer:
 // forks that may still read the top-k it overwrites are joined by then (SPEC §5).
 TEST(Executor, JoinsBeforeTheNextIndexSourcesIndexer) {
@@ -283,7 +352,33 @@ INSTANTIATE_TEST_SUITE_P(
               .seq_lens = {500, 90},
               .num_decodes = 2,
               .num_groups = 3,
-              .decode_swa_width = 192}}));
+              .decode_swa_width = 192}},
+        // Layers whose index source is not their kv source (24..27: kv 20, top-k 24), in runs
+        // that read the top-k in the decode; prefill rows' top-k past what a token sees is not
+        // -1 (a prefill row reads its first (pos + 1) / ratio entries, not those >= 0).
+        Case{"v41-flash",
+             3,
+             20,
+             8,
+             {.q_lens = {1, 3, 12},
+              .seq_lens = {700, 200, 150},
+              .num_decodes = 2,
+              .num_groups = 3,
+              .invalid_fraction = 0.2,
+              .prefill_topk_tails = true}},
+        // Every layer's window 64, not the default W: tables and decodes both use the layer's.
+        Case{"v4-flash",
+             2,
+             0,
+             8,
+             {.q_lens = {2, 1, 20},
+              .seq_lens = {700, 150, 300},
+              .num_decodes = 2,
+              .num_groups = 2,
+              .block_size = 64,
+              .span = 80,
+              .prefill_topk_tails = true},
+             64}));
 
 }  // namespace
 }  // namespace smla

@@ -76,6 +76,38 @@ void run_step(SparseIndexTables& tables, const test::StepCase& c,
   tables.join();
 }
 
+// A table's memory: [T, K] indices and [T] lengths, and in DSpark [T] seq_lens (i32 each).
+size_t table_bytes(const test::StepCase& c, int layer) {
+  const SparseIndexArgs a = c.args(layer);
+  const int64_t T = c.num_tokens();
+  const bool dspark = a.step.decode_swa_width > a.window;
+  return sizeof(int32_t) * static_cast<size_t>(T * sparse_index_columns(a) + T + (dspark ? T : 0));
+}
+
+// SPEC §5's bound on memory, replayed store by store: a new compressed key in a group drops
+// that group's previous compressed table and nothing else (no other group's, no swa_only one).
+class HeldTables {
+ public:
+  void store(const TableKey& key, size_t bytes) {
+    if (key.second != "swa_only")
+      std::erase_if(held_, [&](const auto& entry) {
+        const auto& [group, name] = entry.first;
+        return group == key.first && name != "swa_only" && name != key.second;
+      });
+    held_[key] = bytes;
+    bytes_ = 0;
+    for (const auto& [k, b] : held_) bytes_ += b;
+    peak_ = std::max(peak_, bytes_);
+  }
+  bool holds(const TableKey& key) const { return held_.contains(key); }
+  size_t bytes() const { return bytes_; }
+  size_t peak() const { return peak_; }
+
+ private:
+  std::map<TableKey, size_t> held_;
+  size_t bytes_ = 0, peak_ = 0;
+};
+
 // SPEC §5 stated per run of equal keys: of the groups whose table the run needs and that do
 // not have it yet, the first (in layer order) builds on the current stream and its layer
 // forks the others.
@@ -252,6 +284,45 @@ TEST_P(TablesOverPatterns, EachTableBuiltOnceForkedAsSpecSays) {
   EXPECT_TRUE(tables.stats().builds.empty());
 }
 
+// After each lookup, the tables a group holds are its swa_only one and the last compressed key
+// stored in it (built on a lookup, or by a fork): the memory of every layer looked up so far is
+// there exactly when its (group, key) is, and the bytes and peak bytes are theirs.
+TEST_P(TablesOverPatterns, AGroupDropsOnlyItsOwnPreviousTable) {
+  const auto [model, groups] = GetParam();
+  LoggedStep logged(model_layers(model_preset(model), groups, true), groups);
+  auto& [layers, seed, c, streams, tables] = logged;
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  const auto key_of = [](const LayerSpec& s) { return TableKey{s.swa_group, sparse_index_key(s)}; };
+  // A layer of the step that looks `key` up (all of them build tables of one size).
+  const auto layer_of = [&](const TableKey& key) {
+    const auto it =
+        std::ranges::find_if(layers, [&](const LayerSpec& s) { return key_of(s) == key; });
+    return it == layers.end() ? -1 : it->layer;
+  };
+  tables.reset();
+  const TableInputs inputs = [&](int layer) { return c.args(layer); };
+  HeldTables held;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& s = layers[i];
+    if (runs_indexer(s)) tables.join();
+    const size_t forked = tables.stats().forks.size();
+    const bool hit = held.holds(key_of(s));
+    tables.lookup(s.layer, inputs);
+    if (!hit) held.store(key_of(s), table_bytes(c, s.layer));
+    const auto& forks = tables.stats().forks;
+    for (size_t f = forked; f < forks.size(); ++f) {
+      ASSERT_GE(layer_of(forks[f]), 0) << forks[f].second;
+      held.store(forks[f], table_bytes(c, layer_of(forks[f])));
+    }
+    for (size_t j = 0; j <= i; ++j)
+      EXPECT_EQ(tables.memory(layers[j].layer) != nullptr, held.holds(key_of(layers[j])))
+          << "layer " << layers[j].layer << "'s table after layer " << s.layer << "'s lookup";
+    EXPECT_EQ(tables.stats().bytes, held.bytes()) << "after layer " << s.layer;
+    EXPECT_EQ(tables.stats().peak_bytes, held.peak()) << "after layer " << s.layer;
+  }
+  tables.join();
+}
+
 // Every layer's table, copied out as the step looks it up (joining at index sources).
 std::vector<std::vector<int32_t>> step_tables(SparseIndexTables& tables, const test::StepCase& c,
                                               const std::vector<LayerSpec>& layers) {
@@ -347,6 +418,40 @@ TEST(SparseIndexTables, DroppedForkedTableIsWaitedFor) {
   ASSERT_EQ(layers[9].swa_group, 1);
   EXPECT_EQ(streams.log, (std::vector<std::string>{"fork", "record 0", "wait 0", "fork",
                                                     "record 0"}));
+}
+
+// peak_bytes is the most table memory held at once: a drop to fewer bytes leaves it.
+TEST(SparseIndexTables, PeakBytesOutlastADrop) {
+  LoggedStep logged(model_layers(model_preset("v4-flash"), 1, true), 1);
+  auto& [layers, seed, c, streams, tables] = logged;
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  const TableInputs inputs = [&](int layer) { return c.args(layer); };
+  size_t most = 0;
+  int drops = 0;
+  for (const LayerSpec& s : layers) {
+    const size_t before = tables.stats().bytes;
+    tables.lookup(s.layer, inputs);
+    const size_t now = tables.stats().bytes;
+    drops += now < before;
+    most = std::max(most, now);
+    EXPECT_EQ(tables.stats().peak_bytes, most) << "after layer " << s.layer;
+  }
+  // Each ratio-128 table (top-k as wide as the step's entries) replaces a wider ratio-4 one.
+  EXPECT_GT(drops, 0);
+}
+
+// Layer ids strictly increase (runs and lookups go by them): a repeated or falling id is refused.
+TEST(SparseIndexTables, LayerIdsMustIncrease) {
+  const auto flash = model_layers(model_preset("v4-flash"), 2);
+  test::RecordingStreams streams;
+  const auto refused = [&](std::vector<LayerSpec> layers, const char* got) {
+    test::expect_smla_error([&] { SparseIndexTables tables(layers, streams); }, ErrorKind::value,
+                            "layers", "strictly increasing layer ids", got);
+  };
+  refused({flash[0], flash[0]}, "0 then 0");
+  refused({flash[1], flash[0]}, "1 then 0");
+  refused({flash[0], flash[2], flash[3], flash[3], flash[4]}, "3 then 3");  // the same key
+  refused({flash[0], flash[2], flash[4], flash[3]}, "4 then 3");
 }
 
 TEST(SparseIndexTables, UnknownLayerIsAnError) {
