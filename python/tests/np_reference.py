@@ -157,3 +157,27 @@ def decode_table(seq_lens, cum_seq_lens_q, num_tokens, block_table, swa_block_si
                 indices[t, window + j] = storage_offset(s, entries_per_page, compressed_span)
         lens[t] = window + count
     return indices, lens
+
+
+def dspark_table(seq_lens, cum_seq_lens_q, num_tokens, block_table, swa_block_size, swa_span,
+                 window, num_columns, is_valid_token=None):
+    """DSpark rows (decode_swa_width > window, SWA-only): every token of a request's draft block
+    of q_len tokens sees positions [max(seq_len - q_len - window, 0), seq_len), in columns 0..,
+    -1 past them, length max(their count, window), and becomes a request of its own of that
+    seq_len. (sparse_indices [T, K], sparse_topk_lens [T], seq_lens [T])."""
+    indices = np.full((num_tokens, num_columns), -1, dtype=np.int32)
+    lens = np.full(num_tokens, window, dtype=np.int32)
+    token_seq_lens = np.zeros(num_tokens, dtype=np.int32)
+    for b in range(len(seq_lens)):
+        start, end = int(cum_seq_lens_q[b]), int(cum_seq_lens_q[b + 1])
+        seq_len = int(seq_lens[b])
+        first = max(seq_len - (end - start) - window, 0)
+        for t in range(start, end):
+            token_seq_lens[t] = seq_len
+            if is_valid_token is not None and not is_valid_token[t]:
+                continue
+            for i, position in enumerate(range(first, seq_len)):
+                s = slot(block_table[b], position, swa_block_size)
+                indices[t, i] = storage_offset(s, swa_block_size, swa_span)
+            lens[t] = max(seq_len - first, window)
+    return indices, lens, token_seq_lens

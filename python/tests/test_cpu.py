@@ -93,11 +93,12 @@ def poison_unread(args, pools, poison=None):
     """NaN into every row of the smla-facing pools that no attended column points to: such
     rows must not reach the output (SPEC §2). `poison(view, block, i)` for other layouts."""
     swa, comp = pools["swa"], pools["comp"] or pools["swa"]
+    window = args.get("window", W)
     read = {id(swa): set(), id(comp): set()}
     pos = ref.positions(args["seq_lens"], args["cum_seq_lens_q"], args["query"].shape[0])
     for t in range(args["query"].shape[0]):
         for pool, offset in ref.attended(t, pos[t], args["sparse_indices"],
-                                         args["sparse_topk_lens"], W, swa, comp):
+                                         args["sparse_topk_lens"], window, swa, comp):
             read[id(pool)].add(pool.where(offset))
     views = [(args["swa_kv_cache"], swa)]
     if args["compressed_kv_cache"] is not None:
@@ -147,6 +148,27 @@ def test_decode_sinks(sinks):
     run_and_check(args, pools)
     if sinks == "+inf":
         assert (args["out"].astype(np.float32) == 0).all()
+
+
+def test_decode_window_other_than_128():
+    """A window of 64: columns [0, 64) are SWA (each token's last min(pos + 1, 64)), the rest
+    compressed."""
+    args, pools = make_case(ref.fresh_rng())
+    args["window"] = 64
+    run_and_check(args, pools)
+
+
+def test_decode_scales_down_to_float32_subnormals():
+    """A scale float32 holds only as a subnormal (down to 1.4e-45) is taken, not refused: it
+    scales the output alone, so lse is the bmm2_scale = 1 call's."""
+    args, pools = make_case(ref.fresh_rng())
+    run_and_check(args, pools)
+    tiny = dict(args, bmm2_scale=1e-40, out=np.full_like(args["out"], np.nan),
+                lse=np.full_like(args["lse"], np.nan))
+    smla.sparse_mla_decode(**tiny)
+    assert np.isfinite(tiny["out"].astype(np.float32)).all()
+    assert (tiny["lse"].view(np.uint32) == args["lse"].view(np.uint32)).all()
+    smla.sparse_mla_decode(**dict(tiny, bmm2_scale=1.401298464324817e-45))
 
 
 def test_decode_padded_heads():
@@ -230,6 +252,19 @@ def test_decode_raw_bits_with_dtype_give_the_same_result():
                out=smla.with_dtype(args["out"].view(np.uint16), "bf16"))
     smla.sparse_mla_decode(**raw)
     assert (args["out"].view(np.uint16) == first.view(np.uint16)).all()
+
+
+def test_with_dtype_element_sizes_must_agree():
+    """with_dtype reads an array's bits as another dtype of the same element size only; it
+    also names the dtype of an ml_dtypes array (which is read as that, not as its own)."""
+    args, _ = make_case(ref.fresh_rng())
+    with pytest.raises(TypeError, match="smla: query: expected 16-bit elements to read as bf16, "
+                       "got uint8"):
+        smla.sparse_mla_decode(**dict(args, query=smla.with_dtype(args["query"].view(np.uint8),
+                                                                   "bf16")))
+    with pytest.raises(TypeError, match="smla: query: expected 8-bit elements to read as "
+                       "f8e4m3, got uint16"):
+        smla.sparse_mla_decode(**dict(args, query=smla.with_dtype(args["query"], "f8e4m3")))
 
 
 def test_decode_fp8_per_tensor():
@@ -351,6 +386,11 @@ def test_dtype_errors_name_the_conversion_taken():
         smla.sparse_mla_decode(**bad(args, seq_lens=args["seq_lens"].astype(np.int64)))
     with pytest.raises(TypeError, match=r"got float64: sinks and lse are float32 \(\.float\(\)"):
         smla.sparse_mla_decode(**bad(args, lse=args["lse"].astype(np.float64)))
+    with pytest.raises(TypeError) as info:  # the error's parts, as attributes
+        smla.sparse_mla_decode(**bad(args, sparse_indices=args["sparse_indices"].astype(np.int64)))
+    assert info.value.argument == "sparse_indices"
+    assert info.value.got.startswith("int64: indices, lengths and offsets are int32")
+    assert "i32" in info.value.expected and "int64" not in info.value.expected
 
 
 def test_an_array_dlpack_cannot_describe_names_its_dtype():
@@ -375,11 +415,18 @@ def test_decode_of_no_tokens_is_checked_and_runs():
         smla.sparse_mla_decode(**dict(empty, out=np.empty((0, heads - 1, D), BF16)))
 
 
-def test_decode_read_only_output_is_refused():
+def read_only(x):
+    view = x.view()
+    view.flags.writeable = False
+    return view
+
+
+@pytest.mark.parametrize("output", ["out", "lse"])
+def test_decode_read_only_output_is_refused(output):
     args, _ = make_case(ref.fresh_rng())
-    args["out"].flags.writeable = False
-    with pytest.raises(TypeError, match="smla: out:"):
-        smla.sparse_mla_decode(**args)
+    with pytest.raises(TypeError, match=f"smla: {output}:") as info:
+        smla.sparse_mla_decode(**dict(args, **{output: read_only(args[output])}))
+    assert info.value.argument == output
 
 
 def test_decode_refuses_a_stream_that_is_not_one_on_every_device():
@@ -388,6 +435,19 @@ def test_decode_refuses_a_stream_that_is_not_one_on_every_device():
         with pytest.raises(TypeError, match="smla: stream: expected an int cudaStream_t") as info:
             smla.sparse_mla_decode(**args, stream=stream)
         assert info.value.argument == "stream"
+
+
+def test_index_builders_refuse_a_stream_that_is_not_one():
+    """build_sparse_indices and SparseIndexTables check `stream` on the CPU too."""
+    c = step_case(ref.fresh_rng())
+    args = index_args(c, 4)
+    args.out = smla.SparseIndexTable(np.zeros((4, W + 12), np.int32), np.zeros(4, np.int32))
+    for stream in ("abc", 1.5, object()):
+        with pytest.raises(TypeError, match="smla: stream: expected an int cudaStream_t") as info:
+            smla.build_sparse_indices(args, stream=stream)
+        assert info.value.argument == "stream"
+        with pytest.raises(TypeError, match="smla: stream: expected an int cudaStream_t"):
+            smla.SparseIndexTables(four_layers(4), "cpu", stream=stream)
 
 
 def test_decode_too_many_heads_is_unsupported():
@@ -420,6 +480,30 @@ def test_engine_call_matches_the_op():
     assert (out.view(np.uint16) == expected.view(np.uint16)).all()
 
 
+def test_engine_call_forwards_lse_and_window():
+    """`lse` and `window` reach the op: the engine call writes the op's lse and, with another
+    window, the op's output for it; window=0 is the op's error."""
+    args, _ = make_case(ref.fresh_rng())
+    common = {k: args[k] for k in ("query", "swa_kv_cache", "compressed_kv_cache",
+                                   "sparse_indices", "sparse_topk_lens", "seq_lens",
+                                   "cum_seq_lens_q", "max_q_len", "sinks", "bmm1_scale")}
+    outs = []
+    for window in (W, 64):
+        want = dict(args, window=window, out=np.full_like(args["out"], np.nan),
+                    lse=np.full_like(args["lse"], np.nan))
+        smla.sparse_mla_decode(**want)
+        out, lse = np.full_like(args["out"], np.nan), np.full_like(args["lse"], np.nan)
+        trtllm_batch_decode_sparse_mla_dsv4(**common, out=out, lse=lse, window=window)
+        assert np.isfinite(lse).all()
+        assert (out.view(np.uint16) == want["out"].view(np.uint16)).all(), window
+        assert (lse.view(np.uint32) == want["lse"].view(np.uint32)).all(), window
+        outs.append(out)
+    assert (outs[0].view(np.uint16) != outs[1].view(np.uint16)).any()  # the window matters
+    with pytest.raises(ValueError, match="smla: window:") as info:
+        trtllm_batch_decode_sparse_mla_dsv4(**common, out=out, window=0)
+    assert info.value.argument == "window"
+
+
 def test_engine_call_refuses_what_is_not_an_array():
     args, _ = make_case(ref.fresh_rng())
     for out in (None, args["out"]):  # the output allocated from the query's shape, or given
@@ -450,6 +534,15 @@ def test_engine_call_dspark_shapes_and_allocated_out():
         sinks=args["sinks"], cum_seq_lens_q=None, max_q_len=1, kv_counters=None)
     assert out.shape == (num_tokens, 1, 8, D)
     ref.assert_out_close(out[:, 0], expected_out, ref.CPU_TOL)
+    # kv_counters is the op's multi-CTA counters: checked (u8) on the CPU too.
+    with pytest.raises(TypeError, match="smla: kv_counters:") as info:
+        trtllm_decode_sparse_mla_dsv4(
+            query=args["query"][:, None], swa_kv_cache=args["swa_kv_cache"],
+            compressed_kv_cache=args["compressed_kv_cache"],
+            sparse_indices=args["sparse_indices"][:, None],
+            sparse_topk_lens=args["sparse_topk_lens"], seq_lens=args["seq_lens"],
+            bmm1_scale=args["bmm1_scale"], kv_counters=np.zeros(64, np.float32))
+    assert info.value.argument == "kv_counters"
 
 
 def test_engine_call_uniform_q_len_from_4d_query():
@@ -505,9 +598,11 @@ def test_engine_call_refuses_slots_and_copies():
                   sparse_topk_lens=args["sparse_topk_lens"], seq_lens=args["seq_lens"],
                   cum_seq_lens_q=args["cum_seq_lens_q"], max_q_len=3, out=args["out"],
                   bmm1_scale=0.04)
-    with pytest.raises(ValueError, match="sparse_indices_are_storage_offsets") as info:
-        trtllm_batch_decode_sparse_mla_dsv4(**common, sparse_indices_are_storage_offsets=False)
-    assert info.value.argument == "sparse_indices_are_storage_offsets"
+    # True or NumPy's True only: a truthy int, string or array is no promise of offsets.
+    for flag in (False, 1, "yes", np.array([True])):
+        with pytest.raises(ValueError, match="sparse_indices_are_storage_offsets") as info:
+            trtllm_batch_decode_sparse_mla_dsv4(**common, sparse_indices_are_storage_offsets=flag)
+        assert info.value.argument == "sparse_indices_are_storage_offsets"
     split = np.zeros((3, 3, 8, D), BF16)[:, :2]  # [B, q, H, D] whose tokens do not merge
     with pytest.raises(ValueError, match="smla: out:"):
         trtllm_batch_decode_sparse_mla_dsv4(**dict(common, out=split))
@@ -539,12 +634,21 @@ def test_buffer_sizes_and_capability():
     with pytest.raises(TypeError, match="smla: block_size: expected an int, got float"):
         smla.query_capability(512, "bf16", "bf16", 64.0, "cpu")
     # A device's index is an int32 in its text too: named errors, not int()'s or nanobind's.
+    # A kind that is not cpu or cuda is a bad form (TypeError), a negative index a bad value.
     for device, error in [("cuda:x", TypeError), ("cuda:1.5", TypeError),
                           ("cuda:99999999999", ValueError), (("cuda", 2**40), ValueError),
-                          (("cuda", "0"), TypeError)]:
+                          (("cuda", "0"), TypeError), ("tpu", TypeError), ("tpu:0", TypeError),
+                          ("cuda:-1", ValueError), (("cuda", -1), ValueError)]:
         with pytest.raises(error, match="smla: device:") as info:
             smla.workspace_bytes(64, 64, 640, device)
         assert info.value.argument == "device"
+    # Sizes reach the library in their order: num_heads alone is bounded (1..128).
+    assert smla.workspace_bytes(200, 8, 640, "cpu") == 0
+    smla.kv_counter_bytes(200, 8)
+    for size in (lambda: smla.kv_counter_bytes(8, 200),
+                 lambda: smla.workspace_bytes(8, 200, 640, "cpu")):
+        with pytest.raises(ValueError, match="smla: num_heads: expected 1..128, got 200"):
+            size()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -578,10 +682,10 @@ def step_case(rng, q_lens=(1, 2, 1), seq_lens=(5, 200, 131), top_k=12, invalid=N
                 block_table=block_table, comp_table=comp_table, topk=topk)
 
 
-def expected_table(c, ratio):
+def expected_table(c, ratio, window=W):
     s = c["step"]
     return ref.decode_table(s.seq_lens, s.cum_seq_lens_q, s.num_tokens, c["block_table"], 64, 80,
-                            W, ratio, c["topk"], c["comp_table"], 16, 20, s.is_valid_token)
+                            window, ratio, c["topk"], c["comp_table"], 16, 20, s.is_valid_token)
 
 
 def index_args(c, ratio):
@@ -603,6 +707,47 @@ def test_build_sparse_indices(ratio):
     indices, lens = expected_table(c, ratio)
     np.testing.assert_array_equal(args.out.sparse_indices, indices)
     np.testing.assert_array_equal(args.out.sparse_topk_lens, lens)
+
+
+@pytest.mark.parametrize("ratio", [0, 4])
+def test_build_sparse_indices_window_other_than_128(ratio):
+    c = step_case(ref.fresh_rng(), invalid=[2])
+    args = index_args(c, ratio)
+    args.window = 64
+    k = smla.sparse_index_columns(64, c["topk"].shape[1] if ratio else 0)
+    args.out = smla.SparseIndexTable(np.full((4, k), 12345, np.int32), np.full(4, -9, np.int32))
+    smla.build_sparse_indices(args)
+    indices, lens = expected_table(c, ratio, window=64)
+    np.testing.assert_array_equal(args.out.sparse_indices, indices)
+    np.testing.assert_array_equal(args.out.sparse_topk_lens, lens)
+
+
+def test_build_sparse_indices_dspark():
+    """DSpark (decode_swa_width past W): K is the width, every token of a draft block gets the
+    block's window and its request's seq_len; SparseIndexTables gives the same table, with
+    those seq_lens."""
+    c = step_case(ref.fresh_rng(), q_lens=(1, 3, 2), seq_lens=(5, 200, 131))
+    s = c["step"]
+    width = smla.dspark_swa_width(W, 3)
+    s.decode_swa_width = width
+    k = smla.sparse_index_columns(W, 0, width)
+    assert k == width
+    swa = smla.SwaGroup(c["block_table"], c["swa_view"])
+    out = smla.SparseIndexTable(np.full((6, k), 12345, np.int32), np.full(6, -9, np.int32),
+                                np.full(6, -9, np.int32))
+    smla.build_sparse_indices(smla.SparseIndexArgs(step=s, swa=swa, out=out))
+    indices, lens, seq_lens = ref.dspark_table(s.seq_lens, s.cum_seq_lens_q, 6, c["block_table"],
+                                               64, 80, W, k)
+    np.testing.assert_array_equal(out.seq_lens, np.repeat(s.seq_lens, (1, 3, 2)))
+    np.testing.assert_array_equal(out.seq_lens, seq_lens)
+    np.testing.assert_array_equal(out.sparse_indices, indices)
+    np.testing.assert_array_equal(out.sparse_topk_lens, lens)
+    assert (out.sparse_topk_lens > W).any()  # a draft block's window past W
+    tables = smla.SparseIndexTables([smla.LayerSpec(layer=0, num_heads=4)], "cpu")
+    table = tables.lookup(0, lambda layer: smla.SparseIndexArgs(step=s, swa=swa))
+    np.testing.assert_array_equal(table.sparse_indices, indices)
+    np.testing.assert_array_equal(table.sparse_topk_lens, lens)
+    np.testing.assert_array_equal(table.seq_lens, seq_lens)
 
 
 def test_decode_reads_the_topk_as_its_table_would():
@@ -674,7 +819,9 @@ def test_sparse_index_tables_share_and_fork():
         return args
 
     tables = smla.SparseIndexTables(specs, "cpu")
-    for _ in range(2):  # a second step after reset gives the same tables
+    for step in range(2):  # a second step after reset, on other pages, gets its own tables
+        if step:
+            groups = [rng.permutation(40)[:16].reshape(4, 4).astype(np.int32) for _ in groups]
         tables.reset()
         for spec in specs:
             table = tables.lookup(spec.layer, inputs)
@@ -706,6 +853,9 @@ def test_table_arrays_outlive_reset_and_their_tables():
 
     tables = smla.SparseIndexTables(specs, "cpu")
     kept = [tables.lookup(s.layer, inputs_of(pages[:2])) for s in specs]
+    for table in kept:  # views that hold what keeps the memory (no copy, no owner-less view)
+        for array in (table.sparse_indices, table.sparse_topk_lens):
+            assert not array.flags.owndata and array.base is not None
     expected = [(t.sparse_indices.copy(), t.sparse_topk_lens.copy()) for t in kept]
     tables.reset()
     for s in specs:
@@ -716,6 +866,33 @@ def test_table_arrays_outlive_reset_and_their_tables():
     for table, (indices, lens) in zip(kept, expected):
         np.testing.assert_array_equal(table.sparse_indices, indices)
         np.testing.assert_array_equal(table.sparse_topk_lens, lens)
+
+
+def test_sparse_index_tables_peak_bytes_outlast_a_drop():
+    """A group holds one compressed key's table: a narrower one replaces it, so the bytes held
+    drop while the peak stays."""
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    narrow = dict(c, topk=c["topk"][:, :4])
+    specs = [smla.LayerSpec(layer=0, compress_ratio=4, kv_source=0, index_source=0,
+                            index_topk=12, num_heads=4),
+             smla.LayerSpec(layer=1, compress_ratio=4, kv_source=1, index_source=1,
+                            index_topk=4, num_heads=4)]
+    cases = [c, narrow]
+    tables = smla.SparseIndexTables(specs, "cpu")
+    held = []
+    for spec in specs:
+        table = tables.lookup(spec.layer, lambda layer: index_args(cases[layer], 4))
+        indices, lens = expected_table(cases[spec.layer], 4)
+        np.testing.assert_array_equal(table.sparse_indices, indices)
+        np.testing.assert_array_equal(table.sparse_topk_lens, lens)
+        held.append(tables.stats["bytes"])
+    stats = tables.stats
+    assert 0 < held[1] < held[0]
+    assert stats["bytes"] == held[1] and stats["peak_bytes"] == held[0]
+    assert stats["peak_tables"] == {0: 1}
+    tables.reset()
+    assert tables.stats["bytes"] == 0 and tables.stats["peak_bytes"] == 0
 
 
 def test_step_executor_matches_the_reference():
@@ -796,6 +973,16 @@ def test_model_presets():
         smla.model_preset("v5")
 
 
+def test_layer_spec_takes_every_field():
+    fields = dict(layer=5, swa_group=1, compress_ratio=4, kv_source=3, index_source=2,
+                  index_topk=12, num_heads=8, window=64, mtp=True)
+    spec = smla.LayerSpec(**fields)
+    assert {k: getattr(spec, k) for k in fields} == fields
+    assert repr(spec) == "LayerSpec(" + ", ".join(f"{k}={v}" for k, v in fields.items()) + ")"
+    spec.mtp, spec.window = False, 128
+    assert (spec.mtp, spec.window) == (False, 128)
+
+
 # ---------------------------------------------------------------------------------------------
 # Quantizers
 # ---------------------------------------------------------------------------------------------
@@ -869,6 +1056,7 @@ def test_quantize_kv_fp8_ds_mla_feeds_the_decode_op():
     (lambda a: dict(a, slots=np.array([0, 64], np.int32)), ValueError, "slots"),
     (lambda a: dict(a, kv_scale=0.0), ValueError, "kv_scale"),
     (lambda a: dict(a, kv_scale="x"), TypeError, "kv_scale"),
+    (lambda a: dict(a, pool=read_only(a["pool"])), TypeError, "pool"),
     (lambda a: dict(a, rows=a["pool"].view(np.uint8).reshape(-1)[:2048].view(BF16)
                     .reshape(2, D)), ValueError, "pool"),
 ])

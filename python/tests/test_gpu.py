@@ -234,6 +234,27 @@ def test_decode_runs_on_the_current_stream(typed):
     check(case, *expected)
 
 
+@pytest.mark.parametrize("form", ["stream", "handle"])
+def test_decode_runs_on_the_stream_given(form):
+    """stream= (a torch.cuda.Stream, or its cudaStream_t) is the call's stream though another
+    is current: work queued on it before the call (a slow kernel, then the query's values) must
+    be seen; the current (default) stream does not wait for it."""
+    case = make_case((1, 1, 1), (300, 40, 1000), 64)
+    fresh = torch.randn_like(case["query"].float()).bfloat16()
+    expected = reference(dict(case, query=fresh))
+    made = buffers(case)  # before: making them synchronises
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        case["query"].copy_(fresh)
+    assert torch.cuda.current_stream() != side
+    smla.sparse_mla_decode(**op_args(case, **made),
+                           stream=side if form == "stream" else side.cuda_stream)
+    torch.cuda.synchronize()
+    check(case, *expected)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_decode_on_a_device_that_is_not_current():
     """Tensors on another device than the current one: the call runs there, on that device's
@@ -313,9 +334,19 @@ def test_kv_counter_buffer_is_cached_and_grown_only():
     a = smla.kv_counter_buffer(64, 64)
     assert a.device.type == "cuda" and a.dtype == torch.uint8 and not a.any()
     assert smla.kv_counter_buffer(16, 64) is a
-    b = smla.kv_counter_buffer(4096, 128)
+    b = smla.kv_counter_buffer(4096, 128)  # more than any test before: made at this size
     assert b.numel() >= a.numel() and not b.any()
+    assert smla.kv_counter_buffer(4096, 128) is b  # the same size again: no new buffer
     assert smla.kv_counter_buffer(64, 64) is b
+
+
+def test_kv_counter_bytes_takes_tokens_then_heads():
+    """kv_counter_bytes(max_tokens, num_heads) is the library's for those arguments in that
+    order (counters go per token and head block: 8 tokens of 128 heads and 128 tokens of 8
+    heads need different sizes)."""
+    assert smla.kv_counter_bytes(8, 128) == smla._smla.kv_counter_bytes(8, 128)
+    assert smla.kv_counter_bytes(128, 8) == smla._smla.kv_counter_bytes(128, 8)
+    assert 0 < smla.kv_counter_bytes(8, 128) != smla.kv_counter_bytes(128, 8)
 
 
 def test_step_executor_on_cuda_matches_cpu_and_replays():

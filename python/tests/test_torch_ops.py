@@ -64,7 +64,7 @@ def assert_bitwise(got, want):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_decode_op_equals_the_call(device):
-    case = decode_case(device)
+    case = dict(decode_case(device), bmm2_scale=0.5)  # every scalar reaches the call
     smla.sparse_mla_decode(**case)
     op = fresh_outputs(case)
     torch.ops.smla.sparse_mla_decode(**op)
@@ -96,6 +96,36 @@ def test_decode_op_reads_a_topk_as_the_call_does(device):
     assert_bitwise(op["out"], case["out"])
     assert_bitwise(op["lse"], case["lse"])
     torch.library.opcheck(torch.ops.smla.sparse_mla_decode.default, (), fresh_outputs(op))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_call_with_topk_columns_equals_eager(device):
+    """The plain call with TopkColumns, traced (fullgraph: it becomes the op), reads the top-k
+    as the eager call does: every field reaches the op, num_decodes (requests 0 and 1 decode,
+    2 prefills) and is_valid_token (token 1 is padding) among them."""
+    gen = torch.Generator().manual_seed(int(fresh_rng().integers(2**62)))
+    case = decode_case(device, q_lens=(1, 1, 1), top_p=0)
+    T, E, pages = 3, 16, 4
+    topk = smla.TopkColumns(
+        torch.randint(-1, pages * E, (T, 12), generator=gen, dtype=torch.int32).to(device),
+        torch.randperm(24, generator=gen)[:T * pages].int().view(T, pages).to(device),
+        compress_ratio=4, num_decodes=2,
+        is_valid_token=torch.tensor([1, 0, 1], dtype=torch.uint8, device=device))
+    case.update(compressed_kv_cache=torch.randn(24, E, D, generator=gen).bfloat16().to(device),
+                seq_lens=torch.tensor([9, 21, 33], dtype=torch.int32, device=device),
+                sparse_topk_lens=None, max_q_len=1)
+    smla.sparse_mla_decode(**case, topk_columns=topk)
+
+    def layer(out, lse):
+        smla.sparse_mla_decode(**dict(case, out=out, lse=lse), topk_columns=topk)
+        return out.float() + 1
+
+    compiled = fresh_outputs(case)
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    got = torch.compile(layer, fullgraph=True, backend=backend)(compiled["out"], compiled["lse"])
+    assert_bitwise(compiled["out"], case["out"])
+    assert_bitwise(compiled["lse"], case["lse"])
+    assert_bitwise(got, case["out"].float() + 1)
 
 
 def test_torch_tensors_convert_or_are_refused_by_name():
@@ -170,6 +200,33 @@ def test_compiled_call_of_what_no_op_takes_runs_the_call(device):
         got = torch.compile(layer, backend="aot_eager")(compiled["out"], compiled["lse"])
         assert_bitwise(compiled["out"], case["out"])
         assert_bitwise(got, case["out"].float() + 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_engine_call_uniform_q_len_from_4d_query(device):
+    """A [B, q, H, D] query with no cum_seq_lens_q: q tokens a request, offsets made as a
+    tensor on the query's device; the op's bits, eagerly and compiled."""
+    case = decode_case(device, q_lens=(2, 2, 2))
+    smla.sparse_mla_decode(**case)
+    B, q = 3, 2
+    engine = {k: case[k] for k in ("swa_kv_cache", "compressed_kv_cache", "sparse_indices",
+                                   "sparse_topk_lens", "seq_lens", "sinks", "bmm1_scale")}
+
+    def layer(query, out):
+        trtllm_batch_decode_sparse_mla_dsv4(
+            query=query.view(B, q, *query.shape[1:]), out=out.view(B, q, *out.shape[1:]),
+            workspace_buffer=case["workspace"],
+            multi_ctas_kv_counter_buffer=case["kv_counters"], **engine)
+        return out.float() + 1
+
+    eager = torch.full_like(case["out"], math.nan)
+    layer(case["query"], eager)
+    assert_bitwise(eager, case["out"])
+    compiled = torch.full_like(case["out"], math.nan)
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    got = torch.compile(layer, fullgraph=True, backend=backend)(case["query"], compiled)
+    assert_bitwise(compiled, case["out"])
+    assert_bitwise(got, case["out"].float() + 1)
 
 
 @pytest.mark.parametrize("device", DEVICES)
