@@ -213,32 +213,10 @@ def test_decode_sinks(sinks):
     check(case, *expected)
 
 
-@pytest.mark.parametrize("typed", [False, True])
-def test_decode_runs_on_the_current_stream(typed):
-    """Work queued before the call on a side stream (a slow kernel, then the query's values)
-    must be seen: the launch goes on torch's current stream, not the default one; also with
-    the query's bits passed through with_dtype."""
-    case = make_case((1, 1, 1), (300, 40, 1000), 64)
-    fresh = torch.randn_like(case["query"].float()).bfloat16()
-    case_new = dict(case, query=fresh)
-    expected = reference(case_new)
-    made = buffers(case)  # before: making them synchronises
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(50_000_000)
-        case["query"].copy_(fresh)
-        extra = {"query": smla.with_dtype(case["query"].view(torch.int16), "bf16")} if typed else {}
-        smla.sparse_mla_decode(**op_args(case, **made, **extra))
-    torch.cuda.synchronize()
-    check(case, *expected)
-
-
-@pytest.mark.parametrize("form", ["stream", "handle"])
-def test_decode_runs_on_the_stream_given(form):
-    """stream= (a torch.cuda.Stream, or its cudaStream_t) is the call's stream though another
-    is current: work queued on it before the call (a slow kernel, then the query's values) must
-    be seen; the current (default) stream does not wait for it."""
+def busy_side_stream():
+    """A case, its expected result for a fresh query, its buffers, and a side stream on which a
+    slow kernel and then the fresh query's copy into the case are queued: a call that reads the
+    query on any other stream sees the old values."""
     case = make_case((1, 1, 1), (300, 40, 1000), 64)
     fresh = torch.randn_like(case["query"].float()).bfloat16()
     expected = reference(dict(case, query=fresh))
@@ -248,6 +226,26 @@ def test_decode_runs_on_the_stream_given(form):
     with torch.cuda.stream(side):
         torch.cuda._sleep(50_000_000)
         case["query"].copy_(fresh)
+    return case, expected, made, side
+
+
+@pytest.mark.parametrize("typed", [False, True])
+def test_decode_runs_on_the_current_stream(typed):
+    """The launch goes on torch's current stream, not the default one; also with the query's
+    bits passed through with_dtype."""
+    case, expected, made, side = busy_side_stream()
+    with torch.cuda.stream(side):
+        extra = {"query": smla.with_dtype(case["query"].view(torch.int16), "bf16")} if typed else {}
+        smla.sparse_mla_decode(**op_args(case, **made, **extra))
+    torch.cuda.synchronize()
+    check(case, *expected)
+
+
+@pytest.mark.parametrize("form", ["stream", "handle"])
+def test_decode_runs_on_the_stream_given(form):
+    """stream= (a torch.cuda.Stream, or its cudaStream_t) is the call's stream though another
+    is current, which does not wait for it."""
+    case, expected, made, side = busy_side_stream()
     assert torch.cuda.current_stream() != side
     smla.sparse_mla_decode(**op_args(case, **made),
                            stream=side if form == "stream" else side.cuda_stream)
