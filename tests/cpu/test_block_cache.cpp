@@ -56,6 +56,8 @@ TEST(BlockCache, HeldBlocksAreDistinctAndAllComeBack) {
   EXPECT_EQ(std::set<void*>({held[0].get(), held[1].get(), held[2].get()}).size(), 3u);
   held.clear();
   for (int i = 0; i < 3; ++i) held.push_back(cache->allocate(BlockCache::kGranule));
+  // The same three again, each to one holder.
+  EXPECT_EQ(std::set<void*>({held[0].get(), held[1].get(), held[2].get()}).size(), 3u);
   EXPECT_EQ(device.allocations, 3);
   EXPECT_EQ(device.releases, 0);  // grow-only
 }

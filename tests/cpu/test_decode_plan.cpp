@@ -17,7 +17,7 @@ const Occupancy kNoClusters = uniform_occupancy(kSms, false);
 TEST(DecodePlan, CoversEveryColumnOnceWithoutIdleSplits) {
   for (int64_t tokens : {1, 2, 4, 16, 64, 256, 1024})
     for (int heads : {1, 8, 16, 24, 64, 100, 128})
-      for (int64_t columns : {4, 128, 256, 640, 1152, 2176}) {
+      for (int64_t columns : {4, 33, 128, 256, 640, 1000, 1152, 2176}) {
         for (const auto& [gpu, layout] :
              {std::pair{kGpu, KvLayout::bf16}, std::pair{kNoClusters, KvLayout::bf16},
               std::pair{kGpu, KvLayout::fp8_ds_mla}, std::pair{kGpu, KvLayout::fp8_e4m3}}) {
@@ -33,9 +33,22 @@ TEST(DecodePlan, CoversEveryColumnOnceWithoutIdleSplits) {
           EXPECT_LE(plan.counter_bytes, smla::kv_counter_bytes(tokens, heads));
           if (plan.cluster) {  // a cluster per split row, no buffers
             EXPECT_LE(plan.num_splits, kMaxClusterSplits);
+            // Past the portable 8 CTAs only for CTAs of up to 32 heads (decode_plan.h).
+            if (plan.heads_per_cta > kMmaRows / 2) EXPECT_LE(plan.num_splits, kPortableClusterCtas);
             EXPECT_GT(gpu.cluster_ctas[plan.num_splits], 0);
             EXPECT_EQ(plan.workspace_bytes + plan.counter_bytes, 0u);
+          } else if (plan.num_splits > 1) {  // through the counters: a counter per split row and
+            // a partial of heads x 512 f32 outputs and heads x (m, l) per CTA (SPEC §3)
+            EXPECT_EQ(plan.workspace_bytes, size_t(plan.ctas) * plan.heads_per_cta * 514 * 4);
+            EXPECT_EQ(plan.counter_bytes, size_t(tokens * plan.head_blocks) * 4);
+          } else {
+            EXPECT_EQ(plan.workspace_bytes + plan.counter_bytes, 0u);
           }
+          // Narrower CTAs only for split rows, so that their partials are smaller, and then no
+          // wider than the heads need.
+          const int fit = heads <= 16 ? 16 : heads <= 32 ? 32 : kMmaRows;
+          if (plan.num_splits == 1) EXPECT_EQ(plan.heads_per_cta, kMmaRows);
+          else EXPECT_LE(plan.heads_per_cta, fit);
         }
       }
 }
@@ -60,15 +73,17 @@ TEST(DecodePlan, SmallBatchesSplitInClustersElseThroughCounters) {
 TEST(DecodePlan, CounterReductionsStayInOneWave) {
   Occupancy h200 = kGpu;  // its clusters of 2..16 CTAs, as cudaOccupancyMaxActiveClusters says
   h200.cluster_ctas = {0, 0, 132, 117, 120, 110, 102, 105, 120, 81, 70, 77, 84, 91, 98, 105, 112};
-  for (KvLayout layout : kKvLayouts)
-    for (int heads : {64, 100, 128})
-      for (int64_t columns : {640, 1152})
-        for (int64_t tokens = 1; tokens * ((heads + kMmaRows - 1) / kMmaRows) <= kSms; ++tokens) {
-          const DecodePlan plan =
-              plan_decode(tokens, heads, columns, layout, h200, SIZE_MAX, SIZE_MAX);
-          if (plan.num_splits > 1 && !plan.cluster)
-            EXPECT_LE(plan.ctas, kSms) << heads << " heads, " << tokens << " tokens, " << columns;
-        }
+  for (const Occupancy& gpu : {h200, kNoClusters})  // and where every split row is counted
+    for (KvLayout layout : kKvLayouts)
+      for (int heads : {64, 100, 128})
+        for (int64_t columns : {640, 1152})
+          for (int64_t tokens = 1; tokens * ((heads + kMmaRows - 1) / kMmaRows) <= kSms;
+               ++tokens) {
+            const DecodePlan plan =
+                plan_decode(tokens, heads, columns, layout, gpu, SIZE_MAX, SIZE_MAX);
+            if (plan.num_splits > 1 && !plan.cluster)
+              EXPECT_LE(plan.ctas, kSms) << heads << " heads, " << tokens << " tokens, " << columns;
+          }
 }
 
 TEST(DecodePlan, SmallBuffersMeanFewerSplitsNeverMore) {
@@ -80,6 +95,49 @@ TEST(DecodePlan, SmallBuffersMeanFewerSplitsNeverMore) {
     }
   }
   EXPECT_EQ(plan_decode(2, 64, 640, KvLayout::bf16, kNoClusters, 0, 0).num_splits, 1);
+}
+
+// Each limit caps its own buffer, and buffers of exactly the bytes a plan needs allow it (the
+// workspace workspace_bound sizes serves the plan it was sized for).
+TEST(DecodePlan, EachLimitAloneCapsItsBufferAndAnExactFitAllowsThePlan) {
+  const DecodePlan counted =
+      plan_decode(2, 64, 640, KvLayout::bf16, kNoClusters, SIZE_MAX, SIZE_MAX);
+  ASSERT_GT(counted.num_splits, 1);
+  ASSERT_FALSE(counted.cluster);
+  EXPECT_EQ(plan_decode(2, 64, 640, KvLayout::bf16, kNoClusters, SIZE_MAX, 0).num_splits, 1);
+  EXPECT_EQ(plan_decode(2, 64, 640, KvLayout::bf16, kNoClusters, 0, SIZE_MAX).num_splits, 1);
+  for (const auto& [workspace, counters] :
+       {std::pair{counted.workspace_bytes, counted.counter_bytes},
+        std::pair{counted.workspace_bytes, SIZE_MAX}, std::pair{SIZE_MAX, counted.counter_bytes}}) {
+    const DecodePlan exact =
+        plan_decode(2, 64, 640, KvLayout::bf16, kNoClusters, workspace, counters);
+    EXPECT_EQ(exact.num_splits, counted.num_splits) << workspace << ", " << counters;
+    EXPECT_EQ(exact.heads_per_cta, counted.heads_per_cta) << workspace << ", " << counters;
+    EXPECT_EQ(exact.workspace_bytes, counted.workspace_bytes) << workspace << ", " << counters;
+  }
+}
+
+// Clusters are priced at the clusters the device runs at once: where that is one cluster, a
+// batch that would fill the GPU in one wave of clusters does not split in clusters.
+TEST(DecodePlan, ClustersArePricedAtTheirOwnOccupancy) {
+  Occupancy one_cluster = kGpu;
+  for (int c = 2; c <= kMaxClusterSplits; ++c) one_cluster.cluster_ctas[c] = c;
+  for (KvLayout layout : kKvLayouts)
+    for (int64_t tokens : {16, 32, 64}) {
+      const DecodePlan plan =
+          plan_decode(tokens, 64, 640, layout, one_cluster, SIZE_MAX, SIZE_MAX);
+      EXPECT_FALSE(plan.cluster) << tokens << " tokens, " << plan.num_splits << " splits";
+    }
+}
+
+TEST(DecodePlan, UniformOccupancyIsWholeClustersOfEverySize) {
+  const Occupancy none = uniform_occupancy(kSms, false);
+  EXPECT_EQ(kGpu.ctas, kSms);
+  EXPECT_EQ(none.ctas, kSms);
+  for (int c = 2; c <= kMaxClusterSplits; ++c) {
+    EXPECT_EQ(kGpu.cluster_ctas[c], kSms / c * c) << c;
+    EXPECT_EQ(none.cluster_ctas[c], 0) << c;
+  }
 }
 
 TEST(DecodePlan, WorkspaceBoundServesEverySmallerLaunch) {
@@ -105,6 +163,9 @@ TEST(DecodePlan, WorkspaceBoundOfAHugeWidthIsTheTwoWaveCap) {
     const size_t cap = 2 * size_t(gpu.ctas) * partial_floats(kMmaRows) * sizeof(float);
     EXPECT_EQ(workspace_bound(40, 128, INT32_MAX, gpu), cap);
     EXPECT_LE(workspace_bound(40, 128, kExactBoundTiles * kTileColumns, gpu), cap);
+    // Up to kExactBoundTiles the bound is the plans' own: one token's split rows are far from
+    // two waves of 64-head partials.
+    EXPECT_LT(workspace_bound(1, 128, kExactBoundTiles * kTileColumns, gpu), cap);
     for (int64_t t : {1, 9, 40, 132})
       for (KvLayout layout : kKvLayouts)
         EXPECT_LE(plan_decode(t, 128, INT32_MAX, layout, gpu, SIZE_MAX, SIZE_MAX).workspace_bytes,

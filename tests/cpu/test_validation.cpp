@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "core/problem.h"
 #include "error_check.h"
 #include "oracle.h"
@@ -70,6 +71,29 @@ const Field kTensorFields[] = {
     {"workspace", &DecodeArgs::workspace},
     {"kv_counters", &DecodeArgs::kv_counters},
 };
+
+// The shared check helpers' own bounds (core/check.h), which the calls above reach only in part.
+TEST(CheckHelpers, BoundsOfCountsViewsAndOverlaps) {
+  EXPECT_NO_THROW(check::int32_count(0, "n"));
+  EXPECT_NO_THROW(check::int32_count(INT32_MAX, "n"));  // 0..2^31 - 1, both ends in
+  EXPECT_THROW(check::int32_count(int64_t(INT32_MAX) + 1, "n"), Error);
+  EXPECT_THROW(check::int32_count(-1, "n"), Error);
+  std::vector<std::byte> buf(64);
+  const auto f32 = [&](int64_t offset, std::initializer_list<int64_t> shape,
+                       std::initializer_list<int64_t> strides) {
+    return make_view(buf.data() + offset, DType::f32, Device{}, shape, strides);
+  };
+  EXPECT_THROW(check::view(f32(0, {-1}, {1}), "v"), Error);  // a size of -1
+  // 2^64 elements: past int64 even where zero strides keep the byte extent at 0.
+  EXPECT_THROW(check::view(f32(0, {int64_t(1) << 32, int64_t(1) << 32}, {0, 0}), "v"), Error);
+  // A last dim of size 1 is read at index 0 alone: its stride may be anything.
+  EXPECT_NO_THROW(check::memory(f32(0, {4, 1}, {1, 7}), "v"));
+  // f32[2] at bytes 0..7: one at bytes 8..15 is apart, one at 7..14 shares its last byte.
+  EXPECT_NO_THROW(check::apart(f32(0, {2}, {1}), "a", f32(8, {2}, {1}), "b"));
+  EXPECT_NO_THROW(check::apart(f32(8, {2}, {1}), "b", f32(0, {2}, {1}), "a"));
+  EXPECT_THROW(check::apart(f32(0, {2}, {1}), "a", f32(7, {2}, {1}), "b"), Error);
+  EXPECT_THROW(check::apart(f32(7, {2}, {1}), "b", f32(0, {2}, {1}), "a"), Error);
+}
 
 TEST_F(Validation, WrongDtypeOfEachTensor) {
   struct Case {
