@@ -5,6 +5,7 @@ every pool row that no attended column points to poisoned too."""
 import dataclasses
 import gc
 import math
+import weakref
 
 import ml_dtypes
 import numpy as np
@@ -377,6 +378,34 @@ def test_decode_errors_name_the_argument(change, error, argument):
     with pytest.raises(error, match=f"smla: {argument}:") as info:
         smla.sparse_mla_decode(**change(args))
     assert info.value.argument == argument
+
+
+class _DlpackScalar:
+    """A one-element array that exports only its DLPack device: (1, 0) CPU, (2, 0) CUDA,
+    (3, 0) CUDA host (pinned) memory."""
+
+    def __init__(self, device_type, value):
+        self.device_type, self.value = device_type, value
+
+    def __dlpack_device__(self):
+        return (self.device_type, 0)
+
+    def item(self):
+        return self.value
+
+
+def test_scales_in_host_memory_are_read_device_ones_refused():
+    """A scale in pinned host memory is read like a CPU one; one on a device would need a
+    synchronisation, so it is refused before anything runs."""
+    args, pools = make_case(ref.fresh_rng())
+    expected_out, expected_lse = reference(args, pools)
+    poison_unread(args, pools)
+    smla.sparse_mla_decode(**bad(args, bmm1_scale=_DlpackScalar(3, args["bmm1_scale"]),
+                                 bmm2_scale=_DlpackScalar(1, args["bmm2_scale"])))
+    check(args, expected_out, expected_lse, args["query"].shape[1])
+    for name in ("bmm1_scale", "bmm2_scale"):
+        with pytest.raises(TypeError, match=f"smla: {name}: .*got a tensor on a device"):
+            smla.sparse_mla_decode(**bad(args, **{name: _DlpackScalar(2, 0.5)}))
 
 
 def test_dtype_errors_name_the_conversion_taken():
@@ -839,6 +868,30 @@ def test_sparse_index_tables_share_and_fork():
         assert stats["waits"] == [1, 3]
 
 
+def test_sparse_index_tables_hold_build_inputs_until_reset():
+    """A forked build may read its inputs after lookup returns (on a side stream): the tables
+    hold every array that `inputs` gave, even ones no one else holds, until reset()."""
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    specs, _ = layers_and_pools(rng)
+    given = []
+
+    def inputs(layer):  # fresh arrays that only the returned args reference
+        args = index_args(dict(c, block_table=c["block_table"].copy()),
+                          specs[layer].compress_ratio)
+        given.append(weakref.ref(args.swa.block_table))
+        return args
+
+    tables = smla.SparseIndexTables(specs, "cpu")
+    for spec in specs:
+        tables.lookup(spec.layer, inputs)
+    gc.collect()
+    assert len(given) == 4 and all(alive() is not None for alive in given)
+    tables.reset()
+    gc.collect()
+    assert all(alive() is None for alive in given)
+
+
 def test_table_arrays_outlive_reset_and_their_tables():
     """An array from lookup keeps its table: the next step's builds (other pages) and dropping
     the tables object leave it as it was."""
@@ -958,6 +1011,61 @@ def test_step_executor_matches_the_reference():
     odd[1] = dataclasses.replace(layers[1], sinks=np.zeros(4))
     with pytest.raises(TypeError, match=r"smla: layers\[1\].sinks:"):
         smla.StepExecutor(odd, max_tokens=8, max_columns=W + 12)
+
+
+def test_step_executor_holds_layer_arrays_and_the_step_inputs():
+    """The executor holds its layers' pools and sinks for its life, and a step's inputs until
+    the next step begins, though the caller keeps neither: runs read them after the Python
+    objects that named them are gone (on a GPU, a fork reads the inputs later still)."""
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    specs, pools = layers_and_pools(rng)
+    sinks = rng.standard_normal(4).astype(np.float32)
+    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
+    other_table = rng.permutation(40)[:16].reshape(4, 4).astype(np.int32)
+
+    def executor_over(copy):
+        fresh = [p[0].base.copy() if copy else p[0].base for p in pools]
+        held = fresh + [sinks.copy() if copy else sinks]
+        layers = [smla.AttentionLayer(spec=s, swa_kv_cache=fresh[i][:, :64], bmm1_scale=D**-0.5,
+                                      compressed_kv_cache=c["comp_view"] if s.compress_ratio
+                                      else None, sinks=held[-1])
+                  for i, s in enumerate(specs)]
+        return (smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12),
+                [weakref.ref(a) for a in held])
+
+    def step_inputs():
+        return smla.StepInputs(metadata=c["step"],
+                               block_tables=[c["block_table"].copy(), other_table.copy()],
+                               compressed_block_tables={2: c["comp_table"].copy()},
+                               topk_indices={2: c["topk"].copy()})
+
+    def run(executor, begin):
+        outs = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
+        begin()
+        gc.collect()
+        for spec, q, o in zip(specs, queries, outs):
+            executor.run_layer(spec.layer, q, o)
+        executor.end_step()
+        return outs
+
+    plain, _ = executor_over(False)
+    expected = run(plain, lambda: plain.begin_step(step_inputs()))
+    executor, layer_arrays = executor_over(True)
+    inputs = step_inputs()
+    input_arrays = [weakref.ref(a) for a in inputs.block_tables]
+    outs = run(executor, lambda: executor.begin_step(inputs))
+    for got, want in zip(outs, expected):
+        assert (got.view(np.uint16) == want.view(np.uint16)).all()
+    del inputs
+    gc.collect()
+    assert all(alive() is not None for alive in layer_arrays + input_arrays)
+    run(executor, lambda: executor.begin_step(step_inputs()))  # the previous step's inputs go
+    assert all(alive() is None for alive in input_arrays)
+    assert all(alive() is not None for alive in layer_arrays)
+    del executor
+    gc.collect()
+    assert all(alive() is None for alive in layer_arrays)
 
 
 def test_model_presets():

@@ -93,20 +93,34 @@ struct RowSource {
   const char* scales;  // fp8_ds_mla: its 8 scale bytes
 };
 
+// Storage offset `offset`'s page and slot in `pool`, and whether the pool holds that row.
+struct PoolSlot {
+  uint32_t page, slot;
+};
+
+__device__ __forceinline__ PoolSlot pool_slot(const PoolParams& pool, int32_t offset) {
+  const uint32_t page = pool.span.div(uint32_t(offset));
+  return {page, uint32_t(offset) - page * pool.span.divisor};
+}
+
+__device__ __forceinline__ bool in_pool(const PoolParams& pool, int32_t offset, PoolSlot s) {
+  return offset >= 0 && uint32_t(offset) < pool.rows && s.slot < pool.block_size;
+}
+
 __device__ __forceinline__ RowSource row_source(const DecodeParams& p, const Work& w, int col,
                                                 int32_t offset) {
   const bool swa = col < p.window;
   const PoolParams& pool = swa ? p.swa : p.compressed;
   RowSource r;
-  const uint32_t page_id = pool.span.div(uint32_t(offset));
-  const uint32_t slot = uint32_t(offset) - page_id * pool.span.divisor;
+  const PoolSlot s = pool_slot(pool, offset);
+  // in_pool spelled out: through the call every kernel's SASS changes (NVVM branches the chain)
   r.valid = col < w.topk_len && (!swa || col < w.swa_len) && offset >= 0 &&
-            uint32_t(offset) < pool.rows && slot < pool.block_size;
+            uint32_t(offset) < pool.rows && s.slot < pool.block_size;
   r.record = r.scales = pool.base;
   if (r.valid) {
-    const int64_t page = int64_t(page_id) * pool.block_stride_bytes;
-    r.record += page + int64_t(slot) * pool.token_stride_bytes;
-    r.scales += page + pool.scales_offset_bytes + slot * kDsMlaScaleBytes;
+    const int64_t page = int64_t(s.page) * pool.block_stride_bytes;
+    r.record += page + int64_t(s.slot) * pool.token_stride_bytes;
+    r.scales += page + pool.scales_offset_bytes + s.slot * kDsMlaScaleBytes;
   }
   return r;
 }
@@ -309,12 +323,10 @@ __device__ __forceinline__ void prefetch_next_wave(const QueryTmaParams& p, cons
   const int col = threadIdx.x;
   if (col >= min(p.num_columns, p.window)) return;
   const int32_t offset = __ldg(p.sparse_indices + next * p.indices_stride + col);
-  if (offset < 0 || uint32_t(offset) >= p.swa.rows) return;
-  const uint32_t page = p.swa.span.div(uint32_t(offset));
-  const uint32_t slot = uint32_t(offset) - page * p.swa.span.divisor;
-  if (slot < p.swa.block_size)
-    ptx::prefetch_l2(p.swa.base + int64_t(page) * p.swa.block_stride_bytes +
-                         int64_t(slot) * p.swa.token_stride_bytes,
+  const PoolSlot s = pool_slot(p.swa, offset);
+  if (in_pool(p.swa, offset, s))
+    ptx::prefetch_l2(p.swa.base + int64_t(s.page) * p.swa.block_stride_bytes +
+                         int64_t(s.slot) * p.swa.token_stride_bytes,
                      kHeadDim * sizeof(__nv_bfloat16));
 }
 
