@@ -1,19 +1,33 @@
 // `smla`'s command line (tools/args.cpp) and its check (tools/oracle.cpp): the rows it samples,
-// and a failure for any output value that is not finite.
+// and a failure for any output value that is not finite; `smla run` on the CPU and its report;
+// the synthetic step it runs; the host clock; the benchmarks' CSV file.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
+#include <map>
+#include <memory>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "args.h"
 #include "../tools/oracle.h"  // not tests/oracle.h
+#include "clock.h"
+#include "csv_file.h"
+#include "report.h"
+#include "run.h"
+#include "smla/error.h"
 #include "smla/executor.h"
 #include "synth.h"
+#include "threads_env.h"
 
 namespace smla::cli {
 namespace {
@@ -121,6 +135,385 @@ TEST(CheckRows, OutputThatIsNotFiniteFails) {
     const CheckResult poisoned = check_layer(step.host, 0, rows);
     EXPECT_EQ(poisoned.max_relative_error, std::numeric_limits<double>::infinity()) << bits;
     EXPECT_FALSE(poisoned.max_relative_error <= 1e-2) << bits;
+  }
+}
+
+// Each flag's bounds are inclusive: the least and the most are taken, one past either refused.
+TEST(RunArgs, BoundsAreInclusive) {
+  EXPECT_EQ(parse({"run", "--requests", "1"}).run.requests, 1);
+  EXPECT_EQ(parse({"run", "--check", "0"}).run.check, 0);
+  EXPECT_EQ(parse({"run", "--context", "2000", "--mtp", "1024"}).run.mtp, 1024);
+  expect_usage_error({"run", "--context", "2000", "--mtp", "1025"},
+                     "--mtp: expected an integer in [1, 1024], got '1025'");
+  EXPECT_EQ(parse({"run", "--seed", "18446744073709551615"}).run.seed, UINT64_MAX);
+  expect_usage_error({"run", "--seed", "18446744073709551616"},
+                     "--seed: expected an integer in [0, 18446744073709551615], got "
+                     "'18446744073709551616'");
+  // The step's tokens are the last of each request's context: all of it, but no more.
+  EXPECT_EQ(parse({"run", "--context", "3", "--mtp", "3"}).run.mtp, 3);
+  expect_usage_error({"run", "--context", "3", "--mtp", "4"},
+                     "--mtp: expected at most --context = 3 tokens, got 4");
+}
+
+// What `smla help` promises for a bare `smla run` (scripts/run.sh's main job): a v4-flash step
+// of 4 requests of 4096 tokens, one new token each, checked on 8 rows per layer.
+TEST(RunArgs, DefaultsAreThoseTheUsageStates) {
+  const RunOptions o = parse({"run"}).run;
+  EXPECT_EQ(o.model, "v4-flash");
+  EXPECT_EQ(o.requests, 4);
+  EXPECT_EQ(o.context, 4096);
+  EXPECT_EQ(o.mtp, 1);
+  EXPECT_EQ(o.kv, KvLayout::bf16);
+  EXPECT_EQ(o.device, DeviceChoice::auto_);
+  EXPECT_EQ(o.check, 8);
+  EXPECT_EQ(o.groups, 1);
+  EXPECT_EQ(o.seed, 0u);
+  const std::string text = usage();
+  for (const char* line : {"(default v4-flash)", "(default 4)", "(default 4096)", "(default 1)",
+                           "(default 8, 0: no check)", "(default 0)"})
+    EXPECT_NE(text.find(line), std::string::npos) << line;
+}
+
+// `smla help` is the flags' only list: each one `run` takes has its line.
+TEST(RunArgs, EveryFlagIsInTheUsage) {
+  const std::string text = usage();
+  for (const char* flag : {"--model", "--requests", "--context", "--mtp", "--kv", "--device",
+                           "--check", "--groups", "--seed", "--compressed-index"}) {
+    EXPECT_NE(text.find(std::string("\n  ") + flag + " "), std::string::npos) << flag;
+  }
+}
+
+TEST(RunArgs, NamesAndWordsRefused) {
+  EXPECT_EQ(parse({"run", "--device", "cpu"}).run.device, DeviceChoice::cpu);
+  EXPECT_EQ(parse({"run", "--device=cuda"}).run.device, DeviceChoice::cuda);
+  EXPECT_EQ(parse({"run", "--device", "auto"}).run.device, DeviceChoice::auto_);
+  EXPECT_EQ(parse({"run", "--model", "v4-pro"}).run.model, "v4-pro");
+  expect_usage_error({"run", "--model", "v4"},
+                     "--model: expected v4-flash|v4-pro|v41-flash, got 'v4'");
+  expect_usage_error({"run", "4"}, "unexpected argument '4'");
+  expect_usage_error({"run", "--requests", "2", "--bogus", "1"}, "unknown flag --bogus");
+  expect_usage_error({"info", "run"}, "info takes no arguments, got 'run'");
+  EXPECT_EQ(parse({"info"}).command, Command::info);
+  EXPECT_EQ(parse({"run"}).command, Command::run);
+}
+
+// Standard output and error of `run`, captured.
+struct Printed {
+  std::string out, err;
+};
+template <class F>
+Printed printed(F&& run) {
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  try {
+    run();
+  } catch (...) {
+    testing::internal::GetCapturedStdout();
+    testing::internal::GetCapturedStderr();
+    throw;
+  }
+  const std::string out = testing::internal::GetCapturedStdout();
+  return {out, testing::internal::GetCapturedStderr()};
+}
+
+// The figures follow from the layers' times and columns: a kind's rows in order of first
+// appearance, GB/s of fp8_ds_mla's 584-byte rows, 4 * H * 512 FLOP a column, the tables' counts.
+TEST(Report, TotalsPerKindAndTheCheck) {
+  RunReport r{.options = {.model = "v41-flash",
+                          .requests = 1,
+                          .context = 300,
+                          .mtp = 1,
+                          .kv = KvLayout::fp8_ds_mla,
+                          .groups = 2,
+                          .compressed_index = CompressedIndex::topk},
+              .device = "cpu (1 thread)",
+              .num_tokens = 1,
+              .kv_bytes = 3 * 1048576,
+              .layers = {{"swa-only", 64, 2e-5, 1000},
+                         {"ratio 4", 64, 5e-5, 3000},
+                         {"swa-only", 64, 2e-5, 1000}},
+              .tables = {.builds = {{{0, "a"}, 2}, {{1, "a"}, 3}},
+                         .forks = {{1, "a"}},
+                         .waits = {3, 4},
+                         .peak_bytes = 3 * 1048576 / 2},
+              .check = CheckResult{.rows = 129, .max_error = 1.5e-4, .max_relative_error = 5e-3},
+              .tolerance = 1e-2};
+  const std::string want =
+      "v41-flash: 3 layers, 1 request x 1 token, context 300, fp8_ds_mla KV (3.0 MiB), "
+      "2 SWA groups, compressed index topk, on cpu (1 thread)\n"
+      "layers      count    time ms   ms/layer      GB/s   TFLOP/s\n"
+      "swa-only        2      0.040      0.020     29.20     6.554\n"
+      "ratio 4         1      0.050      0.050     35.04     7.864\n"
+      "total           3      0.090      0.030     32.44     7.282\n"
+      "tables: 5 built (1 forked), 2 lookups waited for a fork, peak 1.50 MiB\n";
+  EXPECT_EQ(printed([&] { print_report(r); }).out,
+            want + "check: 129 (token, head) rows vs a float64 oracle: max |error| 1.50e-04, "
+                   "max relative 5.00e-03 (tolerance 1e-02): ok\n");
+  r.check->every_row = true;
+  r.check->max_relative_error = 1e-2;  // at the tolerance: still ok
+  EXPECT_NE(printed([&] { print_report(r); }).out.find(
+                "rows (every row of each layer) vs a float64 oracle: max |error| 1.50e-04, "
+                "max relative 1.00e-02 (tolerance 1e-02): ok\n"),
+            std::string::npos);
+  r.check->max_relative_error = 1.01e-2;
+  EXPECT_NE(printed([&] { print_report(r); }).out.find("(tolerance 1e-02): FAILED\n"),
+            std::string::npos);
+  r.check.reset();
+  r.options.requests = r.options.mtp = 2;
+  r.options.groups = 1;
+  const std::string out = printed([&] { print_report(r); }).out;
+  EXPECT_EQ(out.find("check:"), std::string::npos) << out;
+  EXPECT_NE(out.find(", 2 requests x 2 tokens, "), std::string::npos) << out;
+  EXPECT_NE(out.find(", 1 SWA group, "), std::string::npos) << out;
+}
+
+// `smla run` on the CPU, its report captured; `status` its exit code.
+Printed run_printed(const RunOptions& o, int& status) {
+  return printed([&] { status = run_step(o); });
+}
+
+// Small CPU steps of each KV layout and both models check clean at the CLI's tolerance and say
+// so: the rows checked (8 a layer), the tolerance, nothing on stderr (no progress line for
+// work this short, no note about CUDA when the CPU was asked for). Contexts from one token, where
+// the sinks weigh most, to past the window and a page, for 1 to 3 tokens a request.
+TEST(RunStep, SmallCpuStepsCheckClean) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const test::ThreadsEnv threads("1");
+  struct Case {
+    const char* model;
+    KvLayout kv;
+    int groups, layers;
+  };
+  for (const Case c : {Case{"v4-flash", KvLayout::bf16, 1, 43},
+                       Case{"v4-flash", KvLayout::fp8_e4m3, 1, 43},
+                       Case{"v4-flash", KvLayout::fp8_ds_mla, 2, 43},
+                       Case{"v41-flash", KvLayout::bf16, 3, 40}}) {
+    const int context = 1 + static_cast<int>(rng() % 400);
+    const int mtp = 1 + static_cast<int>(rng() % std::min(context, 3));
+    const RunOptions o{.model = c.model,
+                       .requests = 2,
+                       .context = context,
+                       .mtp = mtp,
+                       .kv = c.kv,
+                       .device = DeviceChoice::cpu,
+                       .groups = c.groups,
+                       .seed = rng()};
+    int status = -1;
+    const Printed p = run_printed(o, status);
+    SCOPED_TRACE(p.out);
+    EXPECT_EQ(status, 0);
+    EXPECT_EQ(p.err, "");
+    const std::string head = std::string(c.model) + ": " + std::to_string(c.layers) +
+                             " layers, 2 requests x " + std::to_string(mtp) +
+                             (mtp > 1 ? " tokens" : " token") + ", context " +
+                             std::to_string(context) + ", " + kv_layout_name(c.kv) + " KV (";
+    EXPECT_EQ(p.out.substr(0, head.size()), head);
+    EXPECT_NE(p.out.find(", on cpu (1 thread)\n"), std::string::npos);
+    EXPECT_NE(p.out.find("\ncheck: " + std::to_string(8 * c.layers) +
+                         " (token, head) rows vs a float64 oracle: "),
+              std::string::npos);
+    EXPECT_NE(p.out.find("(tolerance 1e-02): ok\n"), std::string::npos);
+  }
+}
+
+// --check N at T * H rows a layer checks every row and says so; one fewer does not; 0 checks
+// nothing and prints no check.
+TEST(RunStep, CheckCountsEveryRowOrNone) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const test::ThreadsEnv threads("2");
+  RunOptions o{.requests = 1,
+               .context = 1 + static_cast<int>(seed % 200),
+               .device = DeviceChoice::cpu,
+               .check = 64,  // v4-flash: one token of 64 heads
+               .seed = seed};
+  int status = -1;
+  Printed p = run_printed(o, status);
+  EXPECT_EQ(status, 0);
+  EXPECT_NE(p.out.find(", on cpu (2 threads)\n"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("\ncheck: 2752 (token, head) rows (every row of each layer) vs "),
+            std::string::npos)
+      << p.out;
+  o.check = 63;
+  p = run_printed(o, status);
+  EXPECT_EQ(status, 0);
+  EXPECT_NE(p.out.find("\ncheck: 2709 (token, head) rows vs "), std::string::npos) << p.out;
+  o.check = 0;
+  p = run_printed(o, status);
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(p.out.find("check:"), std::string::npos) << p.out;
+  for (const char* kind : {"\nswa-only        2 ", "\nratio 4        21 ", "\nratio 128      20 ",
+                           "\ntotal          43 "})
+    EXPECT_NE(p.out.find(kind), std::string::npos) << kind << "\n" << p.out;
+  EXPECT_EQ(p.err, "");
+}
+
+#if !SMLA_WITH_CUDA
+// --device cuda is a demand: a build without CUDA refuses it rather than run on the CPU.
+TEST(RunStep, CudaAskedForWithoutIt) {
+  const RunOptions o{.requests = 1, .context = 64, .device = DeviceChoice::cuda, .check = 0};
+  try {
+    printed([&] { run_step(o); });
+    ADD_FAILURE() << "ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "--device");
+  }
+}
+#endif
+
+// What a synthetic step attends, from its options alone: each token's causal window of W rows
+// (all of them visible in its block table), and its top-k: distinct entries already compressed,
+// min(width, visible) of them, -1 padded; an indexer's a random pick, not the first ones. The
+// contexts: short of the window; a first visible row at the end of a page (SPEC's page 63 of
+// 64 left in the table); past the indexer's 512 entries of ratio 4.
+TEST(SynthStep, WindowsTopKAndColumnsFollowTheOptions) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const int W = kWindow, mtp = 4;
+  for (const int context : {mtp + static_cast<int>(rng() % (W - mtp)),
+                            W + 62 + mtp + 64 * static_cast<int>(rng() % 3),
+                            4 * 512 + mtp + static_cast<int>(rng() % 64)}) {
+    SCOPED_TRACE("context " + std::to_string(context));
+    const RunOptions o{.requests = 2, .context = context, .mtp = mtp, .seed = rng()};
+    const auto specs = model_layers(model_preset(o.model), 1);
+    const auto streams = make_streams(Device{});
+    const SynthStep step(o, specs, *streams);
+    const TensorView& table = step.host.inputs.block_tables[0];
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const LayerSpec& s = specs[i];
+      int64_t columns = 0;
+      for (int64_t t = 0; t < step.num_tokens; ++t) {
+        const int64_t b = t / mtp, pos = context - mtp + t % mtp;
+        for (int64_t p = std::max<int64_t>(pos - W + 1, 0); p <= pos; ++p, ++columns)
+          ASSERT_GE(table.ptr<int32_t>()[b * table.strides[0] + p / 64], 0) << t << ", " << p;
+        if (s.compress_ratio == 0) continue;
+        const TensorView& topk = step.host.inputs.topk_indices.at(s.index_source);
+        const int64_t width = topk.size(1), visible = (pos + 1) / s.compress_ratio;
+        const int32_t* row = topk.ptr<int32_t>() + t * width;
+        const int64_t valid = std::min(width, visible);
+        const std::set<int32_t> entries(row, row + valid);
+        EXPECT_EQ(static_cast<int64_t>(entries.size()), valid) << i << ", " << t;
+        EXPECT_TRUE(valid == 0 || (*entries.begin() >= 0 && *entries.rbegin() < visible));
+        EXPECT_TRUE(std::all_of(row + valid, row + width, [](int32_t x) { return x == -1; }));
+        if (s.index_topk > 0 && visible > width)
+          EXPECT_FALSE(std::is_sorted(row, row + valid)) << i << ", " << t;
+        columns += valid;
+      }
+      EXPECT_EQ(step.attended[i], columns) << "layer " << i;
+    }
+  }
+}
+
+// kv_bytes, the report's KV size, is the pools' bytes: each pool once (V4.1's compressed layers
+// share theirs), fp8_ds_mla's pages padded to 576 B.
+TEST(SynthStep, KvBytesArePoolBytes) {
+  for (const char* model : {"v4-flash", "v41-flash"})
+    for (KvLayout kv : {KvLayout::bf16, KvLayout::fp8_ds_mla}) {
+      const RunOptions o{.model = model, .requests = 2, .context = 700, .mtp = 2, .kv = kv};
+      const auto specs = model_layers(model_preset(o.model), 1);
+      const auto streams = make_streams(Device{});
+      const SynthStep step(o, specs, *streams);
+      std::map<const void*, int64_t> pools;
+      for (const AttentionLayer& l : step.host.layers)
+        for (const TensorView* pool : {&l.swa_kv_cache, &l.compressed_kv_cache})
+          if (pool->defined())
+            pools[pool->data] = pool->size(0) * pool->strides[0] *
+                                static_cast<int64_t>(dtype_size(pool->dtype));
+      int64_t bytes = 0;
+      for (const auto& [data, size] : pools) bytes += size;
+      EXPECT_EQ(step.kv_bytes, bytes) << model << ", " << kv_layout_name(kv);
+    }
+}
+
+// --seed picks the step: the same seed makes the same queries, sinks and pools, another seed
+// others. Every query row holds values and the sinks differ per head (a zero query or sinks far
+// below the scores would leave the check's softmax untested); fp8_ds_mla's groups get
+// different scales.
+TEST(SynthStep, SeedPicksTheStep) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const auto specs = model_layers(model_preset("v4-flash"), 1);
+  const auto streams = make_streams(Device{});
+  const auto bytes = [](const TensorView& v) {
+    const auto* p = static_cast<const std::byte*>(v.data);
+    const size_t n = static_cast<size_t>(v.size(0) * v.strides[0]) * dtype_size(v.dtype);
+    return std::vector<std::byte>(p, p + n);
+  };
+  const auto step = [&](uint64_t s) {
+    const RunOptions o{.requests = 2, .context = 200, .mtp = 2, .kv = KvLayout::fp8_ds_mla,
+                       .seed = s};
+    return std::make_unique<SynthStep>(o, specs, *streams);
+  };
+  const auto a = step(seed), b = step(seed), c = step(seed + 1);
+  for (size_t i : {size_t{0}, specs.size() - 1}) {
+    const AttentionLayer& l = a->host.layers[i];
+    EXPECT_EQ(bytes(a->host.queries[i]), bytes(b->host.queries[i]));
+    EXPECT_EQ(bytes(l.swa_kv_cache), bytes(b->host.layers[i].swa_kv_cache));
+    EXPECT_NE(bytes(a->host.queries[i]), bytes(c->host.queries[i]));
+    EXPECT_NE(bytes(l.swa_kv_cache), bytes(c->host.layers[i].swa_kv_cache));
+    EXPECT_NE(bytes(l.sinks), bytes(c->host.layers[i].sinks));
+    const TensorView& q = a->host.queries[i];
+    for (int64_t r = 0; r < q.size(0) * q.size(1); ++r) {
+      const auto* row = static_cast<const uint16_t*>(q.data) + r * kHeadDim;
+      EXPECT_TRUE(std::any_of(row, row + kHeadDim, [](uint16_t x) { return x != 0; })) << r;
+    }
+    const float *sinks = l.sinks.ptr<float>(), *end = sinks + l.sinks.size(0);
+    EXPECT_TRUE(std::all_of(sinks, end, [](float s) { return std::abs(s) <= 1; }));
+    EXPECT_NE(*std::min_element(sinks, end), *std::max_element(sinks, end));
+    // Row 0's 7 UE8M0 scales, after the page's 64 records.
+    const auto* scales = static_cast<const uint8_t*>(l.swa_kv_cache.data) + 64 * kDsMlaRecordBytes;
+    EXPECT_NE(std::set<uint8_t>(scales, scales + 7).size(), 1u);
+  }
+}
+
+// Intervals between consecutive marks, not since the first: a 50 ms wait, then none.
+TEST(StepClock, HostIntervalsAreBetweenConsecutiveMarks) {
+  const auto streams = make_streams(Device{});
+  const auto clock = make_clock(*streams);
+  clock->mark();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  clock->mark();
+  clock->mark();
+  const std::vector<double> seconds = clock->intervals();
+  ASSERT_EQ(seconds.size(), 2u);
+  EXPECT_GE(seconds[0], 0.05);
+  EXPECT_GE(seconds[1], 0);
+  EXPECT_LT(seconds[1], seconds[0]);
+}
+
+// The check's figures are maxima over every row merged, and rows add up.
+TEST(CheckRows, MergeKeepsMaximaAndCounts) {
+  CheckResult all;
+  merge(all, {.rows = 3, .max_error = 2e-3, .max_relative_error = 1e-3});
+  merge(all, {.rows = 5, .max_error = 1e-3, .max_relative_error = 4e-3});
+  merge(all, {.rows = 1, .max_error = 0, .max_relative_error = 0});
+  EXPECT_EQ(all.rows, 9);
+  EXPECT_EQ(all.max_error, 2e-3);
+  EXPECT_EQ(all.max_relative_error, 4e-3);
+}
+
+// A CSV that cannot be opened, or whose writes fail, is an error naming its path, not a file
+// silently short.
+TEST(CsvFile, OpenAndWriteFailuresThrow) {
+  EXPECT_EQ(CsvFile("").get(), nullptr);
+  try {
+    CsvFile missing("/nonexistent-smla-dir/out.csv");
+    ADD_FAILURE() << "opened";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "cannot write /nonexistent-smla-dir/out.csv");
+  }
+  CsvFile full("/dev/full");
+  ASSERT_NE(full.get(), nullptr);
+  std::setvbuf(full.get(), nullptr, _IONBF, 0);  // fails at the write; fclose has none to flush
+  std::fputs("a,b\n", full.get());
+  try {
+    full.close();
+    ADD_FAILURE() << "closed";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "cannot write /dev/full");
   }
 }
 

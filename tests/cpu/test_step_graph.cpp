@@ -3,8 +3,11 @@
 // synthetic step that keeps no host copy of its pools; `smla run --compressed-index`.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +16,7 @@
 #include "graph_table.h"
 #include "smla/error.h"
 #include "smla/executor.h"
+#include "smla/index.h"
 #include "step_graph.h"
 #include "synth.h"
 
@@ -193,6 +197,34 @@ TEST(GraphTable, RowsLineUpWithTheirHeader) {
   EXPECT_EQ(fields(csv[3]).back(), "1");  // graph_ok
 }
 
+// Each count in its own column of the table and the CSV; a step not timed has no build share.
+TEST(GraphTable, EachCountInItsColumn) {
+  StepGraphs graphs = right_graphs();
+  graphs.shared.nodes.memsets = 1;
+  graphs.shared.nodes.memcpys = 2;
+  graphs.shared.tables.forks = {{0, "a"}};
+  graphs.shared.tables.waits = {5, 6, 7};
+  graphs.none.step_ms = 0;  // not measured
+  EXPECT_EQ(build_share(graphs.none), 0);
+  const std::vector<std::string> names = fields(graph_csv_header());
+  const std::vector<std::string> csv = fields(graph_csv_rows(graphs)[2]);
+  const auto column = [&](const std::vector<std::string>& row, const char* name) {
+    return row.at(std::find(names.begin(), names.end(), name) - names.begin());
+  };
+  EXPECT_EQ(column(csv, "memsets"), "1");
+  EXPECT_EQ(column(csv, "memcpys"), "2");
+  EXPECT_EQ(column(csv, "forks"), "1");
+  EXPECT_EQ(column(csv, "waits"), "3");
+  EXPECT_EQ(column(fields(graph_csv_rows(graphs)[3]), "build_share"), "0.0000");
+  // The table's columns: tables, step us, builds us, build%, saves, builds, distinct, decodes,
+  // otherkern, memset, memcpy, ...
+  std::istringstream row(graph_table_rows(graphs)[2]);
+  std::vector<std::string> words{std::istream_iterator<std::string>(row), {}};
+  ASSERT_GT(words.size(), 10u);
+  EXPECT_EQ(words[9], "1");
+  EXPECT_EQ(words[10], "2");
+}
+
 // The CPU's streams, claiming a device: a SynthStep then takes the path it takes on a GPU.
 class DeviceLikeStreams final : public cpu::HostStreams {
  public:
@@ -228,6 +260,20 @@ TEST(SynthStep, UncheckedDeviceStepTilesItsPools) {
   const auto* bytes = static_cast<const std::byte*>(pool.data);
   EXPECT_EQ(std::memcmp(bytes, bytes + tile, pool.size(0) * page - tile), 0);
   EXPECT_NE(std::memcmp(bytes, bytes + page, page), 0);
+}
+
+// Past 512 x 128 tokens a ratio-128 layer's table (context / 128 entries) is wider than the
+// indexers' 512 entries: max_columns, which sizes the executor's workspace on CUDA, is the widest
+// layer's, not the last one's.
+TEST(SynthStep, MaxColumnsIsTheWidestLayers) {
+  const RunOptions o{.requests = 1, .context = 128 * 600, .kv = KvLayout::fp8_e4m3, .check = 0};
+  DeviceLikeStreams streams;
+  const SynthStep step(o, model_layers(model_preset(o.model), 1), streams);
+  int64_t widest = 0;
+  for (const auto& [layer, topk] : step.host.inputs.topk_indices)
+    widest = std::max(widest, topk.size(1));
+  EXPECT_EQ(widest, 600);
+  EXPECT_EQ(step.max_columns, sparse_index_columns(kWindow, widest, 0));
 }
 
 // Without host copies the host still holds the block tables and the top-k: a step whose
