@@ -75,7 +75,16 @@ void print_report(const RunReport& r) {
       "max relative %.2e (tolerance %.0e): %s\n",
       static_cast<long long>(c.rows), c.every_row ? " (every row of each layer)" : "",
       c.max_error, c.max_relative_error, r.tolerance,
-      c.max_relative_error <= r.tolerance ? "ok" : "FAILED");
+      check_passed(r) ? "ok" : "FAILED");
+}
+
+bool check_passed(const RunReport& r) {
+  return !r.check || r.check->max_relative_error <= r.tolerance;  // NaN: not passed
+}
+
+int exit_status(const RunReport& r) {
+  const bool graph_wrong = r.graphs && !graph_problem_lines(*r.graphs).empty();
+  return !check_passed(r) || graph_wrong ? 1 : 0;
 }
 
 }  // namespace smla::cli

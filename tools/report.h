@@ -37,4 +37,9 @@ struct RunReport {
 
 void print_report(const RunReport& report);
 
+// Whether the check (if run) is within the tolerance; the run's exit status: 1 when the check
+// failed or, on CUDA, the step's graph differs from the eager step.
+bool check_passed(const RunReport& report);
+int exit_status(const RunReport& report);
+
 }  // namespace smla::cli

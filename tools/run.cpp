@@ -107,9 +107,7 @@ int run_step(const RunOptions& o) {
     report.graph_replays = kGraphReplays;
   }
   print_report(report);
-  const bool check_failed = report.check && report.check->max_relative_error > report.tolerance;
-  const bool graph_wrong = report.graphs && !graph_problem_lines(*report.graphs).empty();
-  return check_failed || graph_wrong ? 1 : 0;
+  return exit_status(report);
 }
 
 }  // namespace smla::cli

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iterator>
 #include <set>
@@ -14,6 +15,7 @@
 #include "cpu/streams.h"
 #include "args.h"
 #include "graph_table.h"
+#include "report.h"
 #include "smla/error.h"
 #include "smla/executor.h"
 #include "smla/index.h"
@@ -223,6 +225,24 @@ TEST(GraphTable, EachCountInItsColumn) {
   ASSERT_GT(words.size(), 10u);
   EXPECT_EQ(words[9], "1");
   EXPECT_EQ(words[10], "2");
+}
+
+// `smla run` exits 1 when its check fails (past the tolerance, or NaN) or a graph is wrong, and
+// prints "FAILED" by the same rule: scripts read the exit code alone.
+TEST(Report, ExitStatusFromTheCheckAndTheGraphs) {
+  RunReport r{.tolerance = 1e-2};
+  EXPECT_EQ(exit_status(r), 0);  // nothing checked, no graphs (--check 0 on the CPU)
+  for (const auto& [error, status] : {std::pair{5e-3, 0}, {1e-2, 0}, {1.01e-2, 1},
+                                      {std::nan(""), 1}, {HUGE_VAL, 1}}) {
+    r.check = CheckResult{.rows = 8, .max_error = 1, .max_relative_error = error};
+    EXPECT_EQ(exit_status(r), status) << error;
+    EXPECT_EQ(check_passed(r), status == 0) << error;
+  }
+  r.check->max_relative_error = 0;
+  r.graphs = right_graphs();
+  EXPECT_EQ(exit_status(r), 0);
+  r.graphs->topk.nodes.memsets = 1;  // a memset in the captured step
+  EXPECT_EQ(exit_status(r), 1);
 }
 
 // The CPU's streams, claiming a device: a SynthStep then takes the path it takes on a GPU.
