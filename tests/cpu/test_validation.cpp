@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -553,6 +554,36 @@ TEST(BufferSizes, RefuseImpossibleArguments) {
 TEST_F(Validation, PublicCallValidates) {
   a.query.dtype = DType::f32;
   test::expect_smla_error([&] { sparse_mla_decode(a); }, ErrorKind::type, "query", "bf16", "f32");
+}
+
+// The capability query answers each refusal with its reason, before it asks any device; the
+// CPU takes every supported pairing of dtypes.
+TEST(Capability, EveryRefusalSaysWhy) {
+  const Device cpu{};
+  for (const auto& [query, kv] : {std::pair{DType::bf16, DType::bf16}, {DType::bf16, DType::u8},
+                                  {DType::bf16, DType::f8e4m3}, {DType::f8e4m3, DType::f8e4m3}}) {
+    const Capability c = query_capability(512, query, kv, 1, cpu);
+    EXPECT_TRUE(c.supported && c.reason.empty()) << dtype_name(query) << " " << dtype_name(kv);
+  }
+  const auto refused = [](const Capability& c, const std::string& reason) {
+    EXPECT_FALSE(c.supported) << reason;
+    EXPECT_EQ(c.reason, reason);
+  };
+  refused(query_capability(576, DType::bf16, DType::bf16, 64, kCuda),
+          "head size must be 512 (448 NoPE + 64 RoPE), got 576");
+  refused(query_capability(512, DType::bf16, DType::bf16, 0, kCuda),
+          "block size must be positive, got 0");
+  refused(query_capability(512, DType::bf16, DType::f32, 64, cpu),
+          "KV cache dtype must be bf16, f8e4m3 or u8 (fp8_ds_mla), got f32");
+  for (const auto& [query, kv] : {std::pair{DType::f8e4m3, DType::bf16}, {DType::f8e4m3, DType::u8},
+                                  {DType::f32, DType::bf16}})
+    refused(query_capability(512, query, kv, 64, cpu),
+            std::string("query dtype ") + dtype_name(query) + " does not go with a " +
+                dtype_name(kv) + " cache (bf16 query, or f8e4m3 with an f8e4m3 cache)");
+#if !SMLA_WITH_CUDA
+  refused(query_capability(512, DType::bf16, DType::bf16, 64, kCuda),
+          "this build has no CUDA backend");
+#endif
 }
 
 }  // namespace
