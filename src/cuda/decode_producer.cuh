@@ -93,7 +93,8 @@ struct RowSource {
   const char* scales;  // fp8_ds_mla: its 8 scale bytes
 };
 
-// Storage offset `offset`'s page and slot in `pool`, and whether the pool holds that row.
+// Storage offset `offset`'s page and slot in `pool` (pool_slot); whether the pool holds that
+// row (in_pool).
 struct PoolSlot {
   uint32_t page, slot;
 };
