@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/decode_consumer.cuh"
 #include "cuda/ptx.cuh"
 
 namespace {
@@ -19,20 +20,44 @@ using namespace smla::cuda;
 constexpr int kCtas = 132, kIters = 2000, kChunk = 8192;  // K/V chunks: 64 rows x 64 dims
 constexpr int kQ = 0, kKv = 8 * kChunk, kSmem = 16 * kChunk + 1024;
 
-enum Seq { kS32, kS32Groups, kS64, kPv32, kTile32, kTile32Wait, kTile64, kTile64Wait, kSeqs };
+enum Seq {
+  kS32,
+  kS32Groups,
+  kS32RegFirst,
+  kS32RegSpread,
+  kS64,
+  kPv32,
+  kTile32,
+  kTile32Wait,
+  kTile32RegFirst,
+  kTile32RegSpread,
+  kTile64,
+  kTile64Wait,
+  kSeqs
+};
+// Score steps with Q from registers (A operand RS), as the bf16 kernels' 11 of 32: none, the
+// first 11 (the kernels until the sixty-third session), or spread as the kernels' are now.
+enum RegSteps { kNoRegs, kRegsFirst, kRegsSpread };
+constexpr int kRegSteps = 11;
+using Spread = ConsumerCore<4, false, kRegSteps>;
 struct SeqInfo {
   const char* name;
   int score_n, pv_steps;  // 32 score m64n{score_n}k16 (0: none), pv_steps m64n256k16
+  RegSteps regs;
   double macs() const { return 32.0 * 64 * score_n * 16 + pv_steps * 64.0 * 256 * 16; }
 };
-constexpr SeqInfo kSeqInfo[] = {{"scores n32 (32 x m64n32k16)", 32, 0},
-                                {"scores n32, 4 groups of 8 + waits", 32, 0},
-                                {"scores n64 (32 x m64n64k16)", 64, 0},
-                                {"P.V 2 tiles (4 x m64n256k16 RS)", 0, 4},
-                                {"n32 step: scores, P.V 2 tiles", 32, 4},
-                                {"n32 step, wait between", 32, 4},
-                                {"n64 step: scores, P.V 2 x 64 rows", 64, 8},
-                                {"n64 step, wait between", 64, 8}};
+constexpr SeqInfo kSeqInfo[] = {{"scores n32 (32 x m64n32k16)", 32, 0, kNoRegs},
+                                {"scores n32, 4 groups of 8 + waits", 32, 0, kNoRegs},
+                                {"scores n32, first 11 Q from regs", 32, 0, kRegsFirst},
+                                {"scores n32, 11 spread Q from regs", 32, 0, kRegsSpread},
+                                {"scores n64 (32 x m64n64k16)", 64, 0, kNoRegs},
+                                {"P.V 2 tiles (4 x m64n256k16 RS)", 0, 4, kNoRegs},
+                                {"n32 step: scores, P.V 2 tiles", 32, 4, kNoRegs},
+                                {"n32 step, wait between", 32, 4, kNoRegs},
+                                {"n32 step, first 11 Q from regs", 32, 4, kRegsFirst},
+                                {"n32 step, 11 spread Q from regs", 32, 4, kRegsSpread},
+                                {"n64 step: scores, P.V 2 x 64 rows", 64, 8, kNoRegs},
+                                {"n64 step, wait between", 64, 8, kNoRegs}};
 
 #define F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define F16(i) F4(i), F4(i + 4), F4(i + 8), F4(i + 12)
@@ -51,23 +76,34 @@ __device__ __forceinline__ void m64n64k16_ss(float (&d)[32], uint64_t a, uint64_
 
 struct Regs {
   float s32[16], s64[32], o[128];
-  uint32_t p[4];
+  uint32_t p[4], qa[kRegSteps][4];
 };
+
+// Step k's register slot, or -1 where Q comes from shared memory.
+__host__ __device__ constexpr int reg_slot(RegSteps regs, int k) {
+  return regs == kRegsFirst ? (k < kRegSteps ? k : -1)
+         : regs == kRegsSpread ? Spread::reg_slot(k)
+                               : -1;
+}
 
 // Scores of 32 (or 64) KV rows over all 512 dims: A = Q, B = K, both K-major. They accumulate
 // across iterations: a chain restarted each iteration is dead but for the last, and ptxas drops
 // the dead copies of a loop it unrolls.
-template <int kN>
+template <int kN, RegSteps kRegs = kNoRegs>
 __device__ __forceinline__ void scores(Regs& r, uint64_t q, uint64_t k, int first, int count) {
   ptx::wgmma_fence();
 #pragma unroll
   for (int i = first; i < first + count; ++i) {
     const uint64_t a = q + ptx::desc_offset((i / 4) * kChunk + (i % 4) * 32);
     const uint64_t b = k + ptx::desc_offset((i / 4) * kChunk + (i % 4) * 32);
-    if constexpr (kN == 32)
-      ptx::wgmma_m64n32k16_ss(r.s32, a, b, true);
-    else
+    if constexpr (kN == 32) {
+      if (reg_slot(kRegs, i) >= 0)
+        ptx::wgmma_m64n32k16_rs(r.s32, r.qa[reg_slot(kRegs, i)], b, true);
+      else
+        ptx::wgmma_m64n32k16_ss(r.s32, a, b, true);
+    } else {
       m64n64k16_ss(r.s64, a, b, true);
+    }
   }
   ptx::wgmma_commit();
 }
@@ -102,6 +138,8 @@ __global__ void __launch_bounds__(384, 1) probe(int active, unsigned long long* 
   for (int i = 0; i < 32; ++i) r.s64[i] = 0.f;
   for (int i = 0; i < 128; ++i) r.o[i] = 0.f;
   for (int i = 0; i < 4; ++i) r.p[i] = 0x3C003C00u + tid;
+  for (int j = 0; j < kRegSteps; ++j)
+    for (int i = 0; i < 4; ++i) r.qa[j][i] = 0x3C003C00u + tid + j;
   const uint32_t base = ptx::smem_addr(smem);
   ptx::named_sync(1, 128 * active);
   unsigned long long t0, t1, g0, g1;
@@ -121,14 +159,15 @@ __global__ void __launch_bounds__(384, 1) probe(int active, unsigned long long* 
         ptx::wgmma_wait<0>();
       }
     } else {
-      if constexpr (kInfo.score_n > 0) scores<kInfo.score_n>(r, q, k, 0, 32);
+      if constexpr (kInfo.score_n > 0) scores<kInfo.score_n, kInfo.regs>(r, q, k, 0, 32);
       if constexpr (kSeq == kTile32Wait || kSeq == kTile64Wait) ptx::wgmma_wait<0>();
       if constexpr (kInfo.pv_steps > 0) pv(r, v, kInfo.pv_steps);
     }
     ptx::wgmma_wait<0>();
-    ptx::fence_operands(r.s32);
-    ptx::fence_operands(r.s64);
-    ptx::fence_operands(r.o);
+    // Only what the sequence uses: a live idle accumulator would cost the qa registers.
+    if constexpr (kInfo.score_n == 32) ptx::fence_operands(r.s32);
+    if constexpr (kInfo.score_n == 64) ptx::fence_operands(r.s64);
+    if constexpr (kInfo.pv_steps > 0) ptx::fence_operands(r.o);
   }
   t1 = clock64();
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(g1));

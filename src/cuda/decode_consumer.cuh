@@ -21,13 +21,24 @@ constexpr float kBaseLift = kF16 ? 8.f : 0.f;
 // kF16: an e4m3 cache read with an e4m3 query: the scores are e4m3 wgmma over the query and the
 // raw tiles as they are, the stages hold V as f16, so P is f16. A warpgroup's scores read all
 // 512 dims; it accumulates P.V over its half.
-// kQueryRegSteps: the scores' first k steps take Q from registers (A-operand words, loaded once
-// the query has landed), so that those wgmma read 1 KiB of shared memory, not 3: the score wgmma
-// are bound by their operand reads (docs/kernel.md).
+// kQueryRegSteps: that many of the scores' k steps take Q from registers (A-operand words, loaded
+// once the query has landed), so that those wgmma read 1 KiB of shared memory, not 3: the score
+// wgmma are bound by their operand reads (docs/kernel.md). They are spread evenly over the steps
+// (register slot j is step reg_step(j)), so that at most two steps reading Q from shared memory
+// come in a row (bf16 128 x 2 H=128 -1.1% against the first eleven steps; smla_wgmma_probe).
 template <int kNumStages, bool kF16, int kQueryRegSteps>
 struct ConsumerCore {
   static constexpr int kPSteps = kTileColumns / 16;  // k16 steps of P.V
   static constexpr int kScoreSteps = 512 / (kF16 ? 32 : 16);
+  static_assert(0 < kQueryRegSteps && kQueryRegSteps <= kScoreSteps, "query register steps");
+  __host__ __device__ static constexpr int reg_step(int j) {
+    return j * kScoreSteps / kQueryRegSteps;
+  }
+  // The register slot of step k, or -1 where it reads Q from shared memory.
+  __host__ __device__ static constexpr int reg_slot(int k) {
+    const int j = (k * kQueryRegSteps + kScoreSteps - 1) / kScoreSteps;
+    return j < kQueryRegSteps && reg_step(j) == k ? j : -1;
+  }
   int half, tid, warp, lane;
   // Q, K and V of stage 0 as this warpgroup reads them (kF16: K from the shared-memory base).
   uint64_t q_desc, k_desc, v_desc;
@@ -136,14 +147,16 @@ struct ConsumerCore {
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     for (int r = 0; r < 2; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.f;
     ptx::fence_operands(o);  // keep the zeroing out of any wgmma's flight
-    // Word [k][i]: row 16 warp + lane / 4 + 8 (i & 1), bytes 32k + 16 (i / 2) + 4 (lane % 4) to
-    // + 3 of a query row (bf16: dims 16k + 8 (i / 2) + 2 (lane % 4), + 1; e4m3: 32k + ..., + 3).
+    // Word [j][i] of step k = reg_step(j): row 16 warp + lane / 4 + 8 (i & 1), bytes 32k + 16
+    // (i / 2) + 4 (lane % 4) to + 3 of a query row (bf16: dims 16k + 8 (i / 2) + 2 (lane % 4),
+    // + 1; e4m3: 32k + ..., + 3).
 #pragma unroll
-    for (int k = 0; k < kQueryRegSteps; ++k)
+    for (int j = 0; j < kQueryRegSteps; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int row = 16 * warp + lane / 4 + 8 * (i & 1), byte = 32 * k + 16 * (i / 2);
-        qa[k][i] = *reinterpret_cast<const uint32_t*>(
+        const int row = 16 * warp + lane / 4 + 8 * (i & 1);
+        const int byte = 32 * reg_step(j) + 16 * (i / 2);
+        qa[j][i] = *reinterpret_cast<const uint32_t*>(
             smem + Smem::q + (byte / 128) * kQChunkBytes + swizzle(row, byte % 128 / 16) +
             4 * (lane % 4));
       }
@@ -172,8 +185,9 @@ struct ConsumerCore {
     for (int k = 0; k < kScoreSteps; ++k) {
       const uint64_t a = q_desc + ptx::desc_offset((k / 4) * kQChunkBytes + (k % 4) * 32);
       const uint64_t b = k_tile + ptx::desc_offset((k / 4) * kKvChunkBytes + (k % 4) * 32);
-      const uint32_t(&q)[4] = qa[k < kQueryRegSteps ? k : 0];
-      if (k < kQueryRegSteps) {
+      const int slot = reg_slot(k);
+      const uint32_t(&q)[4] = qa[slot < 0 ? 0 : slot];
+      if (slot >= 0) {
         if constexpr (kF16)
           ptx::wgmma_m64n32k32_rs_e4m3(s, q, b, k > 0);
         else
