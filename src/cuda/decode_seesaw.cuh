@@ -11,13 +11,14 @@ namespace smla::cuda {
 // many as each consumer's registers hold without spilling or serializing the wgmma (C7512):
 // bf16 stages 11 of 32 at 232 registers (128 x 2 H=128 -3.2%, H=64 -0.6%), 10 beside the split
 // reductions (kQueryTma false: 11 serialize there), converted fp8 stages 4 of 32 (at 208 for
-// fp8_ds_mla, 224 for an e4m3 cache with a bf16 query) and kF16 6 of 16 at 224 (fp8_ds_mla and
-// e4m3 -0.7% to -1.1% at 128 x 2; 27th and 28th sessions). One bf16 step more serializes (spread
-// or not), one fp8_ds_mla step spills; kF16 at 7 compiles but measured 0.4% slower.
+// fp8_ds_mla, 224 for an e4m3 cache with a bf16 query) and kF16 7 of 16 at 224 (fp8_ds_mla and
+// e4m3 -0.7% to -1.1% at 128 x 2; 27th and 28th sessions; kF16's seventh, spread, -0.3 to -0.6%,
+// where the first seven had measured 0.4% slower). One bf16 step more serializes (spread or not),
+// one fp8_ds_mla or kF16 step more spills.
 // kCopiedRows: the rows my scores read landed by cp.async (bf16 stages, kF16's raw tiles), which
 // no thread fenced for the wgmma's proxy; the fp8 layouts' producer fences the stages it writes.
 template <bool kF16, bool kCopiedRows, bool kQueryTma>
-constexpr int kSeesawQueryRegSteps = kF16 ? 6 : !kCopiedRows ? 4 : kQueryTma ? 11 : 10;
+constexpr int kSeesawQueryRegSteps = kF16 ? 7 : !kCopiedRows ? 4 : kQueryTma ? 11 : 10;
 
 template <int kNumStages, bool kF16, bool kCopiedRows, bool kQueryTma>
 struct SeesawConsumer
