@@ -173,16 +173,17 @@ struct ConsumerCore {
     }
   }
 
-  // Issues the scores of the tile in `buffer`, a stage (kF16: a raw buffer), over this
-  // warpgroup's dims. A k step is 32 bytes of a 128-byte swizzled row either way.
+  // Issues k steps kBegin..kEnd-1 of the scores of the tile in `buffer`, a stage (kF16: a raw
+  // buffer), as one commit group. A k step is 32 bytes of a 128-byte swizzled row either way.
+  template <int kBegin, int kEnd>
   __device__ __forceinline__ void issue_scores(float (&s)[kScores], int buffer) {
     const uint64_t k_tile =
         k_desc + ptx::desc_offset(kF16 ? raw_offset<KvLayout::fp8_e4m3, true>(buffer)
                                        : buffer * kTileBytes);
-    ptx::fence_operands(s);
+    if constexpr (kBegin == 0) ptx::fence_operands(s);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kScoreSteps; ++k) {
+    for (int k = kBegin; k < kEnd; ++k) {
       const uint64_t a = q_desc + ptx::desc_offset((k / 4) * kQChunkBytes + (k % 4) * 32);
       const uint64_t b = k_tile + ptx::desc_offset((k / 4) * kKvChunkBytes + (k % 4) * 32);
       const int slot = reg_slot(k);
