@@ -39,6 +39,16 @@ struct ConsumerCore {
     const int j = (k * kQueryRegSteps + kScoreSteps - 1) / kScoreSteps;
     return j < kQueryRegSteps && reg_step(j) == k ? j : -1;
   }
+  // Every register slot is the slot of exactly one step (checked where the scores are issued).
+  __host__ __device__ static constexpr bool reg_slots_cover_steps() {
+    int slots = 0;
+    for (int k = 0; k < kScoreSteps; ++k)
+      if (const int j = reg_slot(k); j >= 0) {
+        if (reg_step(j) != k) return false;
+        ++slots;
+      }
+    return slots == kQueryRegSteps;
+  }
   int half, tid, warp, lane;
   // Q, K and V of stage 0 as this warpgroup reads them (kF16: K from the shared-memory base).
   uint64_t q_desc, k_desc, v_desc;
@@ -177,6 +187,7 @@ struct ConsumerCore {
   // buffer), as one commit group. A k step is 32 bytes of a 128-byte swizzled row either way.
   template <int kBegin, int kEnd>
   __device__ __forceinline__ void issue_scores(float (&s)[kScores], int buffer) {
+    static_assert(reg_slots_cover_steps(), "query register slots and score steps");
     const uint64_t k_tile =
         k_desc + ptx::desc_offset(kF16 ? raw_offset<KvLayout::fp8_e4m3, true>(buffer)
                                        : buffer * kTileBytes);
