@@ -145,20 +145,22 @@ struct SeesawConsumer
     ptx::mbar_arrive(&handover[half]);
   }
 
-  // My tile n's scores (own, two commit groups around taking the partner's P), the partner's
-  // tile n - 1's P.V (partner), my P handed over while that runs, then my P.V: P.V in tile
-  // order, and the partner gets my P before its next scores are done (docs/kernel.md). The partner's P.V is queued behind my scores, before my softmax,
-  // so the tensor pipe runs it while the softmax does; a base that my tile raises is applied to
-  // o after that P.V (o is in flight until then). Every wait is unconditional: ptxas
-  // serializes every wgmma when o may be in flight at a rescale.
-  // Score fragment element 4j + 2r + e is row r, column 8j + 2 (lane % 4) + e; P's A-operand
-  // word [k][i] is row i & 1.
   // My scores' k steps issued before the partner's P is taken, the rest after it, so that its
   // handover wait and loads overlap the scores still queued: bf16 after 28 of 32 (128 x 2 H=128
   // 0.984, 2 x 2 0.983), the converted fp8 stages after 24 (fp8_ds_mla 2 x 2 0.988, 128 x 2
   // H=128 1.004); 16 or before any measured slower; kF16 takes it after all (its seventh query
   // register step spills otherwise). docs/kernel.md.
   static constexpr int kSplitAt = kF16 ? Core::kScoreSteps : kCopiedRows ? 28 : 24;
+
+  // My tile n's scores (own, two commit groups around taking the partner's P), the partner's
+  // tile n - 1's P.V (partner), my P handed over while that runs, then my P.V: P.V in tile
+  // order, and the partner gets my P before its next scores are done (docs/kernel.md). The
+  // partner's P.V is queued behind my scores, before my softmax, so the tensor pipe runs it
+  // while the softmax does; a base that my tile raises is applied to o after that P.V (o is in
+  // flight until then). Every wait is unconditional: ptxas serializes every wgmma when o may be
+  // in flight at a rescale.
+  // Score fragment element 4j + 2r + e is row r, column 8j + 2 (lane % 4) + e; P's A-operand
+  // word [k][i] is row i & 1.
   template <bool kLanded, bool own, bool partner>
   __device__ __forceinline__ void step(int n, const DecodeParams& p) {
     ptx::wgmma_wait<0>();
@@ -166,6 +168,7 @@ struct SeesawConsumer
     if (held >= 0) release(held);
     held = -1;
     float s[kScores];
+    const int buffer = n % (kF16 ? kRawBuffers : kNumStages);  // my scores' rows
     if constexpr (own) {
       if constexpr (kLanded)
         ptx::mbar_wait(&raw_full<KvLayout::fp8_e4m3>(smem_base())[n % kRawBuffers],
@@ -173,15 +176,14 @@ struct SeesawConsumer
       else
         ptx::mbar_wait(&full[n % kNumStages], (n / kNumStages) & 1);
       if constexpr (kCopiedRows) ptx::fence_proxy_async();
-      this->template issue_scores<0, kSplitAt>(s, n % (kF16 ? kRawBuffers : kNumStages));
+      this->template issue_scores<0, kSplitAt>(s, buffer);
     }
     // The partner's base if above mine (so the two stay equal); o is not in flight.
     uint32_t their_pa[Core::kPSteps][4];
     float theirs[2] = {-INFINITY, -INFINITY};
     if constexpr (partner) take_partner_p(n, their_pa, theirs);
     if constexpr (own && kSplitAt < Core::kScoreSteps)
-      this->template issue_scores<kSplitAt, Core::kScoreSteps>(
-          s, n % (kF16 ? kRawBuffers : kNumStages));
+      this->template issue_scores<kSplitAt, Core::kScoreSteps>(s, buffer);
     float alpha[2], factor[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
