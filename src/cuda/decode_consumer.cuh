@@ -81,7 +81,7 @@ struct ConsumerCore {
   // H arrive as zeros), at the kernel's start: the load/store unit is then the first tile's
   // alone. wait_query<true> completes it. More issuing threads measured at most 1-2.5% faster
   // and racecheck flags them unless they are in different warps, where they gain nothing
-  // (docs/kernel.md).
+  // (docs/kernel_measured.md).
   static __device__ __forceinline__ uint64_t* query_bar(uint8_t* smem, int half) {
     return reinterpret_cast<uint64_t*>(smem + Smem::query_bars) + half;
   }

@@ -78,7 +78,7 @@ __device__ __forceinline__ void stage_o(const Consumer& c, uint8_t* smem, int r,
 // of blocks 4g..4g+3 transposed by two shuffle rounds (xor 2, then xor 1), so that lane q holds
 // the 16 bytes of block 4g + q. No barrier and no shared-memory round trip. Measured slower:
 // 4-byte stores of the fragments as they are (8-20%), and the former staging through shared
-// memory (0.4-1.7%; docs/kernel.md).
+// memory (0.4-1.7%; docs/kernel_measured.md).
 template <class Consumer>
 __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& w,
                                              const Consumer& c, const uint8_t* smem, int thread) {

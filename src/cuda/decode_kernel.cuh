@@ -55,7 +55,7 @@ constexpr int kConsumerRegs =
     (kWarpgroups * kLaunchRegs - kProducerRegs<L>) / (kWarpgroups - 1) / 8 * 8;
 
 // kTopk: the launch reads TopkColumns. The consumers' staging is compiled per source, the
-// producer's only in the kF16 kernels: elsewhere it measured slower so (docs/kernel.md).
+// producer's only in the kF16 kernels: elsewhere it measured slower so (docs/kernel_measured.md).
 // kF16: an e4m3 cache with an e4m3 query: scores by e4m3 wgmma, P.V in f16 (one conversion per
 // two values).
 // kQueryTma: the query (bf16, or e4m3 for kF16) by TMA from p.q_map, and no split reduction

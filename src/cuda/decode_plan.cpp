@@ -5,7 +5,7 @@
 namespace smla::cuda {
 namespace {
 
-// Cost model in microseconds, fitted to H200 times of forced plans (docs/kernel.md, "Work
+// Cost model in microseconds, fitted to H200 times of forced plans (docs/kernel_measured.md, "Work
 // decomposition"). A 32-row tile costs one 64-row wgmma pass whatever the live heads; a bf16
 // cache's tiles are cheaper (no conversion pass paces them), most of all on unsplit rows of 64
 // heads, which run the kQueryTma kernel. A wave's split rows are reduced before the next wave

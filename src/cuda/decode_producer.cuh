@@ -16,7 +16,7 @@ __device__ __forceinline__ int producer_row() {
 }
 // kProducerTopk: whether the launch reads TopkColumns, compiled in (1, 0: the kF16 kernels'
 // producers) or tested at run time (-1), whichever measured faster for the kernel
-// (docs/kernel.md).
+// (docs/kernel_measured.md).
 template <int kProducerTopk>
 __device__ __forceinline__ bool reads_topk(const DecodeParams& p) {
   if constexpr (kProducerTopk < 0)
@@ -307,7 +307,7 @@ __device__ __forceinline__ void produce_bf16(const DecodeParams& p, const Work& 
 // the query and the first tile's rows (window columns, from the table) of the CTA one wave on,
 // so that the next wave's start reads them from L2 instead of queuing at DRAM behind every
 // SM's: bf16 H=64 128 x 2 -3.1% (57.1 -> 55.3 us), H=8..32 -1.2 to -1.7%; not for two head
-// blocks or the fp8 layouts, where it measured no faster or slower (docs/kernel.md). Only
+// blocks or the fp8 layouts, where it measured no faster or slower (docs/kernel_measured.md). Only
 // offsets inside the pool are fetched: a stale one costs bandwidth, never a wrong result.
 __device__ __forceinline__ void prefetch_next_wave(const QueryTmaParams& p, const Work& w,
                                                    uint8_t* smem) {
@@ -337,7 +337,7 @@ __device__ __forceinline__ void prefetch_next_wave(const QueryTmaParams& p, cons
 // kRopeDirect (fp8_ds_mla): tile n+1's RoPE chunks go straight into its stage once tile n is
 // converted, so that stage is waited for a conversion earlier: for split plans, whose CTAs have
 // few tiles (2 x 2: H=64 -2.1%, H=128 -0.9%), not unsplit ones (128 x 2 +0.2 to +0.4%;
-// docs/kernel.md).
+// docs/kernel_measured.md).
 template <KvLayout L, bool kF16, int kProducerTopk, bool kRopeDirect, bool kLanded = false>
 __device__ __forceinline__ void produce_fp8(const DecodeParams& p, const Work& w, uint8_t* smem,
                                             IndexPipe<kProducerTopk>& indices) {

@@ -149,7 +149,7 @@ struct SeesawConsumer
   // handover wait and loads overlap the scores still queued: bf16 after 28 of 32 (128 x 2 H=128
   // 0.984, 2 x 2 0.983), the converted fp8 stages after 24 (fp8_ds_mla 2 x 2 0.988, 128 x 2
   // H=128 1.004); 16 or before any measured slower; kF16 takes it after all (its seventh query
-  // register step spills otherwise). docs/kernel.md.
+  // register step spills otherwise). docs/kernel_measured.md.
   static constexpr int kSplitAt = kF16 ? Core::kScoreSteps : kCopiedRows ? 28 : 24;
 
   // My tile n's scores (own, two commit groups around taking the partner's P), the partner's
