@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "cuda/decode_layout.cuh"
 
 namespace smla::cuda {
@@ -213,14 +215,21 @@ struct ConsumerCore {
     ptx::wgmma_commit();
   }
 
-  // Issues P.V of the tile in `stage` over this warpgroup's 256 output dims.
-  __device__ __forceinline__ void issue_pv(const uint32_t (&pa)[kPSteps][4], int stage) {
+  // Issues P.V of the tile in `stage` over this warpgroup's 256 output dims, P (A) from
+  // registers (words) or from shared memory (a descriptor, SeesawXch's layout).
+  template <class PSource>
+  __device__ __forceinline__ void issue_pv(const PSource& pa, int stage) {
     const uint64_t v_stage = v_desc + ptx::desc_offset(stage * kTileBytes);
     ptx::fence_operands(o);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kPSteps; ++k)
-      ptx::wgmma_m64n256k16_rs<kF16>(o, pa[k], v_stage + ptx::desc_offset(k * 16 * 128));
+    for (int k = 0; k < kPSteps; ++k) {
+      const uint64_t v = v_stage + ptx::desc_offset(k * 16 * 128);
+      if constexpr (std::is_same_v<PSource, uint64_t>)
+        ptx::wgmma_m64n256k16_ss<kF16>(o, pa + ptx::desc_offset(2 * k * SeesawXch::p_lbo), v);
+      else
+        ptx::wgmma_m64n256k16_rs<kF16>(o, pa[k], v);
+    }
     ptx::wgmma_commit();
   }
 

@@ -46,11 +46,14 @@ struct RawTile {
            : kScales + (L == KvLayout::fp8_ds_mla ? kTileColumns * 4 * 8 : 0);
 };
 
-// Where the seesaw consumer's warpgroups hand over P. Both hold the same fragment rows, so
-// warpgroup h's thread t writes its P words (the A operand of P.V) and row bases at [h][t], and
-// the partner's thread t reads them there.
+// Where the seesaw consumer's warpgroups hand over P. Warpgroup h writes its tile's P at [h]
+// and its row bases at [h][t]; both hold the same fragment rows, so the partner's thread t reads
+// t's. P is either the partner P.V's A operand, unswizzled and K-major (64 rows x 32 columns:
+// core matrices of 8 rows x 8 columns, p_lbo apart along the columns, p_sbo along the rows), or
+// (SeesawConsumer::kSmemP false) each thread's 8 words at [h][t].
 struct SeesawXch {
-  static constexpr int p = 0;                        // [writer half][128 threads] 2 x uint4
+  static constexpr int p = 0;                        // [writer half] 64 x 32 P, 16-bit
+  static constexpr int p_lbo = 128, p_sbo = 4 * p_lbo;
   static constexpr int base = p + 2 * 128 * 32;      // [writer half][128 threads] float2
   static constexpr int finish = base + 2 * 128 * 8;  // [half][128 threads] 2 bases, 2 sums
   static constexpr int bytes = finish + 2 * 128 * 16;

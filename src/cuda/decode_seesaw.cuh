@@ -8,17 +8,18 @@
 namespace smla::cuda {
 
 // How many of the scores' k steps read Q from registers (spread over them: ConsumerCore), as
-// many as each consumer's registers hold without spilling or serializing the wgmma (C7512):
-// bf16 stages 11 of 32 at 232 registers (128 x 2 H=128 -3.2%, H=64 -0.6%), 10 beside the split
-// reductions (kQueryTma false: 11 serialize there), converted fp8 stages 4 of 32 (at 208 for
-// fp8_ds_mla, 224 for an e4m3 cache with a bf16 query) and kF16 7 of 16 at 224 (fp8_ds_mla and
-// e4m3 -0.7% to -1.1% at 128 x 2; 27th and 28th sessions; kF16's seventh, spread, -0.3 to -0.6%,
-// where the first seven had measured 0.4% slower). One bf16 step more serializes (spread or not),
-// one fp8_ds_mla or kF16 step more spills.
+// many as each consumer's registers hold without spilling or serializing the wgmma (C7512). In
+// the kQueryTma kernels, whose P.V of the partner's tile reads its P from shared memory (8
+// registers fewer), bf16 stages 13 of 32 at 232 registers, fp8_ds_mla's converted stages 7 of
+// 32 at 208, kF16 11 of 16 at 224 (sixty-eighth session, against 11 / 4 / 7: bf16 128 x 2 H=128
+// -0.8%, fp8_ds_mla H=64 -1.1%, e4m3 H=64 -0.9%). Elsewhere bf16 10 (11 serialize), converted
+// fp8 stages 4 (fp8_ds_mla at 208, an e4m3 cache with a bf16 query at 224), kF16 7; one step
+// more spills or serializes (docs/kernel_measured.md).
 // kCopiedRows: the rows my scores read landed by cp.async (bf16 stages, kF16's raw tiles), which
 // no thread fenced for the wgmma's proxy; the fp8 layouts' producer fences the stages it writes.
 template <bool kF16, bool kCopiedRows, bool kQueryTma>
-constexpr int kSeesawQueryRegSteps = kF16 ? 7 : !kCopiedRows ? 4 : kQueryTma ? 11 : 10;
+constexpr int kSeesawQueryRegSteps = kQueryTma ? (kF16 ? 11 : !kCopiedRows ? 7 : 13)
+                                               : (kF16 ? 7 : !kCopiedRows ? 4 : 10);
 
 template <int kNumStages, bool kF16, bool kCopiedRows, bool kQueryTma>
 struct SeesawConsumer
@@ -29,8 +30,14 @@ struct SeesawConsumer
   static constexpr int kRawBuffers = RawTile<KvLayout::fp8_e4m3, true>::kBuffers;  // kF16
   // row_max[r] is the base of o and of row_sum, the sum of this warpgroup's own tiles' P.
   int held = -1;  // my last tile: its stage goes back once its P.V is done
-  // The P handover, per writer h: [h] its P is in SeesawXch, [2 + h] the partner has read it.
+  // kSmemP: the partner's P.V reads my P from shared memory (kQueryTma kernels: unsplit
+  // plans, which spend the registers it frees on query steps), not from its registers (split
+  // plans, small batches, where the fence and stores it takes cost 1.3-1.7% at 2 x 2 H=64).
+  static constexpr bool kSmemP = kQueryTma;
+  // The P handover, per writer h: [h] its P is in SeesawXch, [2 + h] the partner has read it
+  // (kSmemP: its P.V of it is done).
   uint64_t* handover;
+  uint64_t their_p;  // kSmemP: the partner's P in SeesawXch, the A operand of my P.V of its tile
 
   // In the block of barriers after the stages' (Smem::bars); before the CTA's first barrier.
   static __device__ __forceinline__ void init_barriers(uint64_t* bars) {
@@ -39,6 +46,23 @@ struct SeesawConsumer
   __device__ __forceinline__ void init(uint8_t* smem) {
     Core::init(smem);
     handover = reinterpret_cast<uint64_t*>(smem + Smem::bars) + 2 * kMaxStages;
+    if constexpr (kSmemP) {
+      const int partner = 1 - __shfl_sync(~0u, half, 0);  // warp-uniform: see Core::init
+      their_p =
+          ptx::plain_desc(ptx::smem_addr(p_area(partner)), SeesawXch::p_lbo, SeesawXch::p_sbo);
+    }
+  }
+  // Warpgroup h's P in SeesawXch: as the wgmma's A operand (kSmemP), where this thread's P
+  // word [k][i] lies at p_word(k, i); or thread by thread (p_slot: two uint4 a thread).
+  __device__ __forceinline__ uint8_t* p_area(int h) const {
+    return xch + SeesawXch::p + h * kMmaRows * kTileColumns * 2;
+  }
+  __device__ __forceinline__ int p_word(int k, int i) const {
+    return (2 * warp + (i & 1)) * SeesawXch::p_sbo + (2 * k + i / 2) * SeesawXch::p_lbo +
+           lane / 4 * 16 + lane % 4 * 4;
+  }
+  __device__ __forceinline__ uint4* p_slot(int h) const {
+    return reinterpret_cast<uint4*>(xch + SeesawXch::p) + (h * 128 + tid) * 2;
   }
 
   // The CTA row (head - head0) of fragment row r.
@@ -80,19 +104,21 @@ struct SeesawConsumer
     if (n == tiles) step<kLanded, false, true>(n, p);
   }
 
-  // The partner's P of its tile n - 1 (A-operand words) and the bases it is relative to.
+  // The partner's P of its tile n - 1 (!kSmemP: its A-operand words; kSmemP: it stays in
+  // SeesawXch) and the bases it is relative to.
   __device__ __forceinline__ void take_partner_p(int n, uint32_t (&their_pa)[Core::kPSteps][4],
                                                  float (&theirs)[2]) {
     ptx::mbar_wait(&handover[1 - half], ((n - 1) / 2) & 1);  // its ((n - 1) / 2)-th tile
-    const uint4* slot =
-        reinterpret_cast<const uint4*>(xch + SeesawXch::p) + ((1 - half) * 128 + tid) * 2;
-    const uint4 a = slot[0], b = slot[1];
-    const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    if constexpr (!kSmemP) {
+      const uint4* slot = p_slot(1 - half);
+      const uint4 a = slot[0], b = slot[1];
+      const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) their_pa[i / 4][i % 4] = words[i];
+      for (int i = 0; i < 8; ++i) their_pa[i / 4][i % 4] = words[i];
+    }
     const float2 t = reinterpret_cast<const float2*>(xch + SeesawXch::base)[(1 - half) * 128 + tid];
     theirs[0] = t.x, theirs[1] = t.y;
-    ptx::mbar_arrive(&handover[2 + 1 - half]);
+    if constexpr (!kSmemP) ptx::mbar_arrive(&handover[2 + 1 - half]);
   }
 
   // My tile n's scores in log2 units, masked columns -inf (their rows are zeros); each row's max.
@@ -137,11 +163,19 @@ struct SeesawConsumer
     if (n >= 2) ptx::mbar_wait(&handover[2 + half], (n / 2 - 1) & 1);  // my last P was read
     // The P.V of my tile (the partner's too, after this handover) reads its converted stage.
     if constexpr (kLanded) ptx::mbar_wait(&full[n % kNumStages], (n / kNumStages) & 1);
-    uint4* mine = reinterpret_cast<uint4*>(xch + SeesawXch::p) + (half * 128 + tid) * 2;
-    mine[0] = make_uint4(pa[0][0], pa[0][1], pa[0][2], pa[0][3]);
-    mine[1] = make_uint4(pa[1][0], pa[1][1], pa[1][2], pa[1][3]);
+    if constexpr (kSmemP) {
+      uint8_t* mine = p_area(half);
+#pragma unroll
+      for (int i = 0; i < Core::kPSteps * 4; ++i)
+        *reinterpret_cast<uint32_t*>(mine + p_word(i / 4, i % 4)) = pa[i / 4][i % 4];
+    } else {
+      uint4* slot = p_slot(half);
+      slot[0] = make_uint4(pa[0][0], pa[0][1], pa[0][2], pa[0][3]);
+      slot[1] = make_uint4(pa[1][0], pa[1][1], pa[1][2], pa[1][3]);
+    }
     reinterpret_cast<float2*>(xch + SeesawXch::base)[half * 128 + tid] =
         make_float2(row_max[0], row_max[1]);
+    if constexpr (kSmemP) ptx::fence_proxy_async();  // P's st.shared, then the partner's wgmma
     ptx::mbar_arrive(&handover[half]);
   }
 
@@ -195,16 +229,22 @@ struct SeesawConsumer
     }
     this->rescale_o(alpha);
     if constexpr (partner) {
-      if (__any_sync(~0u, factor[0] != 1.f || factor[1] != 1.f)) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          their_pa[i / 4][i % 4] = scaled(their_pa[i / 4][i % 4], factor[i & 1]);
-      }
       // The stage's rows are visible to this wgmma: the partner waited for them and fenced
       // the proxies before its handover, which this thread waited for (release and acquire
       // chain; the fence is cumulative). Waiting for `full` again here held 6% of the warp
       // samples (bf16 128 x 2 H=128).
-      this->issue_pv(their_pa, (n - 1) % kNumStages);
+      if constexpr (kSmemP) {
+        // P as handed over, with no factor: the partner's base is never below mine, as it
+        // adopted mine (my last P's) before its softmax, unless it is -inf (P all zeros).
+        this->issue_pv(their_p, (n - 1) % kNumStages);
+      } else {  // the register path scales it wherever that would not hold
+        if (__any_sync(~0u, factor[0] != 1.f || factor[1] != 1.f)) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            their_pa[i / 4][i % 4] = scaled(their_pa[i / 4][i % 4], factor[i & 1]);
+        }
+        this->issue_pv(their_pa, (n - 1) % kNumStages);
+      }
     } else {
       ptx::wgmma_commit();  // an empty group, so that wait<1> below waits for the scores
     }
@@ -232,9 +272,10 @@ struct SeesawConsumer
       hand_over_p<kLanded>(n, s, pa);
     }
     if constexpr (partner) {
-      ptx::wgmma_wait<0>();  // the partner's stage goes back at once
+      ptx::wgmma_wait<0>();  // the partner's stage (kSmemP: and P) go back at once
       ptx::fence_operands(o);
       release(n - 1);
+      if constexpr (kSmemP) ptx::mbar_arrive(&handover[2 + 1 - half]);
     }
     if constexpr (own) {
       this->rescale_o(raise);

@@ -203,12 +203,16 @@ __device__ __forceinline__ void reg_dealloc() {
 }
 
 // ---- wgmma ----------------------------------------------------------------------------------
-// Shared-memory matrix descriptor, 128-byte swizzle. Offsets in bytes; the swizzle atom
-// (8 rows x 128 B) must be 1024-byte aligned.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+// Shared-memory matrix descriptor. Offsets in bytes. Unswizzled (plain_desc): core matrices of
+// 8 rows x 16 B stored as 128 contiguous bytes, `lbo` apart along K and `sbo` along M or N. With
+// the 128-byte swizzle (sw128_desc) the swizzle atom (8 rows x 128 B) must be 1024-byte aligned.
+__device__ __forceinline__ uint64_t plain_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
          static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16 |
-         static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32 | static_cast<uint64_t>(1) << 62;
+         static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32;
+}
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return plain_desc(addr, lbo, sbo) | static_cast<uint64_t>(1) << 62;
 }
 // What to add to a descriptor to move its start address by `bytes` (a multiple of 16).
 __host__ __device__ constexpr uint64_t desc_offset(uint32_t bytes) { return bytes >> 4; }
@@ -241,6 +245,17 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
 #define SMLA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define SMLA_F16(i) SMLA_F4(i), SMLA_F4(i + 4), SMLA_F4(i + 8), SMLA_F4(i + 12)
 #define SMLA_F64(i) SMLA_F16(i), SMLA_F16(i + 16), SMLA_F16(i + 32), SMLA_F16(i + 48)
+// An m64n256 wgmma's 128 accumulator operands, %0..%127.
+#define SMLA_D128                                                                             \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                   \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "          \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "          \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "          \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "          \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "          \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "    \
+  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "      \
+  "%125, %126, %127}, "
 
 // The operand type of a wgmma: bf16, or f16 (kF16); accumulators are f32.
 #define SMLA_WGMMA_TYPE(kF16, STMT) \
@@ -308,15 +323,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
   asm volatile(                                                                              \
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                            \
       "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " "                             \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "              \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "     \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "     \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "     \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "     \
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "     \
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, " \
-      "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "  \
-      "%125, %126, %127}, "                                                                  \
+      SMLA_D128                                                                              \
       "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"                                     \
       : SMLA_F64(0), SMLA_F64(64)                                                            \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
@@ -324,9 +331,25 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
 #undef SMLA_STMT
 }
 
+// The same with A K-major in shared memory.
+template <bool kF16>
+__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t a, uint64_t b) {
+#define SMLA_STMT(T)                                                                         \
+  asm volatile(                                                                              \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                            \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " "                             \
+      SMLA_D128                                                                              \
+      "%128, %129, p, 1, 1, 0, 1;\n}\n"                                                      \
+      : SMLA_F64(0), SMLA_F64(64)                                                            \
+      : "l"(a), "l"(b))
+  SMLA_WGMMA_TYPE(kF16, SMLA_STMT)
+#undef SMLA_STMT
+}
+
 #undef SMLA_F4
 #undef SMLA_F16
 #undef SMLA_F64
+#undef SMLA_D128
 #undef SMLA_WGMMA_TYPE
 
 }  // namespace smla::cuda::ptx
