@@ -36,6 +36,10 @@ std::vector<std::string> graph_table_rows(const StepGraphs& graphs) {
   std::vector<std::string> rows;
   for (const StepGraph* g : in_order(graphs)) {
     const GraphNodes& n = g->nodes;
+    if (!g->not_run.empty()) {
+      rows.push_back(format("%-7s ", graph_name(*g)) + "not run: " + g->not_run);
+      continue;
+    }
     rows.push_back(format("%-7s %9.1f %9.1f %5.1f%% %6s  %6d %8d %7d %9d %6d %6d %6d %9d %5zu  %s",
                           graph_name(*g), g->step_ms * 1e3, g->builds_ms * 1e3,
                           100 * build_share(*g), saved(g, graphs, "%5.1f%%", 100, "-").c_str(),
@@ -63,6 +67,7 @@ std::vector<std::string> graph_csv_rows(const StepGraphs& graphs) {
   std::vector<std::string> rows;
   for (const StepGraph* g : in_order(graphs)) {
     const GraphNodes& n = g->nodes;
+    if (!g->not_run.empty()) continue;
     rows.push_back(format("%s,%.2f,%.2f,%.4f,%s,%d,%d,%d,%d,%d,%d,%d,%d,%zu,%zu,%d", graph_name(*g),
                           g->step_ms * 1e3, g->builds_ms * 1e3, build_share(*g),
                           saved(g, graphs, "%.4f", 1, "").c_str(), n.table_builds,

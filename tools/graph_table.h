@@ -1,6 +1,7 @@
 // The figures of a step's graphs (step_graph.h) as rows of a printed table and of CSV: the same
 // columns in `smla run` and smla_step_bench. Rows come in fours, auto, topk, shared, none;
-// each of the first three says what it saves against none.
+// each of the first three says what it saves against none. A way not run (StepGraph::not_run)
+// prints why instead of figures and has no CSV row.
 #pragma once
 #include <string>
 #include <vector>

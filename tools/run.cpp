@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <random>
+#include <span>
+#include <string>
 
 #include "clock.h"
 #include "cpu/parallel.h"
@@ -11,6 +13,7 @@
 #include "report.h"
 #include "run_stream.h"
 #include "smla/error.h"
+#include "smla/model.h"
 #include "step_graph.h"
 #include "synth.h"
 
@@ -25,12 +28,25 @@ double tolerance(KvLayout kv, const Device& device) {
 }
 constexpr int kGraphReplays = 30;
 
+// Why the decode on `gpu` cannot read a top-k of the step that `--compressed-index topk` has it
+// read (the executor refuses it); empty when it can or the mode is another.
+std::string topk_too_wide(const RunOptions& o, std::span<const LayerSpec> specs, Device gpu) {
+  if (o.compressed_index != CompressedIndex::topk) return {};
+  for (const LayerSpec& s : specs)
+    if (const int64_t width = topk_width(s, o.context); width > max_topk_width(gpu))
+      return "--compressed-index topk: layer " + std::to_string(s.layer) + " reads a top-k of " +
+             std::to_string(width) + " columns, the decode at most " +
+             std::to_string(max_topk_width(gpu));
+  return {};
+}
+
 // The GPU when it can run this step, else the CPU (with a note, unless cuda was asked for).
-Device pick_device(const RunOptions& o) {
+Device pick_device(const RunOptions& o, std::span<const LayerSpec> specs) {
   if (o.device == DeviceChoice::cpu) return {};
   const Device gpu{DeviceKind::cuda, 0};
   std::string why =
       query_capability(kHeadDim, query_dtype(o.kv), kv_dtype(o.kv), kSwaBlockSize, gpu).reason;
+  if (why.empty()) why = topk_too_wide(o, specs, gpu);
   if (why.empty()) {
     try {
       make_streams(gpu);
@@ -49,7 +65,7 @@ Device pick_device(const RunOptions& o) {
 
 int run_step(const RunOptions& o) {
   const std::vector<LayerSpec> specs = model_layers(model_preset(o.model), o.groups);
-  const Device device = pick_device(o);
+  const Device device = pick_device(o, specs);
   const RunStream stream(device);
   const std::unique_ptr<Streams> streams = make_streams(device, stream.get());
   SynthStep step(o, specs, *streams);

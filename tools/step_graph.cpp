@@ -62,10 +62,15 @@ StepGraph measure(const StepData& data, Streams& streams, int64_t max_tokens, in
                   TableSharing sharing, CompressedIndex compressed, int replays) {
   std::vector<LayerSpec> specs;
   for (const AttentionLayer& l : data.layers) specs.push_back(l.spec);
-  StepGraph g{.sharing = sharing,
-              .compressed = compressed,
-              .layers = static_cast<int>(specs.size()),
-              .distinct_tables = distinct_tables(specs, sharing, compressed)};
+  StepGraph g{
+      .sharing = sharing, .compressed = compressed, .layers = static_cast<int>(specs.size())};
+  try {
+    g.distinct_tables = distinct_tables(specs, sharing, compressed, max_columns, streams.device());
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::unsupported) throw;
+    g.not_run = e.what();
+    return g;
+  }
   StepExecutor executor(data.layers, streams, max_tokens, max_columns, sharing, compressed);
   const auto step = [&] { executor.run_step(data.inputs, data.queries, data.outs); };
   const auto builds = [&] { executor.build_tables(data.inputs); };
@@ -89,15 +94,16 @@ const char* graph_name(const StepGraph& g) {
 }
 
 int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing,
-                    CompressedIndex compressed) {
+                    CompressedIndex compressed, int64_t max_columns, Device device) {
   std::set<TableKey> distinct;
-  for (const LayerSpec& s : table_specs(layers, compressed, sharing))
+  for (const LayerSpec& s : table_specs(layers, compressed, sharing, max_columns, device))
     distinct.insert({s.swa_group, sparse_index_key(s, sharing)});
   return static_cast<int>(distinct.size());
 }
 
 std::vector<std::string> graph_problems(const StepGraph& g) {
   std::vector<std::string> problems;
+  if (!g.not_run.empty()) return problems;
   const GraphNodes& n = g.nodes;
   if (n.table_builds != g.distinct_tables)
     problems.push_back(count_of(n.table_builds, "table builds") + ", expected " +

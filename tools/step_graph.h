@@ -36,6 +36,8 @@ struct StepGraph {
   TableStats tables{};   // the captured step's bookkeeping (builds, forks, waits)
   double step_ms = 0;    // median replay of the whole step
   double builds_ms = 0;  // median replay of the step's table builds alone
+  std::string not_run{};  // why this way could not run the step (a top-k wider than the
+                          // decode reads on the device); empty when measured
 };
 
 // (shared, automatic): the executor as is; (shared, topk); (shared, table); (none, table).
@@ -45,13 +47,14 @@ struct StepGraphs {
 
 const char* graph_name(const StepGraph& graph);  // "auto", "topk", "shared", "none"
 
-// The distinct (SWA group, sparse_index_key) pairs of the tables `layers` build.
+// The distinct (SWA group, sparse_index_key) pairs of the tables `layers` build in an
+// executor's steps of up to `max_columns` table columns on `device` (table_specs).
 int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing,
-                    CompressedIndex compressed);
+                    CompressedIndex compressed, int64_t max_columns, Device device);
 
 // Where `graph` is not the graph SPEC §5 implies: one build per distinct table, one decode per
 // layer, no other kernel, no memset or memcpy, no other node but empty and event ones, and no
-// fork without sharing. One phrase per difference; empty when there is none.
+// fork without sharing. One phrase per difference; empty when there is none or it was not run.
 std::vector<std::string> graph_problems(const StepGraph& graph);
 
 // The builds alone over the whole step: what index building would cost if nothing overlapped
@@ -65,8 +68,10 @@ double saves(const StepGraph& graph, const StepGraphs& graphs);
 // On CUDA, once each way: a fresh StepExecutor runs the step of `data` eagerly (the
 // kernels load and the streams' block cache gets every block a capture takes), then the step
 // is captured on streams.current() as one graph, its nodes counted and `replays` replays timed,
-// then the same for its table builds alone. streams.current() must be a stream of the run's own
-// (RunStream): the legacy default stream cannot be captured. Elsewhere: smla::Error, unsupported.
+// then the same for its table builds alone; a way the executor refuses as `unsupported` (topk,
+// a top-k wider than the decode reads) is not run and says why. streams.current() must be a stream
+// of the run's own (RunStream): the legacy default stream cannot be captured. Elsewhere:
+// smla::Error, unsupported.
 StepGraphs measure_step_graphs(const StepData& data, Streams& streams, int64_t max_tokens,
                                int64_t max_columns, int replays);
 

@@ -75,6 +75,10 @@ size_t kv_counter_bytes(int64_t max_tokens, int num_heads);
 // `max_tokens` tokens and `max_columns` columns on `device` (0 on the CPU).
 size_t workspace_bytes(int64_t max_tokens, int num_heads, int64_t max_columns, Device device);
 
+// The widest top-k (TopkColumns' top_k) the op reads on `device`: 2048 on CUDA (the kernel
+// stages it in shared memory), no limit (INT64_MAX) on the CPU, 0 where this build cannot run.
+int64_t max_topk_width(Device device);
+
 // "supported" or the reason why not, for one configuration on one device.
 struct Capability {
   bool supported = false;

@@ -29,14 +29,18 @@ struct AttentionLayer {
 // §5 says. `topk`: the decode reads its index source's top-k (TopkColumns, bitwise the table's)
 // and the layer looks up its SWA group's "swa_only" table. `automatic`: topk for every layer of
 // a run of one key in which some SWA group would hold the table for one layer only, table for
-// the other runs (docs/sparse_index.md says why).
+// the other runs (docs/sparse_index.md says why); a top-k wider than the decode reads on the
+// device (max_topk_width) makes its run `table` in `automatic` and is refused in `topk`.
 enum class CompressedIndex { table, topk, automatic };
 const char* compressed_index_name(CompressedIndex compressed);  // "table", "topk", "auto"
 
 // The specs the tables see, layer by layer (`layers` in model order): a layer that reads its
-// top-k in the decode is SWA-only to them.
+// top-k in the decode is SWA-only to them. Only a top-k the decode on `device` reads
+// (max_topk_width) is read there; a layer's may be index_topk wide, or where it reads every
+// entry max_columns - window in steps of up to `max_columns` table columns. `automatic` builds
+// tables for runs with a wider one; `topk` throws an `unsupported` Error naming such a layer.
 std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, CompressedIndex compressed,
-                                   TableSharing sharing = TableSharing::shared);
+                                   TableSharing sharing, int64_t max_columns, Device device);
 
 // What changes every step.
 struct StepInputs {

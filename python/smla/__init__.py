@@ -10,8 +10,8 @@ from ._smla import (HEAD_DIM, MAX_HEADS, NOPE_DIM, ROPE_DIM, WINDOW, WITH_CUDA, 
                     ModelPreset, TableSharing, model_layers, model_preset, model_presets,
                     sparse_index_key, topk_width)
 from .buffers import kv_counter_buffer, workspace_buffer
-from .decode import (TopkColumns, backend_info, kv_counter_bytes, query_capability,
-                     sparse_mla_decode, workspace_bytes)
+from .decode import (TopkColumns, backend_info, kv_counter_bytes, max_topk_width,
+                     query_capability, sparse_mla_decode, workspace_bytes)
 from .executor import AttentionLayer, StepExecutor, StepInputs
 from .quantize import quantize_kv
 from .index import (CompressedColumns, SparseIndexArgs, SparseIndexTable, StepMetadata, SwaGroup,
@@ -24,6 +24,7 @@ __all__ = [
     "HEAD_DIM", "NOPE_DIM", "ROPE_DIM", "MAX_HEADS", "WINDOW", "WITH_CUDA",
     "Typed", "with_dtype",
     "sparse_mla_decode", "TopkColumns", "kv_counter_bytes", "workspace_bytes", "query_capability",
+    "max_topk_width",
     "backend_info", "kv_counter_buffer", "workspace_buffer",
     "StepMetadata", "SwaGroup", "CompressedColumns", "SparseIndexTable", "SparseIndexArgs",
     "build_sparse_indices", "sparse_index_columns", "dspark_swa_width",

@@ -114,6 +114,14 @@ def query_capability(head_size: int, query_dtype: str, kv_dtype: str, block_size
                                   integer(block_size, "block_size"), kind, index)
 
 
+def max_topk_width(device="cpu") -> int:
+    """The widest top-k (TopkColumns.topk_indices' columns) the decode reads on `device`: 2048
+    on CUDA, 2**63 - 1 on the CPU, 0 where this build cannot run (a StepExecutor reads wider
+    ones from built tables)."""
+    kind, index = parse_device(device)
+    return _smla.max_topk_width(kind, index)
+
+
 def backend_info() -> str:
     """The devices this build can run on and what each supports (as `smla info` prints)."""
     return _smla.backend_info()

@@ -42,9 +42,8 @@ def sparse_mla_decode(query: Tensor, swa_kv_cache: Tensor, sparse_indices: Tenso
                       compress_ratio: int = 0, num_decodes: int = 0) -> None:
     """smla.sparse_mla_decode; `topk_indices` given reads the compressed columns as
     TopkColumns(topk_indices, topk_block_table, compress_ratio, num_decodes, is_valid_token)."""
-    topk = (None if topk_indices is None else
-            TopkColumns(topk_indices, topk_block_table, compress_ratio, num_decodes,
-                        is_valid_token))
+    # Built whatever is given: the call refuses a top-k's other fields without its indices.
+    topk = TopkColumns(topk_indices, topk_block_table, compress_ratio, num_decodes, is_valid_token)
     _decode(query=query, swa_kv_cache=swa_kv_cache, sparse_indices=sparse_indices,
             sparse_topk_lens=sparse_topk_lens, seq_lens=seq_lens, out=out, bmm1_scale=bmm1_scale,
             compressed_kv_cache=compressed_kv_cache, cum_seq_lens_q=cum_seq_lens_q,

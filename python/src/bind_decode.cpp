@@ -89,6 +89,10 @@ void bind_decode(nb::module_& m) {
       },
       nb::arg("head_size"), nb::arg("query_dtype"), nb::arg("kv_dtype"), nb::arg("block_size"),
       nb::arg("kind"), nb::arg("id"));
+  m.def(
+      "max_topk_width",
+      [](const std::string& kind, int id) { return max_topk_width(parse_device(kind, id)); },
+      nb::arg("kind"), nb::arg("id"));
   m.def("backend_info", &backend_info);
 }
 

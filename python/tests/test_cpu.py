@@ -807,6 +807,15 @@ def test_decode_reads_the_topk_as_its_table_would():
     with pytest.raises(ValueError, match="smla: topk_columns.compress_ratio:"):
         smla.sparse_mla_decode(**common, sparse_indices=swa.out.sparse_indices,
                                sparse_topk_lens=None, out=outs[1], topk_columns=topk)
+    # Its other fields without the top-k: the call would read the table alone.
+    topk = smla.TopkColumns(None, c["comp_table"], compress_ratio=4)
+    with pytest.raises(ValueError, match="smla: topk_columns.topk_indices: expected .* as "
+                       "topk_columns.block_table is given, got absent"):
+        smla.sparse_mla_decode(**common, sparse_indices=swa.out.sparse_indices,
+                               sparse_topk_lens=swa.out.sparse_topk_lens, out=outs[1],
+                               topk_columns=topk)
+    assert smla.max_topk_width("cpu") == 2**63 - 1
+    assert smla.max_topk_width("cuda") == (2048 if smla.WITH_CUDA else 0)
 
 
 def test_build_sparse_indices_errors_name_the_argument():

@@ -1,4 +1,6 @@
 // Public entry points: validate once, then send the call to the backend of its device.
+#include <cstdint>
+
 #include "core/check.h"
 #include "core/problem.h"
 #include "cpu/backend.h"
@@ -47,6 +49,15 @@ size_t workspace_bytes(int64_t max_tokens, int num_heads, int64_t max_columns, D
   return cuda::workspace_bytes(max_tokens, num_heads, max_columns, device.id);
 #else
   (void)max_tokens, (void)num_heads, (void)max_columns;
+  return 0;
+#endif
+}
+
+int64_t max_topk_width(Device device) {
+  if (device.kind == DeviceKind::cpu) return INT64_MAX;
+#if SMLA_WITH_CUDA
+  return cuda::kMaxTopk;
+#else
   return 0;
 #endif
 }

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <map>
 #include <set>
 #include <string>
 
 #include "core/check.h"
 #include "core/layer_runs.h"
+#include "core/problem.h"
 
 namespace smla {
 namespace {
@@ -66,12 +69,52 @@ void check_layer(const AttentionLayer& l, size_t i) {
   if (l.spec.swa_group < 0)
     check::fail(ErrorKind::value, layer + "spec.swa_group", ">= 0",
                 std::to_string(l.spec.swa_group));
+  // Absent, the decode would read the SWA pool through the compressed block table.
+  if (l.spec.compress_ratio > 0 && !l.compressed_kv_cache.defined())
+    check::fail(
+        ErrorKind::value, layer + "compressed_kv_cache",
+        "its kv source's pool (compress_ratio " + std::to_string(l.spec.compress_ratio) + ")",
+        "absent");
   for (const auto& [name, scale] :
        {std::pair{"bmm1_scale", l.bmm1_scale}, std::pair{"bmm2_scale", l.bmm2_scale}})
     if (!std::isfinite(scale))
       check::fail(ErrorKind::value, layer + name,
                   "a finite float (bmm1_scale has no default: D^-0.5 in V4)",
                   std::to_string(scale));
+}
+
+// What a table assumes of every layer that reads it, which SPEC §5's key leaves out: one window
+// and one page geometry of the pools whose rows its offsets count (page * span + slot).
+// `tables`: the specs the tables see (table_specs).
+void check_shared_geometry(const std::vector<AttentionLayer>& layers,
+                           const std::vector<LayerSpec>& tables, TableSharing sharing) {
+  // (table, what) -> the first layer's index and value
+  std::map<std::pair<std::string, std::string>, std::pair<size_t, std::string>> seen;
+  const auto same = [&](const std::string& table, const char* what, const std::string& name,
+                        const std::string& value, size_t i) {
+    const auto [it, fresh] = seen.try_emplace({table, what}, i, value);
+    if (!fresh && it->second.second != value)
+      check::fail(ErrorKind::value, name,
+                  "layers[" + std::to_string(it->second.first) + "]'s " + it->second.second + " (" +
+                      table + ": one table serves both)",
+                  value);
+  };
+  const auto pages = [](const TensorView& pool, const std::string& name) {
+    const KvPool p = make_pool(pool, name.c_str());
+    return "block_size " + std::to_string(p.block_size) + ", page span " + std::to_string(p.span);
+  };
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& s = tables[i];
+    const std::string layer = "layers[" + std::to_string(i) + "].";
+    const std::string table =
+        "SWA group " + std::to_string(s.swa_group) + ", key " + sparse_index_key(s, sharing);
+    same(table, "window", layer + "spec.window", "window " + std::to_string(s.window), i);
+    same(table, "SWA pages", layer + "swa_kv_cache",
+         pages(layers[i].swa_kv_cache, layer + "swa_kv_cache"), i);
+    if (s.compress_ratio > 0)
+      same(table, "compressed pages", layer + "compressed_kv_cache",
+           pages(layers[i].compressed_kv_cache, layer + "compressed_kv_cache"), i);
+  }
 }
 
 }  // namespace
@@ -86,17 +129,34 @@ const char* compressed_index_name(CompressedIndex compressed) {
 }
 
 std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, CompressedIndex compressed,
-                                   TableSharing sharing) {
+                                   TableSharing sharing, int64_t max_columns, Device device) {
   std::vector<LayerSpec> specs(layers.begin(), layers.end());
   if (compressed == CompressedIndex::table) return specs;
+  const int64_t readable = max_topk_width(device);
+  // The widest top-k a layer may read in steps of up to max_columns table columns.
+  const auto width = [max_columns](const LayerSpec& s) -> int64_t {
+    if (s.compress_ratio == 0) return 0;
+    return s.index_topk > 0 ? s.index_topk : std::max<int64_t>(0, max_columns - s.window);
+  };
   // A run is a stretch of consecutive equal keys; its table in a group serves the run's layers
   // of that group (SparseIndexTables::store drops it at the group's next key). A run reads its
   // columns one way: tables in some groups and the top-k in others measured slower than either
   // (docs/sparse_index.md).
   for (const LayerRun& run : layer_runs(layers, sharing)) {
+    const auto end = layers.begin() + static_cast<ptrdiff_t>(run.end);
+    const auto wide = std::find_if(layers.begin() + static_cast<ptrdiff_t>(run.first), end,
+                                   [&](const LayerSpec& s) { return width(s) > readable; });
+    if (wide != end && compressed == CompressedIndex::topk)
+      check::fail(ErrorKind::unsupported, "compressed",
+                  "top-k widths up to " + std::to_string(readable) + " (what the decode reads on " +
+                      device_name(device) + ") for CompressedIndex::topk; table or automatic " +
+                      "build tables for wider ones",
+                  "layers[" + std::to_string(wide - layers.begin()) + "] (layer " +
+                      std::to_string(wide->layer) + ") reading up to " +
+                      std::to_string(width(*wide)) + " columns");
     const bool unshared =
         std::ranges::any_of(run.layers_in_group, [](auto g) { return g.second == 1; });
-    if (compressed == CompressedIndex::topk || unshared)
+    if (wide == end && (compressed == CompressedIndex::topk || unshared))
       for (size_t i = run.first; i < run.end; ++i) specs[i].compress_ratio = 0;
   }
   return specs;
@@ -105,10 +165,12 @@ std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, Compressed
 StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
                            int64_t max_columns, TableSharing sharing, CompressedIndex compressed)
     : layers_(std::move(layers)),
-      table_specs_(table_specs(specs_of(layers_), compressed, sharing)),
+      table_specs_(
+          table_specs(specs_of(layers_), compressed, sharing, max_columns, streams.device())),
       streams_(streams),
       tables_(table_specs_, streams_, sharing) {
   for (size_t i = 0; i < layers_.size(); ++i) check_layer(layers_[i], i);
+  check_shared_geometry(layers_, table_specs_, sharing);
   int max_heads = 1;
   for (const AttentionLayer& l : layers_) max_heads = std::max(max_heads, l.spec.num_heads);
   const bool gpu = streams_.device().kind != DeviceKind::cpu;  // the CPU needs no counters

@@ -63,6 +63,10 @@ void check_host_values(const DecodeArgs& a, const DecodeProblem& p) {
   }
 }
 
+// A row's columns, K: the CUDA kernels round a row's length up to whole 32-column tiles in int
+// arithmetic, which K up to 2^31 - 32 keeps from overflowing.
+constexpr int64_t kMaxColumns = INT32_MAX - 31;
+
 // TopkColumns: its tensors, and K = the width of the table it stands for (index.h).
 void check_topk_columns(const DecodeArgs& a, DecodeProblem& p) {
   const TopkColumns& c = a.topk_columns;
@@ -87,9 +91,22 @@ void check_topk_columns(const DecodeArgs& a, DecodeProblem& p) {
   p.topk_columns = true;
   p.top_k = c.topk_indices.size(1);
   p.num_columns = p.top_k < INT32_MAX ? sparse_index_columns(p.window, p.top_k, 0) : p.top_k;
-  if (p.num_columns >= INT32_MAX)
-    fail(ErrorKind::unsupported, "topk_columns.topk_indices", "W + top_k < 2^31",
-         shape_of(c.topk_indices));
+  if (p.num_columns > kMaxColumns)
+    fail(ErrorKind::unsupported, "topk_columns.topk_indices",
+         "W + top_k (rounded up to 4) <= 2^31 - 32", shape_of(c.topk_indices));
+}
+
+// TopkColumns without its top-k: the op reads the table. Any other field given says a top-k was
+// meant.
+void check_no_topk_columns(const TopkColumns& c) {
+  const char* given = c.block_table.defined()      ? "topk_columns.block_table"
+                      : c.is_valid_token.defined() ? "topk_columns.is_valid_token"
+                      : c.compress_ratio != 0      ? "topk_columns.compress_ratio"
+                      : c.num_decodes != 0         ? "topk_columns.num_decodes"
+                                                   : nullptr;
+  if (given)
+    fail(ErrorKind::value, "topk_columns.topk_indices",
+         std::string("[T, top_k] i32, as ") + given + " is given", "absent");
 }
 
 // Storage offsets are int32 (SPEC §4: page * span + slot): a span past that reaches no row of
@@ -231,8 +248,8 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   const TensorView& idx = a.sparse_indices;
   check_tensor(idx, "sparse_indices", DType::i32, p.device, {p.num_tokens, -1}, "[T=" + T + ", K]");
   p.num_columns = idx.size(1);
-  if (p.num_columns > INT32_MAX - 4)
-    fail(ErrorKind::unsupported, "sparse_indices", "[T=" + T + ", K] with K < 2^31 - 4",
+  if (p.num_columns > kMaxColumns)
+    fail(ErrorKind::unsupported, "sparse_indices", "[T=" + T + ", K] with K <= 2^31 - 32",
          shape_of(idx));
   if (p.num_columns < a.window)
     fail(ErrorKind::value, "sparse_indices", "[T=" + T + ", K] with K >= window = " + num(a.window),
@@ -245,9 +262,11 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
              ") a multiple of 4",
          shape_of(idx));
   const bool topk = a.topk_columns.topk_indices.defined();
-  if (!topk)
+  if (!topk) {
+    check_no_topk_columns(a.topk_columns);
     check_tensor(a.sparse_topk_lens, "sparse_topk_lens", DType::i32, p.device, {p.num_tokens},
                  "[T=" + T + "]");
+  }
 
   check_tensor(a.seq_lens, "seq_lens", DType::i32, p.device, {-1}, "[B]");
   p.num_requests = a.seq_lens.size(0);

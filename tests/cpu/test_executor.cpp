@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <ostream>
 #include <random>
 #include <set>
@@ -124,7 +125,8 @@ TEST_P(ExecutorMatchesDirectCalls, BitForBit) {
   // The layers shared their tables: one build per (group, key) of what the tables see (a layer
   // that reads its top-k in the decode is SWA-only to them).
   std::set<TableKey> distinct;
-  for (const LayerSpec& s : table_specs(specs, CompressedIndex::automatic))
+  for (const LayerSpec& s :
+       table_specs(specs, CompressedIndex::automatic, TableSharing::shared, max_columns, Device{}))
     distinct.insert({s.swa_group, sparse_index_key(s)});
   int builds = 0;
   for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
@@ -290,6 +292,48 @@ TEST(Executor, JoinsBeforeTheNextIndexSourcesIndexer) {
   executor.end_step();
 }
 
+// A top-k wider than the decode reads on the device (2048 columns on CUDA) is read from a built
+// table: V4-Flash's ratio-128 layers read every entry, 2344 columns at 300K tokens.
+TEST(Executor, TopkWiderThanTheDecodeReadsComesFromTables) {
+  EXPECT_EQ(max_topk_width(Device{}), INT64_MAX);
+  const Device cuda{DeviceKind::cuda, 0};
+  const int64_t limit = max_topk_width(cuda);
+#if !SMLA_WITH_CUDA
+  EXPECT_EQ(limit, 0);
+  GTEST_SKIP() << "no CUDA backend in this build";
+#endif
+  ASSERT_EQ(limit, 2048);
+  const auto specs = model_layers(model_preset("v4-flash"), 1);
+  const auto reads_every_entry = [](const LayerSpec& s) {
+    return s.compress_ratio > 0 && s.index_topk == 0;
+  };
+  const auto dense = std::ranges::count_if(specs, reads_every_entry);
+  ASSERT_GT(dense, 0);
+  const auto tables_read = [&](int64_t max_columns, Device device) {
+    int64_t read = 0;  // compressed layers whose columns come from a table
+    for (const LayerSpec& s :
+         table_specs(specs, CompressedIndex::automatic, TableSharing::shared, max_columns, device))
+      read += s.compress_ratio > 0;
+    return read;
+  };
+  // Every V4 run reads its top-k in the decode (each key is one layer's) while it fits; past
+  // the limit the layers reading every entry build tables, the indexed ones (512) do not.
+  EXPECT_EQ(tables_read(kWindow + limit, cuda), 0);
+  EXPECT_EQ(tables_read(kWindow + limit + 4, cuda), dense);
+  EXPECT_EQ(tables_read(kWindow + 2344, cuda), dense);
+  EXPECT_EQ(tables_read(kWindow + 2344, Device{}), 0);  // the CPU reads any width
+  EXPECT_NO_THROW(
+      table_specs(specs, CompressedIndex::topk, TableSharing::shared, kWindow + limit, cuda));
+  const auto first = std::ranges::find_if(specs, reads_every_entry);
+  const std::string layer = "layers[" + std::to_string(first - specs.begin()) + "] (layer " +
+                            std::to_string(first->layer) + ") reading up to 2344";
+  test::expect_smla_error(
+      [&] {
+        table_specs(specs, CompressedIndex::topk, TableSharing::shared, kWindow + 2344, cuda);
+      },
+      ErrorKind::unsupported, "compressed", "top-k widths up to 2048", layer);
+}
+
 TEST(Executor, LayersAreCheckedWhenMade) {
   const auto all = model_layers(model_preset("v41-flash"), 1, false);
   std::vector<LayerSpec> specs(all.begin(), all.begin() + 2);
@@ -317,6 +361,31 @@ TEST(Executor, LayersAreCheckedWhenMade) {
           "-4");
   refused([](Layers& l) { l[0].bmm1_scale = NAN; }, "layers[0].bmm1_scale", "a finite float",
           "nan");
+  // A compressed layer without its pool would read the SWA pool through the compressed pages.
+  refused(
+      [](Layers& l) {
+        l[1].spec.compress_ratio = 2;
+        l[1].spec.kv_source = l[1].spec.index_source = l[1].spec.layer;
+        l[1].compressed_kv_cache = {};
+      },
+      "layers[1].compressed_kv_cache", "its kv source's pool (compress_ratio 2)", "absent");
+  // SPEC §5's key leaves out the window and the pools' pages: one table would serve layers 0
+  // and 1 (group 0, swa_only) as if theirs were equal.
+  refused([](Layers& l) { l[1].spec.window = 64; }, "layers[1].spec.window",
+          "layers[0]'s window 128 (SWA group 0, key swa_only: one table serves both)", "window 64");
+  const auto half_pages = [](Layers& l) {
+    TensorView& pool = l[1].swa_kv_cache;
+    pool.shape[0] *= 2, pool.shape[1] /= 2, pool.strides[0] /= 2;
+  };
+  refused(half_pages, "layers[1].swa_kv_cache", "layers[0]'s block_size 64, page span 64",
+          "block_size 32, page span 32");
+  // Without sharing each layer builds its own table.
+  for (const auto& edit : {std::function<void(Layers&)>([](Layers& l) { l[1].spec.window = 64; }),
+                           std::function<void(Layers&)>(half_pages)}) {
+    std::vector<AttentionLayer> layers = c.layers;
+    edit(layers);
+    EXPECT_NO_THROW(StepExecutor(layers, streams, 1, 1024, TableSharing::none));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -42,7 +42,7 @@ TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
           executor.build_tables(step.device.inputs);
           int builds = 0;
           for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
-          EXPECT_EQ(builds, distinct_tables(specs, sharing, compressed))
+          EXPECT_EQ(builds, distinct_tables(specs, sharing, compressed, step.max_columns, Device{}))
               << model << ", " << groups << " groups, "
               << graph_name({.sharing = sharing, .compressed = compressed});
         }
@@ -51,26 +51,30 @@ TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
   // with the top-k read by the decode, a step builds one SWA table per group; automatic reads
   // the top-k in runs where a table would serve one layer of a group (every V4 run, no V4.1 run
   // with one group).
+  const auto count = [](const std::vector<LayerSpec>& layers, TableSharing sharing,
+                        CompressedIndex compressed) {
+    return distinct_tables(layers, sharing, compressed, 0, Device{});  // the CPU: any top-k
+  };
   const auto v41 = model_layers(model_preset("v41-flash"), 1);
   const auto v4 = model_layers(model_preset("v4-flash"), 3);
-  EXPECT_EQ(distinct_tables(v41, TableSharing::shared, CompressedIndex::table), 9);
-  EXPECT_EQ(distinct_tables(v41, TableSharing::none, CompressedIndex::table), 40);
-  EXPECT_EQ(distinct_tables(v41, TableSharing::shared, CompressedIndex::topk), 1);
-  EXPECT_EQ(distinct_tables(model_layers(model_preset("v4-flash"), 1), TableSharing::shared,
-                            CompressedIndex::table),
+  EXPECT_EQ(count(v41, TableSharing::shared, CompressedIndex::table), 9);
+  EXPECT_EQ(count(v41, TableSharing::none, CompressedIndex::table), 40);
+  EXPECT_EQ(count(v41, TableSharing::shared, CompressedIndex::topk), 1);
+  EXPECT_EQ(count(model_layers(model_preset("v4-flash"), 1), TableSharing::shared,
+                  CompressedIndex::table),
             42);
-  EXPECT_EQ(distinct_tables(v4, TableSharing::shared, CompressedIndex::topk), 3);
-  EXPECT_EQ(distinct_tables(v4, TableSharing::shared, CompressedIndex::automatic), 3);
-  EXPECT_EQ(distinct_tables(v41, TableSharing::shared, CompressedIndex::automatic), 9);
-  EXPECT_EQ(distinct_tables(v41, TableSharing::none, CompressedIndex::automatic), 40);
+  EXPECT_EQ(count(v4, TableSharing::shared, CompressedIndex::topk), 3);
+  EXPECT_EQ(count(v4, TableSharing::shared, CompressedIndex::automatic), 3);
+  EXPECT_EQ(count(v41, TableSharing::shared, CompressedIndex::automatic), 9);
+  EXPECT_EQ(count(v41, TableSharing::none, CompressedIndex::automatic), 40);
   // A run reads one way: with three groups V4.1's 4-layer runs (2, 1 and 1 layers a group) read
   // the top-k in every group, its 6-layer runs (2 a group) build: 3 SWA tables + 3 x 3 (the
   // rule per layer built 17); with two groups every run shares its tables.
   const auto v41_3 = model_layers(model_preset("v41-flash"), 3);
-  EXPECT_EQ(distinct_tables(v41_3, TableSharing::shared, CompressedIndex::automatic), 12);
+  EXPECT_EQ(count(v41_3, TableSharing::shared, CompressedIndex::automatic), 12);
   const auto v41_2 = model_layers(model_preset("v41-flash"), 2);
-  EXPECT_EQ(distinct_tables(v41_2, TableSharing::shared, CompressedIndex::automatic),
-            distinct_tables(v41_2, TableSharing::shared, CompressedIndex::table));
+  EXPECT_EQ(count(v41_2, TableSharing::shared, CompressedIndex::automatic),
+            count(v41_2, TableSharing::shared, CompressedIndex::table));
 }
 
 // `smla run --compressed-index`: auto by default, each of the three names, and a wrong one
@@ -197,6 +201,17 @@ TEST(GraphTable, RowsLineUpWithTheirHeader) {
   EXPECT_EQ(fields(csv[2])[4], "0.2000");   // saves
   EXPECT_EQ(fields(csv[3])[4], "");
   EXPECT_EQ(fields(csv[3]).back(), "1");  // graph_ok
+
+  // A way the device could not run says why and has no figures, no problems and no CSV row.
+  graphs.topk.not_run = "compressed: expected top-k widths up to 2048, got 2344";
+  const std::vector<std::string> skipped = graph_table_rows(graphs);
+  ASSERT_EQ(skipped.size(), 4u);
+  EXPECT_EQ(skipped[1], "topk    not run: " + graphs.topk.not_run);
+  graphs.topk.nodes.decodes = 0;  // nothing was captured
+  EXPECT_TRUE(graph_problem_lines(graphs).empty());
+  const std::vector<std::string> measured = graph_csv_rows(graphs);
+  ASSERT_EQ(measured.size(), 3u);
+  for (const std::string& row : measured) EXPECT_NE(fields(row)[0], "topk") << row;
 }
 
 // Each count in its own column of the table and the CSV; a step not timed has no build share.

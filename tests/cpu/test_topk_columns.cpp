@@ -183,6 +183,31 @@ TEST(TopkColumns, ArgumentsAreCheckedByName) {
          "topk_columns.is_valid_token", "[T=3]", "[2]");
   expect([](DecodeArgs& a) { a.sparse_indices.shape[1] = 64; }, "sparse_indices",
          "K >= window = 128", "[3, 64]");
+  // Without the top-k the op would read the table's lengths and no compressed column: any other
+  // field set names the missing top-k.
+  const auto without_topk = [&](auto change, const char* field) {
+    expect(
+        [&](DecodeArgs& a) {
+          const TopkColumns given = a.topk_columns;
+          a.topk_columns = {};
+          a.sparse_topk_lens = swa.out.sparse_topk_lens;
+          change(a.topk_columns, given);
+        },
+        "topk_columns.topk_indices", field, "absent");
+  };
+  without_topk([](TopkColumns& t, const TopkColumns& g) { t.block_table = g.block_table; },
+               "as topk_columns.block_table is given");
+  without_topk(
+      [&](TopkColumns& t, const TopkColumns&) { t.is_valid_token = c.zeros(DType::u8, {3}); },
+      "as topk_columns.is_valid_token is given");
+  without_topk([](TopkColumns& t, const TopkColumns&) { t.compress_ratio = 4; },
+               "as topk_columns.compress_ratio is given");
+  without_topk([](TopkColumns& t, const TopkColumns&) { t.num_decodes = 1; },
+               "as topk_columns.num_decodes is given");
+  DecodeArgs table = good;
+  table.topk_columns = {};
+  table.sparse_topk_lens = swa.out.sparse_topk_lens;
+  EXPECT_NO_THROW(sparse_mla_decode(table));  // none set: the SWA table alone
 }
 
 }  // namespace

@@ -335,6 +335,13 @@ TEST_F(Validation, ColumnsNotAMultipleOf4) {
                "[T=6, K] with K or K - window (window = 6) a multiple of 4", "[6, 11]");
 }
 
+// The CUDA kernels round a row's length up to whole 32-column tiles in int: K past 2^31 - 32
+// would overflow there (only the shape is read before the refusal).
+TEST_F(Validation, ColumnsPastWholeTilesOfInt) {
+  a.sparse_indices = view(DType::i32, {6, int64_t(INT32_MAX) - 27}, {0, 1});
+  expect_error(ErrorKind::unsupported, "sparse_indices", "K <= 2^31 - 32", "[6, 2147483620]");
+}
+
 TEST_F(Validation, ColumnsBelowWindow) {
   a.window = 256;
   expect_error(ErrorKind::value, "sparse_indices", "K >= window = 256", "[6, 192]");
