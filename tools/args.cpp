@@ -185,9 +185,10 @@ std::string usage() {
          std::to_string(d.seed) +
          ")\n"
          "  --compressed-index auto|topk|table   compressed columns read from the top-k by the\n"
-         "                    decode, or from a table built per key (SPEC §5); auto (default):\n"
-         "                    the top-k for a key whose table would serve one layer in some\n"
-         "                    SWA group\n";
+         "                    decode, or from a table built per key (docs/sparse_index.md);\n"
+         "                    auto (default): the top-k for a key whose table would serve one\n"
+         "                    layer in some SWA group, unless it is wider than the decode\n"
+         "                    reads on the device (2048 columns on CUDA)\n";
 }
 
 }  // namespace smla::cli

@@ -36,10 +36,24 @@ int current_device() {
   return device;
 }
 
+namespace {
+
+// Why cudaGetDeviceCount failed, its error taken off the thread's last-error state. Without any
+// driver the runtime says "insufficient driver", which would send the user to update one.
+std::string count_failure(cudaError_t e) {
+  (void)cudaGetLastError();
+  int driver = 0;
+  if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess &&
+      driver == 0)
+    return "no NVIDIA driver is loaded (no GPU on this machine?)";
+  return "cudaGetDeviceCount failed: " + describe(e);
+}
+
+}  // namespace
+
 std::string unsupported_reason(int device) {
   int count = 0;
-  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess)
-    return "cudaGetDeviceCount failed: " + describe(e);
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) return count_failure(e);
   if (count == 0) return "no CUDA device is visible";
   if (device < 0 || device >= count)
     return "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
@@ -107,7 +121,7 @@ void require_usable(Device device, const char* argument) {
 std::string device_info() {
   int count = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess)
-    return "cuda: cudaGetDeviceCount failed: " + describe(e) + "\n";
+    return "cuda: " + count_failure(e) + "\n";
   if (count == 0) return "cuda: no device visible\n";
   std::string info;
   for (int d = 0; d < count; ++d) {
