@@ -52,7 +52,8 @@ class SparseIndexTables {
   // The table of `layer` (its SWA group, its key). A miss builds it on the current stream,
   // stores it, then forks onto the side stream the builds the run's later layers will look
   // up in the other groups (one per group). A hit on a forked table waits for its event.
-  // The views stay valid until the group stores another compressed key, or reset().
+  // The views stay valid until the group stores another key (a compressed table's) or, for
+  // swa_only, until reset().
   SparseIndexTable lookup(int layer, const TableInputs& inputs);
   // The memory behind the views lookup(layer) returns now (null until a table of its group and
   // key is stored: by its lookup, an earlier layer's of the same key, or a fork): holding it

@@ -16,6 +16,19 @@ constexpr uint16_t float_to_bf16(float value) {
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// The nearest bf16 of a double, ties to even: rounded to a float first by round-to-odd, which
+// keeps what a second rounding needs (a float has 16 more bits than a bf16), where the float's
+// nearest could land on a bf16 tie and round twice.
+constexpr uint16_t double_to_bf16(double value) {
+  float f = static_cast<float>(value);  // nearest; overflow gives inf, NaN stays NaN
+  if (static_cast<double>(f) != value && value == value) {
+    uint32_t u = std::bit_cast<uint32_t>(f);
+    if (value > 0 ? static_cast<double>(f) > value : static_cast<double>(f) < value) --u;
+    f = std::bit_cast<float>(u | 1u);  // the odd one of the two floats around the value
+  }
+  return float_to_bf16(f);
+}
+
 // e4m3fn of a float: round to nearest even; magnitudes from 448 up (inf included) saturate to
 // 448 of the same sign (the code past 448 is NaN: "satfinite", as cvt.rn.satfinite on the GPU);
 // every NaN gives 0x7F (a NaN's sign is not portable: GPUs return a canonical NaN). Below 2^-6

@@ -87,24 +87,23 @@ SparseIndexTable SparseIndexTables::build(int layer, const TableInputs& inputs, 
 
 void SparseIndexTables::store(const TableKey& key, Stored stored) {
   const auto& [group, name] = key;
-  // Runs of a key are consecutive, so a new compressed key ends the group's previous one.
-  if (name != "swa_only") {
-    for (auto it = tables_.begin(); it != tables_.end();) {
-      const bool stale =
-          it->first.first == group && it->first.second != "swa_only" && it->first.second != name;
-      if (!stale) {
-        ++it;
-        continue;
-      }
-      stats_.bytes -= it->second.bytes;
-      // A forked build nobody looked up may still be writing the block: the current stream,
-      // on which the block is next handed out, waits for it first.
-      if (const auto event = pending_.find(it->first); event != pending_.end()) {
-        streams_.wait(event->second);
-        pending_.erase(event);
-      }
-      it = tables_.erase(it);
+  // Runs of a key are consecutive, so a new key ends the group's previous compressed one (SPEC
+  // §5: it is dropped; the swa_only table stays).
+  for (auto it = tables_.begin(); it != tables_.end();) {
+    const bool stale =
+        it->first.first == group && it->first.second != "swa_only" && it->first.second != name;
+    if (!stale) {
+      ++it;
+      continue;
     }
+    stats_.bytes -= it->second.bytes;
+    // A forked build nobody looked up may still be writing the block: the current stream,
+    // on which the block is next handed out, waits for it first.
+    if (const auto event = pending_.find(it->first); event != pending_.end()) {
+      streams_.wait(event->second);
+      pending_.erase(event);
+    }
+    it = tables_.erase(it);
   }
   stats_.bytes += stored.bytes;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes);

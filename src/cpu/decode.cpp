@@ -213,7 +213,7 @@ void load_query(const DecodeArgs& a, int64_t t, int h, float* q) {
 
 void store_out(const DecodeArgs& a, int64_t t, int h, const double* values) {
   uint16_t* dst = a.out.ptr<uint16_t>() + t * a.out.stride(0) + h * a.out.stride(1);
-  for (int d = 0; d < kHeadDim; ++d) dst[d] = float_to_bf16(static_cast<float>(values[d]));
+  for (int d = 0; d < kHeadDim; ++d) dst[d] = double_to_bf16(values[d]);
 }
 
 // pos(t) = seq_len[b] - q_len[b] + i for the i-th token of request b.

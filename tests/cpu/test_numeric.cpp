@@ -72,6 +72,29 @@ TEST(Numeric, FloatToBf16RoundsToNearestEven) {
       std::isnan(ref_bf16(float_to_bf16(std::bit_cast<float>(0x7f800001u)))));  // low-bit NaN
 }
 
+// From a double in one rounding: just above a bf16 tie rounds up, just below down, on it to even,
+// where the float between would have been the tie itself.
+TEST(Numeric, DoubleToBf16RoundsOnce) {
+  std::mt19937 gen(std::random_device{}());
+  for (int i = 0; i < 200000; ++i) {
+    const uint16_t code = static_cast<uint16_t>(gen() % 0x7f7f);  // finite, below the largest
+    const uint16_t sign = static_cast<uint16_t>(gen() % 2 ? 0x8000 : 0);
+    const double low = ref_bf16(code), high = ref_bf16(static_cast<uint16_t>(code + 1));
+    const double tie = (low + high) / 2, nudge = (high - low) * 0x1p-30;
+    const double s = sign ? -1 : 1;
+    ASSERT_EQ(double_to_bf16(s * (tie + nudge)), (code + 1) | sign) << std::hex << code;
+    ASSERT_EQ(double_to_bf16(s * (tie - nudge)), code | sign) << std::hex << code;
+    ASSERT_EQ(double_to_bf16(s * tie), (code % 2 ? code + 1 : code) | sign) << std::hex << code;
+    ASSERT_EQ(double_to_bf16(s * low), code | sign) << std::hex << code;
+  }
+  EXPECT_EQ(double_to_bf16(1 + 0x1p-8 + 0x1p-30), 0x3f81);  // float: exactly 1 + 2^-8, a tie
+  EXPECT_EQ(double_to_bf16(1e300), 0x7f80);
+  EXPECT_EQ(double_to_bf16(-1e300), 0xff80);
+  EXPECT_EQ(double_to_bf16(0x1p-200), 0x0000);
+  EXPECT_EQ(double_to_bf16(-0x1p-200), 0x8000);
+  EXPECT_TRUE(std::isnan(ref_bf16(double_to_bf16(std::numeric_limits<double>::quiet_NaN()))));
+}
+
 TEST(Numeric, FloatToE4m3RoundsToNearestEvenAndSaturates) {
   for (uint32_t bits = 0; bits < 0x10000; ++bits) {  // every bf16, so every binade and NaN
     const float x = bf16_to_float(static_cast<uint16_t>(bits));
