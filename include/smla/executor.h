@@ -100,6 +100,7 @@ class StepExecutor {
   std::shared_ptr<void> counters_, workspace_;
   TensorView counters_view_, workspace_view_;
   StepInputs inputs_;
+  bool begun_ = false;  // a step's inputs are set
 };
 
 }  // namespace smla

@@ -116,8 +116,8 @@ def query_capability(head_size: int, query_dtype: str, kv_dtype: str, block_size
 
 def max_topk_width(device="cpu") -> int:
     """The widest top-k (TopkColumns.topk_indices' columns) the decode reads on `device`: 2048
-    on CUDA, 2**63 - 1 on the CPU, 0 where this build cannot run (a StepExecutor reads wider
-    ones from built tables)."""
+    on CUDA, 2**63 - 1 on the CPU (no limit of its own; W + top_k <= 2**31 - 32 holds on every
+    device), 0 where this build cannot run. A StepExecutor reads wider ones from built tables."""
     kind, index = parse_device(device)
     return _smla.max_topk_width(kind, index)
 

@@ -5,9 +5,11 @@
 #include <nanobind/stl/vector.h>
 
 #include <memory>
+#include <string>
 
 #include "bindings.h"
 #include "index_args.h"
+#include "smla/error.h"
 #include "smla/streams.h"
 #include "smla/tables.h"
 #include "table_stats.h"
@@ -48,6 +50,11 @@ class Tables {
         tables_(std::make_unique<SparseIndexTables>(layers, *streams_)) {}
 
   nb::tuple lookup(nb::handle self, int layer, nb::callable inputs) {
+    idle("lookup");
+    struct Busy {
+      bool& flag;
+      ~Busy() { flag = false; }
+    } busy{busy_ = true};
     const SparseIndexTable t = tables_->lookup(layer, [&](int other) {
       nb::object args = inputs(other);
       // Forked builds may still read these arrays after lookup returns: hold them until reset.
@@ -59,17 +66,31 @@ class Tables {
     return nb::make_tuple(as_array(t.sparse_indices, owner), as_array(t.sparse_topk_lens, owner),
                           t.seq_lens.defined() ? as_array(t.seq_lens, owner) : nb::none());
   }
-  void join() { tables_->join(); }
+  void join() {
+    idle("join");
+    tables_->join();
+  }
   void reset() {
+    idle("reset");
     tables_->reset();
     keep_.clear();
   }
   nb::dict stats() const { return stats_dict(tables_->stats()); }
 
  private:
+  // A lookup's `inputs` that calls back into these tables would free the memory the lookup is
+  // about to return (reset) or interleave its forks (lookup, join): refused.
+  void idle(const char* call) const {
+    if (busy_)
+      throw Error(ErrorKind::value, "inputs",
+                  "a callable that leaves these SparseIndexTables alone while they look up",
+                  std::string("a call to ") + call + " from inside lookup");
+  }
+
   std::unique_ptr<Streams> streams_;            // declared first: outlives the tables
   std::unique_ptr<SparseIndexTables> tables_;
   std::vector<nb::object> keep_;
+  bool busy_ = false;  // inside lookup
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 in np_reference.py, on fresh random inputs, outputs poisoned with NaN before each call, and
 every pool row that no attended column points to poisoned too."""
 
+import ctypes
 import dataclasses
 import gc
 import math
@@ -875,6 +876,43 @@ def test_sparse_index_tables_share_and_fork():
         # Each run's first layer builds its group's table and forks the other group's.
         assert stats["forks"] == [(1, "swa_only"), (1, "2:2:4")]
         assert stats["waits"] == [1, 3]
+
+
+def test_sparse_index_tables_refuse_calls_from_their_inputs():
+    """`inputs` runs inside lookup: resetting, joining or looking up the same tables from there
+    would free or fork under it, and is refused by name; the tables work on afterwards."""
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    specs, _ = layers_and_pools(rng)
+    tables = smla.SparseIndexTables(specs, "cpu")
+    for call in ("reset", "join", "lookup"):
+        def inputs(layer):
+            if call == "lookup":
+                tables.lookup(layer, inputs)
+            else:
+                getattr(tables, call)()
+            return index_args(c, specs[layer].compress_ratio)
+        with pytest.raises(ValueError, match=f"smla: inputs: .*, got a call to {call} from inside "
+                           "lookup"):
+            tables.lookup(0, inputs)
+    tables.reset()
+    table = tables.lookup(0, lambda layer: index_args(c, specs[layer].compress_ratio))
+    np.testing.assert_array_equal(table.sparse_indices, expected_table(c, 0)[0])
+    tables.join()
+
+
+def test_buffer_exporters_without_strides_cross():
+    """A ctypes array exports its buffer without strides: it crosses as its memoryview does."""
+    c = step_case(ref.fresh_rng())
+    args = index_args(c, 0)
+    pages = args.swa.block_table
+    row = ctypes.c_int32 * pages.shape[1]
+    args.swa.block_table = (row * pages.shape[0])(*[row(*r) for r in pages.tolist()])
+    args.out = smla.SparseIndexTable(np.full((4, W), 12345, np.int32), np.full(4, -9, np.int32))
+    smla.build_sparse_indices(args)
+    indices, lens = expected_table(c, 0)
+    np.testing.assert_array_equal(args.out.sparse_indices, indices)
+    np.testing.assert_array_equal(args.out.sparse_topk_lens, lens)
 
 
 def test_sparse_index_tables_hold_build_inputs_until_reset():

@@ -75,12 +75,12 @@ void check_layer(const AttentionLayer& l, size_t i) {
         ErrorKind::value, layer + "compressed_kv_cache",
         "its kv source's pool (compress_ratio " + std::to_string(l.spec.compress_ratio) + ")",
         "absent");
-  for (const auto& [name, scale] :
-       {std::pair{"bmm1_scale", l.bmm1_scale}, std::pair{"bmm2_scale", l.bmm2_scale}})
-    if (!std::isfinite(scale))
-      check::fail(ErrorKind::value, layer + name,
-                  "a finite float (bmm1_scale has no default: D^-0.5 in V4)",
-                  std::to_string(scale));
+  if (!std::isfinite(l.bmm1_scale))
+    check::fail(ErrorKind::value, layer + "bmm1_scale",
+                "a finite float (it has no default: D^-0.5 in V4)", std::to_string(l.bmm1_scale));
+  if (!std::isfinite(l.bmm2_scale))
+    check::fail(ErrorKind::value, layer + "bmm2_scale", "a finite float",
+                std::to_string(l.bmm2_scale));
 }
 
 // What a table assumes of every layer that reads it, which SPEC §5's key leaves out: one window
@@ -208,6 +208,7 @@ SparseIndexArgs StepExecutor::table_inputs(int layer) const {
 void StepExecutor::begin_step(const StepInputs& inputs) {
   tables_.reset();
   inputs_ = inputs;
+  begun_ = true;
 }
 
 bool StepExecutor::is_index_source(size_t i) const {
@@ -225,6 +226,9 @@ void StepExecutor::before_next(size_t i) {
 }
 
 void StepExecutor::run_layer(int layer, const TensorView& query, const TensorView& out) {
+  if (!begun_)  // else the empty inputs' first lookup would blame a block table
+    check::fail(ErrorKind::value, "run_layer", "a step begun by begin_step(inputs) first",
+                "no step begun");
   const AttentionLayer& l = layer_at(layer);
   const SparseIndexTable table = table_of(l);
 

@@ -334,6 +334,23 @@ TEST(Executor, TopkWiderThanTheDecodeReadsComesFromTables) {
       ErrorKind::unsupported, "compressed", "top-k widths up to 2048", layer);
 }
 
+TEST(Executor, RunLayerNeedsABegunStep) {
+  const auto all = model_layers(model_preset("v41-flash"), 1, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 2);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  test::StepCase c(
+      specs, {.q_lens = {1}, .seq_lens = {150}, .num_decodes = 1, .block_size = 64, .span = 64},
+      test::fresh_seed());
+  const auto streams = make_streams(Device{});
+  StepExecutor executor(c.layers, *streams, 1, 1024);
+  const TensorView q = c.bf16(1, kHeads), o = c.bf16(1, kHeads);
+  test::expect_smla_error([&] { executor.run_layer(0, q, o); }, ErrorKind::value, "run_layer",
+                          "a step begun by begin_step(inputs) first", "no step begun");
+  executor.begin_step(c.inputs);
+  EXPECT_NO_THROW(executor.run_layer(0, q, o));
+  executor.end_step();
+}
+
 TEST(Executor, LayersAreCheckedWhenMade) {
   const auto all = model_layers(model_preset("v41-flash"), 1, false);
   std::vector<LayerSpec> specs(all.begin(), all.begin() + 2);
@@ -359,8 +376,10 @@ TEST(Executor, LayersAreCheckedWhenMade) {
   refused([](Layers& l) { l[0].spec.swa_group = -1; }, "layers[0].spec.swa_group", ">= 0", "-1");
   refused([](Layers& l) { l[1].spec.index_topk = -4; }, "layers[1].spec.index_topk", ">= 0",
           "-4");
-  refused([](Layers& l) { l[0].bmm1_scale = NAN; }, "layers[0].bmm1_scale", "a finite float",
-          "nan");
+  refused([](Layers& l) { l[0].bmm1_scale = NAN; }, "layers[0].bmm1_scale",
+          "a finite float (it has no default", "nan");
+  refused([](Layers& l) { l[1].bmm2_scale = INFINITY; }, "layers[1].bmm2_scale", "a finite float",
+          "inf");
   // A compressed layer without its pool would read the SWA pool through the compressed pages.
   refused(
       [](Layers& l) {

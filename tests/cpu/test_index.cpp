@@ -293,6 +293,15 @@ TEST(IndexErrors, OutputsApartFromEachOtherAndTheInputs) {
   test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "sparse_indices",
                           "memory apart from block_table", "an overlap with block_table");
   a.swa.block_table = i32(c.block_table, {2, 2});
+  // A pool is only read for its geometry, but writing over its rows would corrupt the cache.
+  std::vector<uint16_t> rows(4 * 6 * kHeadDim);
+  a.swa.swa_kv_cache =
+      make_view(rows.data(), DType::bf16, Device{}, {4, 4, kHeadDim}, {6 * kHeadDim, kHeadDim, 1});
+  a.out.sparse_indices = make_view(rows.data() + 2 * kHeadDim, DType::i32, Device{}, {3, 4});
+  test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "sparse_indices",
+                          "memory apart from swa_kv_cache", "an overlap with swa_kv_cache");
+  a.out.sparse_indices = i32(indices, {3, 4});
+  a.swa.swa_kv_cache = c.args().swa.swa_kv_cache;
   a.out.sparse_topk_lens = make_view(c.seq_lens.data(), DType::i32, Device{}, {2}, {1});
   a.out.sparse_topk_lens.shape[0] = 3;  // seq_lens and one more
   test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "sparse_topk_lens",
