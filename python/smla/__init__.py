@@ -7,12 +7,12 @@ CUDA tensors on the GPU, on the caller's current stream. See docs/python.md.
 from . import _smla
 from ._arrays import Typed, with_dtype
 from ._smla import (HEAD_DIM, MAX_HEADS, NOPE_DIM, ROPE_DIM, WINDOW, WITH_CUDA, LayerSpec,
-                    ModelPreset, TableSharing, model_layers, model_preset, model_presets,
-                    sparse_index_key, topk_width)
+                    ModelPreset, TableSharing, model_presets)
 from .buffers import kv_counter_buffer, workspace_buffer
 from .decode import (TopkColumns, backend_info, kv_counter_bytes, max_topk_width,
                      query_capability, sparse_mla_decode, workspace_bytes)
 from .executor import AttentionLayer, StepExecutor, StepInputs
+from .model import model_layers, model_preset, sparse_index_key, topk_width
 from .quantize import quantize_kv
 from .index import (CompressedColumns, SparseIndexArgs, SparseIndexTable, StepMetadata, SwaGroup,
                     build_sparse_indices, dspark_swa_width, sparse_index_columns)

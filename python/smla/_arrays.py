@@ -94,6 +94,11 @@ def tensor(x, name: str, writable: bool = False, required: str = ""):
     dtype = None
     if isinstance(x, Typed):
         x, dtype = x.array, x.dtype
+        if not isinstance(dtype, str):
+            raise type_error(name, "with_dtype's dtype as a name (bf16, f8e4m3, f32, i32, u8)",
+                             type(dtype).__name__)
+        if x is None:
+            raise type_error(name, "an array in with_dtype", "None")
     torch = sys.modules.get("torch")
     if _framework(x) == "numpy":
         raw = _RAW_NUMPY.get(getattr(getattr(x, "dtype", None), "name", ""))
@@ -121,6 +126,8 @@ def device_of(t) -> tuple:
 def parse_device(device) -> tuple:
     """A device given as "cpu", "cuda", "cuda:1", a torch.device or a (kind, index) pair."""
     if isinstance(device, tuple) and len(device) == 2:
+        if device[0] not in ("cpu", "cuda"):
+            raise type_error("device", "(\"cpu\" or \"cuda\", index)", repr(device))
         return device[0], integer(device[1], "device")
     text = str(device)
     kind, _, index = text.partition(":")
@@ -133,17 +140,34 @@ def parse_device(device) -> tuple:
     return kind, integer(int(index or 0), "device")
 
 
+def _stream_value(stream) -> int:
+    """The cudaStream_t of an int (NumPy ints too) or of a stream object's .cuda_stream / .ptr."""
+    what = "an int cudaStream_t or a stream object"
+    if isinstance(stream, bool):
+        raise type_error("stream", what, "a bool")
+    try:
+        value = operator.index(stream)
+    except TypeError:
+        attr = next((a for a in ("cuda_stream", "ptr") if hasattr(stream, a)), None)
+        if attr is None:
+            raise type_error("stream", what, type(stream).__name__) from None
+        try:
+            value = operator.index(getattr(stream, attr))
+        except TypeError:
+            raise type_error("stream", f"a stream object whose .{attr} is an int",
+                             repr(getattr(stream, attr))) from None
+    if not 0 <= value < 1 << 64:
+        raise value_error("stream", "a cudaStream_t in 0 .. 2^64 - 1", str(value))
+    return value
+
+
 def stream_handle(stream, device: tuple, like=None) -> int:
     """The cudaStream_t, as an integer, that a call on `device` runs on: `stream` when given
     (an int, a torch.cuda.Stream or anything with .cuda_stream / .ptr), else the current
     stream of the framework `like` comes from (PyTorch, CuPy), else the legacy default (0).
     A stream that is none of these is refused on every device, the CPU's too."""
-    if stream is not None and not isinstance(stream, int):
-        attr = next((a for a in ("cuda_stream", "ptr") if hasattr(stream, a)), None)
-        if attr is None:
-            raise type_error("stream", "an int cudaStream_t or a stream object",
-                             type(stream).__name__)
-        stream = int(getattr(stream, attr))
+    if stream is not None:
+        stream = _stream_value(stream)
     if device[0] != "cuda":
         return 0
     if stream is None:
@@ -178,6 +202,24 @@ class on_device:
     def __exit__(self, *exc):
         if self._guard is not None:
             self._guard.__exit__(*exc)
+
+
+def instance(x, cls, name: str, what: str = ""):
+    """`x` where it is a `cls` (what: how to name that kind), else a TypeError naming `name`."""
+    if not isinstance(x, cls):
+        raise type_error(name, what or f"a {cls.__name__}", type(x).__name__)
+    return x
+
+
+def items(x, name: str, cls=None) -> list:
+    """A sequence argument as a list (of `cls` items where given), else a TypeError naming it."""
+    if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
+        raise type_error(name, "a sequence", type(x).__name__)
+    x = list(x)
+    if cls is not None:
+        for i, item in enumerate(x):
+            instance(item, cls, f"{name}[{i}]")
+    return x
 
 
 def integer(x, name: str, bits: int = 32) -> int:

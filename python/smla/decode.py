@@ -4,7 +4,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import _smla
-from ._arrays import device_of, integer, on_device, parse_device, scale, stream_handle, tensor
+from ._arrays import (device_of, instance, integer, on_device, parse_device, scale,
+                      stream_handle, tensor)
+from ._errors import type_error
 from ._traced import as_torch_op
 
 WINDOW = _smla.WINDOW
@@ -58,7 +60,8 @@ def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, 
     NotImplementedError for valid input this build or device cannot run. Traced by
     torch.compile (torch tensors, float scales, no `stream`), it is
     torch.ops.smla.sparse_mla_decode."""
-    topk = topk_columns if topk_columns is not None else TopkColumns(None, None, 0)
+    topk = (instance(topk_columns, TopkColumns, "topk_columns") if topk_columns is not None
+            else TopkColumns(None, None, 0))
     q = tensor(query, "query", required="a [T, H, 512] array")
     device = device_of(q)
     args = dict(
@@ -110,6 +113,9 @@ def query_capability(head_size: int, query_dtype: str, kv_dtype: str, block_size
     """(supported, reason) for one configuration on one device; dtypes by smla's names
     ("bf16", "f8e4m3", "u8" for fp8_ds_mla)."""
     kind, index = parse_device(device)
+    for name, dtype in (("query_dtype", query_dtype), ("kv_dtype", kv_dtype)):
+        if not isinstance(dtype, str):
+            raise type_error(name, "a dtype name (bf16, f8e4m3, u8)", type(dtype).__name__)
     return _smla.query_capability(integer(head_size, "head_size"), query_dtype, kv_dtype,
                                   integer(block_size, "block_size"), kind, index)
 

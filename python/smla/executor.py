@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence
 
 from . import _smla
-from ._arrays import device_of, integer, on_device, scale, stream_handle, tensor
+from ._arrays import device_of, instance, integer, items, on_device, scale, stream_handle, tensor
 from ._errors import value_error
 from .index import StepMetadata, step_metadata
 
@@ -36,13 +36,15 @@ _QUERY, _OUT = "a [T, H, 512] array", "a [T, H_out, 512] bf16 array"  # a layer'
 
 
 def _inputs(inputs: StepInputs):
+    instance(inputs, StepInputs, "inputs")
     by_layer = {}
     for name in ("compressed_block_tables", "topk_indices"):
         by_layer[name] = {integer(k, f"{name} key"): tensor(t, f"{name}[{k}]")
                           for k, t in getattr(inputs, name).items()}
     return _smla.make_step_inputs(
         metadata=step_metadata(inputs.metadata),
-        block_tables=[tensor(t, f"block_tables[{g}]") for g, t in enumerate(inputs.block_tables)],
+        block_tables=[tensor(t, f"block_tables[{g}]")
+                      for g, t in enumerate(items(inputs.block_tables, "block_tables"))],
         **by_layer)
 
 
@@ -60,7 +62,9 @@ class StepExecutor:
 
     def __init__(self, layers: Sequence[AttentionLayer], max_tokens: int, max_columns: int,
                  stream=None, compressed_index: str = "auto"):
-        layers = list(layers)
+        layers = items(layers, "layers", AttentionLayer)
+        for i, l in enumerate(layers):
+            instance(l.spec, _smla.LayerSpec, f"layers[{i}].spec")
         if not layers:
             raise value_error("layers", "at least one layer", "none")
         first = tensor(layers[0].swa_kv_cache, "layers[0].swa_kv_cache",
@@ -109,9 +113,10 @@ class StepExecutor:
         with on_device(self._device, self._like):
             self._executor.run_step(
                 _inputs(inputs),
-                [tensor(q, f"queries[{i}]", required=_QUERY) for i, q in enumerate(queries)],
+                [tensor(q, f"queries[{i}]", required=_QUERY)
+                 for i, q in enumerate(items(queries, "queries"))],
                 [tensor(o, f"outs[{i}]", writable=True, required=_OUT)
-                 for i, o in enumerate(outs)])
+                 for i, o in enumerate(items(outs, "outs"))])
 
     @property
     def stats(self) -> dict:

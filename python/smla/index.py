@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import _smla
-from ._arrays import device_of, integer, on_device, stream_handle, tensor
+from ._arrays import device_of, instance, integer, on_device, stream_handle, tensor
 from .decode import WINDOW
 
 
@@ -73,6 +73,7 @@ def dspark_swa_width(window: int, num_draft_tokens: int) -> int:
 
 def step_metadata(s: StepMetadata):
     """The `_smla.StepMetadata` of `s` (views of its arrays, held alive)."""
+    instance(s, StepMetadata, "step")
     return _smla.make_step_metadata(
         num_tokens=integer(s.num_tokens, "num_tokens", 64),
         seq_lens=tensor(s.seq_lens, "seq_lens"),
@@ -85,7 +86,10 @@ def step_metadata(s: StepMetadata):
 
 def index_args(args: SparseIndexArgs):
     """The `_smla.IndexArgs` of `args` (views of its arrays, held alive)."""
-    w, c, o = args.swa, args.compressed, args.out
+    instance(args, SparseIndexArgs, "args")
+    w = instance(args.swa, SwaGroup, "swa")
+    c = instance(args.compressed, CompressedColumns, "compressed")
+    o = args.out if args.out is None else instance(args.out, SparseIndexTable, "out")
     o = o or SparseIndexTable(None, None)
     return _smla.make_index_args(
         step=step_metadata(args.step),

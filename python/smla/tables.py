@@ -4,7 +4,7 @@ keys, with forked builds for the run's other SWA groups."""
 from typing import Callable
 
 from . import _smla
-from ._arrays import integer, on_device, parse_device, stream_handle
+from ._arrays import integer, items, on_device, parse_device, stream_handle
 from .index import SparseIndexArgs, SparseIndexTable, index_args
 
 
@@ -15,7 +15,8 @@ class SparseIndexTables:
     def __init__(self, layers, device="cpu", stream=None):
         self._device = parse_device(device)
         handle = stream_handle(stream, self._device, None)
-        self._tables = _smla.SparseIndexTables(list(layers), *self._device, handle)
+        self._tables = _smla.SparseIndexTables(items(layers, "layers", _smla.LayerSpec),
+                                               *self._device, handle)
 
     def lookup(self, layer: int, inputs: Callable[[int], SparseIndexArgs]) -> SparseIndexTable:
         """The table of `layer`; `inputs(layer)` gives any layer's build arguments (outputs

@@ -6,6 +6,7 @@ import ctypes
 import dataclasses
 import gc
 import math
+import re
 import weakref
 
 import ml_dtypes
@@ -465,6 +466,62 @@ def test_decode_refuses_a_stream_that_is_not_one_on_every_device():
         with pytest.raises(TypeError, match="smla: stream: expected an int cudaStream_t") as info:
             smla.sparse_mla_decode(**args, stream=stream)
         assert info.value.argument == "stream"
+
+
+def test_stream_values_are_checked_on_every_device():
+    """A bool, a handle past 64 bits or a negative one is refused by name on the CPU too, as a
+    stream object whose handle is no int; NumPy ints are ints."""
+    args, _ = make_case(ref.fresh_rng())
+    smla.sparse_mla_decode(**args, stream=np.int64(0))
+
+    class Odd:
+        cuda_stream = "abc"
+
+    for stream, error, got in ((True, TypeError, "a bool"), (-1, ValueError, "-1"),
+                               (2**70, ValueError, str(2**70)), (Odd(), TypeError, "'abc'")):
+        with pytest.raises(error, match="smla: stream: expected .*, got " + re.escape(got)):
+            smla.sparse_mla_decode(**args, stream=stream)
+
+
+def test_arguments_of_the_wrong_kind_are_named():
+    """What is not the kind of thing an argument takes raises TypeError naming it (ValueError for
+    an int past its C++ type), not nanobind's or Python's own message."""
+    flash = smla.model_preset("v4-flash")
+    layer = smla.model_layers(flash, 1)[2]
+    c = step_case(ref.fresh_rng())
+    args, _ = make_case(ref.fresh_rng())
+    cases = [
+        (lambda: smla.model_preset(None), TypeError, "name"),
+        (lambda: smla.model_layers(flash, 2.0), TypeError, "num_swa_groups"),
+        (lambda: smla.model_layers(flash, 2, with_mtp=1), TypeError, "with_mtp"),
+        (lambda: smla.model_layers("v4-flash", 2), TypeError, "preset"),
+        (lambda: smla.model_layers(flash, 2**31), ValueError, "num_swa_groups"),
+        (lambda: smla.topk_width(layer, 2**63), ValueError, "max_seq_len"),
+        (lambda: smla.topk_width(None, 10), TypeError, "layer"),
+        (lambda: smla.sparse_index_key(layer, "none"), TypeError, "sharing"),
+        (lambda: smla.query_capability(512, None, "bf16", 64), TypeError, "query_dtype"),
+        (lambda: smla.max_topk_width((1, 0)), TypeError, "device"),
+        (lambda: smla.sparse_mla_decode(**dict(args, query=smla.with_dtype(args["query"], 16))),
+         TypeError, "query"),
+        (lambda: smla.sparse_mla_decode(**dict(args, sinks=smla.with_dtype(None, "f32"))),
+         TypeError, "sinks"),
+        (lambda: smla.sparse_mla_decode(**args, topk_columns={"topk_indices": c["topk"]}),
+         TypeError, "topk_columns"),
+        (lambda: smla.build_sparse_indices(None), TypeError, "args"),
+        (lambda: smla.build_sparse_indices(smla.SparseIndexArgs(step=c["step"], swa=None)),
+         TypeError, "swa"),
+        (lambda: smla.build_sparse_indices(smla.SparseIndexArgs(step=None, swa=None)),
+         TypeError, "swa"),
+        (lambda: smla.SparseIndexTables(None), TypeError, "layers"),
+        (lambda: smla.SparseIndexTables([layer, 3]), TypeError, "layers[1]"),
+        (lambda: smla.StepExecutor([1, 2], 4, 640), TypeError, "layers[0]"),
+        (lambda: smla.StepExecutor([smla.AttentionLayer(None, None, 0.04)], 4, 640),
+         TypeError, "layers[0].spec"),
+    ]
+    for call, error, argument in cases:
+        with pytest.raises(error, match=f"^smla: {re.escape(argument)}: expected ") as info:
+            call()
+        assert info.value.argument == argument
 
 
 def test_index_builders_refuse_a_stream_that_is_not_one():
