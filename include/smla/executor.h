@@ -69,6 +69,7 @@ class StepExecutor {
   void end_step();  // joins, so a graph capture of the step ends joined
 
   // begin_step, every layer in order (queries[i] and outs[i] for the i-th layer), end_step.
+  // The outs must be apart from each other and from every query, pool and input of the step.
   void run_step(const StepInputs& inputs, std::span<const TensorView> queries,
                 std::span<const TensorView> outs);
 
@@ -90,6 +91,9 @@ class StepExecutor {
   SparseIndexTable table_of(const AttentionLayer& layer);
   // After the work of the layer at `position`: joins if an index source's indexer comes next.
   void before_next(size_t position);
+  // run_step's outs apart from each other and from all the step reads (check::all_apart).
+  void check_step_apart(const StepInputs& inputs, std::span<const TensorView> queries,
+                        std::span<const TensorView> outs) const;
   // begin_step, layer_work(i) for each layer in order, end_step; ends joined on an error too.
   void each_layer(const StepInputs& inputs, const std::function<void(size_t)>& layer_work);
 

@@ -136,6 +136,30 @@ void all_apart(std::initializer_list<Named> outputs, std::initializer_list<Named
   }
 }
 
+void all_apart(std::vector<NamedView> outputs, std::vector<NamedView> inputs) {
+  struct Entry {
+    intptr_t low, high;
+    const NamedView* named;
+    bool output;
+  };
+  std::vector<Entry> entries;
+  for (const auto* list : {&outputs, &inputs})
+    for (const NamedView& n : *list)
+      if (n.view.defined() && n.view.numel() > 0) {
+        const Runs r = runs_of(n.view);
+        entries.push_back({r.low, r.high, &n, list == &outputs});
+      }
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.low < b.low; });
+  for (size_t i = 0; i < entries.size(); ++i)
+    for (size_t j = i + 1; j < entries.size() && entries[j].low <= entries[i].high; ++j) {
+      const Entry *a = &entries[i], *b = &entries[j];
+      if (!a->output && !b->output) continue;  // inputs may share memory
+      if (!a->output) std::swap(a, b);
+      apart(a->named->view, a->named->name.c_str(), b->named->view, b->named->name.c_str());
+    }
+}
+
 void step_requests(const TensorView& seq_lens, const TensorView& cum, int64_t num_requests,
                    int64_t num_tokens, const std::function<void(int64_t, int64_t)>& more) {
   const auto start = [&](int64_t b) -> int64_t { return cum.defined() ? at(cum, b) : b; };

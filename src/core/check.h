@@ -5,6 +5,7 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "smla/error.h"
 #include "smla/tensor.h"
@@ -54,6 +55,14 @@ struct Named {
   const char* name;
 };
 void all_apart(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs);
+
+// all_apart over many views (a whole step's): sorted by their lowest byte, so that only views
+// whose byte ranges meet are compared (exactly, by `apart`).
+struct NamedView {
+  TensorView view;
+  std::string name;
+};
+void all_apart(std::vector<NamedView> outputs, std::vector<NamedView> inputs);
 
 // A present, consistent (`view`) tensor of `dtype` on `device` whose sizes match `shape` (-1 =
 // any size), with data behind it; `expected` describes the shape for the message.

@@ -119,6 +119,35 @@ void check_shared_geometry(const std::vector<AttentionLayer>& layers,
 
 }  // namespace
 
+// Each decode checks its own layer's arguments; across layers, an out over another layer's
+// query, out or pool, or over the step's inputs, would change what a later layer reads.
+void StepExecutor::check_step_apart(const StepInputs& inputs, std::span<const TensorView> queries,
+                                    std::span<const TensorView> outs) const {
+  std::vector<check::NamedView> written, read;
+  const auto index = [](const char* name, auto i) {
+    return std::string(name) + "[" + std::to_string(i) + "]";
+  };
+  for (size_t i = 0; i < outs.size(); ++i) {
+    written.push_back({outs[i], index("outs", i)});
+    read.push_back({queries[i], index("queries", i)});
+    const std::string layer = index("layers", i);
+    read.push_back({layers_[i].swa_kv_cache, layer + ".swa_kv_cache"});
+    read.push_back({layers_[i].compressed_kv_cache, layer + ".compressed_kv_cache"});
+    read.push_back({layers_[i].sinks, layer + ".sinks"});
+  }
+  const StepMetadata& m = inputs.metadata;
+  read.push_back({m.seq_lens, "metadata.seq_lens"});
+  read.push_back({m.cum_seq_lens_q, "metadata.cum_seq_lens_q"});
+  read.push_back({m.is_valid_token, "metadata.is_valid_token"});
+  for (size_t g = 0; g < inputs.block_tables.size(); ++g)
+    read.push_back({inputs.block_tables[g], index("block_tables", g)});
+  for (const auto& [layer, table] : inputs.compressed_block_tables)
+    read.push_back({table, index("compressed_block_tables", layer)});
+  for (const auto& [layer, topk] : inputs.topk_indices)
+    read.push_back({topk, index("topk_indices", layer)});
+  check::all_apart(std::move(written), std::move(read));
+}
+
 const char* compressed_index_name(CompressedIndex compressed) {
   switch (compressed) {
     case CompressedIndex::table: return "table";
@@ -301,6 +330,7 @@ void StepExecutor::run_step(const StepInputs& inputs, std::span<const TensorView
         ErrorKind::value, "queries",
         "one query and one out per layer (" + std::to_string(layers_.size()) + ")",
         std::to_string(queries.size()) + " queries, " + std::to_string(outs.size()) + " outs");
+  check_step_apart(inputs, queries, outs);
   each_layer(inputs,
              [&](size_t i) { run_layer(layers_[i].spec.layer, queries[i], outs[i]); });
 }

@@ -204,9 +204,9 @@ TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {
   EXPECT_EQ(count("join"), count("fork"));  // every fork joined
   EXPECT_EQ(streams.log.back(), "join");
   streams.log.clear();
-  queries[1].dtype = DType::f32;  // layer 1's decode refuses it, with layer 0's fork pending
+  queries[1].dtype = DType::u8;  // layer 1's decode refuses it, with layer 0's fork pending
   test::expect_smla_error([&] { executor.run_step(c.inputs, queries, outs); }, ErrorKind::type,
-                          "query", "bf16", "f32");
+                          "query", "bf16", "u8");
   ASSERT_EQ(count("fork"), 1);
   EXPECT_EQ(streams.log.back(), "join");
 }
@@ -228,16 +228,16 @@ TEST(Executor, DecodeErrorsNameTheLayer) {
   const auto streams = make_streams(Device{});
   StepExecutor executor(c.layers, *streams, T, max_columns_of(c));
   const size_t bad = seed % specs.size();  // not the layer's id: that is 20 more
-  queries[bad].dtype = DType::f32;
+  queries[bad].dtype = DType::u8;          // half its bytes: still apart from the other buffers
   const std::string layer = "(layer " + std::to_string(specs[bad].layer) + ")";
   SCOPED_TRACE("bad query for " + layer);
   try {
     executor.run_step(c.inputs, queries, outs);
-    FAIL() << "no error for the f32 query";
+    FAIL() << "no error for the u8 query";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::type) << e.what();
     EXPECT_EQ(e.argument(), "query") << e.what();
-    EXPECT_EQ(e.got(), "f32 " + layer) << e.what();
+    EXPECT_EQ(e.got(), "u8 " + layer) << e.what();
   }
 }
 
@@ -332,6 +332,41 @@ TEST(Executor, TopkWiderThanTheDecodeReadsComesFromTables) {
         table_specs(specs, CompressedIndex::topk, TableSharing::shared, kWindow + 2344, cuda);
       },
       ErrorKind::unsupported, "compressed", "top-k widths up to 2048", layer);
+}
+
+// Each decode checks its own arguments; a step's outs must also stay off every other layer's
+// query, out and pools and the step's inputs, which later layers read.
+TEST(Executor, StepOutsApartFromAllTheStepReads) {
+  const auto all = model_layers(model_preset("v41-flash"), 3, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 4);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  test::StepCase c(specs, kThreeRequests, test::fresh_seed());
+  const int64_t T = c.num_tokens();
+  std::vector<TensorView> queries, outs;
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    queries.push_back(c.bf16(T, kHeads));
+    outs.push_back(c.bf16(T, kHeads));
+  }
+  const auto streams = make_streams(Device{});
+  StepExecutor executor(c.layers, *streams, T, max_columns_of(c));
+  executor.run_step(c.inputs, queries, outs);
+  const auto refused = [&](std::vector<TensorView> o, const char* written, const char* other) {
+    test::expect_smla_error([&] { executor.run_step(c.inputs, queries, o); }, ErrorKind::value,
+                            written, std::string("memory apart from ") + other,
+                            std::string("an overlap with ") + other);
+  };
+  std::vector<TensorView> o = outs;
+  o[0] = queries[2];
+  refused(o, "outs[0]", "queries[2]");
+  o = outs;
+  o[3] = outs[1];
+  refused(o, "outs[1]", "outs[3]");
+  o = outs;
+  o[1] = c.layers[3].swa_kv_cache;  // a pool's first rows as an out's bytes
+  o[1].dtype = DType::bf16, o[1].ndim = 3;
+  o[1].shape[0] = T, o[1].shape[1] = kHeads, o[1].shape[2] = kHeadDim;
+  o[1].strides[0] = kHeads * kHeadDim, o[1].strides[1] = kHeadDim, o[1].strides[2] = 1;
+  refused(o, "outs[1]", "layers[3].swa_kv_cache");
 }
 
 TEST(Executor, RunLayerNeedsABegunStep) {
