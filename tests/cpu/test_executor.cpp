@@ -34,6 +34,15 @@ const test::CaseShape kThreeRequests{.q_lens = {1, 2, 1},
                                      .span = 64};
 
 // The widest table any layer of `c` reads.
+// A random bf16 query and out of kHeads heads per layer of `c`.
+void add_layer_buffers(test::StepCase& c, std::vector<TensorView>& queries,
+                       std::vector<TensorView>& outs) {
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    queries.push_back(c.bf16(c.num_tokens(), kHeads));
+    outs.push_back(c.bf16(c.num_tokens(), kHeads));
+  }
+}
+
 int64_t max_columns_of(const test::StepCase& c) {
   int64_t most = 0;
   for (const AttentionLayer& l : c.layers)
@@ -190,10 +199,7 @@ TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {
   test::StepCase c(specs, kThreeRequests, 3);
   const int64_t T = c.num_tokens();
   std::vector<TensorView> queries, outs;
-  for (size_t i = 0; i < c.layers.size(); ++i) {
-    queries.push_back(c.bf16(T, kHeads));
-    outs.push_back(c.bf16(T, kHeads));
-  }
+  add_layer_buffers(c, queries, outs);
   test::RecordingStreams streams;
   StepExecutor executor(c.layers, streams, T, max_columns_of(c));
   executor.run_step(c.inputs, queries, outs);
@@ -221,10 +227,7 @@ TEST(Executor, DecodeErrorsNameTheLayer) {
   test::StepCase c(specs, kThreeRequests, seed);
   const int64_t T = c.num_tokens();
   std::vector<TensorView> queries, outs;
-  for (size_t i = 0; i < c.layers.size(); ++i) {
-    queries.push_back(c.bf16(T, kHeads));
-    outs.push_back(c.bf16(T, kHeads));
-  }
+  add_layer_buffers(c, queries, outs);
   const auto streams = make_streams(Device{});
   StepExecutor executor(c.layers, *streams, T, max_columns_of(c));
   const size_t bad = seed % specs.size();  // not the layer's id: that is 20 more
@@ -256,10 +259,7 @@ TEST(Executor, DSparkStepRefusesTopkReads) {
   test::StepCase c(specs, shape, seed);
   const int64_t T = c.num_tokens();
   std::vector<TensorView> queries, outs;
-  for (size_t i = 0; i < c.layers.size(); ++i) {
-    queries.push_back(c.bf16(T, kHeads));
-    outs.push_back(c.bf16(T, kHeads));
-  }
+  add_layer_buffers(c, queries, outs);
   const auto streams = make_streams(Device{});
   StepExecutor executor(c.layers, *streams, T, max_columns_of(c), TableSharing::shared,
                         CompressedIndex::topk);
@@ -343,10 +343,7 @@ TEST(Executor, StepOutsApartFromAllTheStepReads) {
   test::StepCase c(specs, kThreeRequests, test::fresh_seed());
   const int64_t T = c.num_tokens();
   std::vector<TensorView> queries, outs;
-  for (size_t i = 0; i < c.layers.size(); ++i) {
-    queries.push_back(c.bf16(T, kHeads));
-    outs.push_back(c.bf16(T, kHeads));
-  }
+  add_layer_buffers(c, queries, outs);
   const auto streams = make_streams(Device{});
   StepExecutor executor(c.layers, *streams, T, max_columns_of(c));
   executor.run_step(c.inputs, queries, outs);
