@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -48,11 +49,19 @@ cuda::DecodePlan check_against_oracle_and_cpu(const CaseSpec& spec, size_t count
   DecodeCase gpu = make_case(spec, fresh_seed());
   poison_unattended_rows(gpu);
   DecodeCase cpu = gpu;
-  sparse_mla_decode(cpu.args());
-  DeviceCase d(gpu, counter_bytes, ws_bytes);
-  const cuda::DecodePlan plan = d.plan();
-  sparse_mla_decode(d.args);
-  CUDA_THROW(cudaDeviceSynchronize());  // not ASSERT_CUDA: this function returns a value
+  cuda::DecodePlan plan;
+  std::unique_ptr<DeviceCase> device;
+  try {  // a launch that throws (an illegal address) still names the case and its seed
+    sparse_mla_decode(cpu.args());
+    device = std::make_unique<DeviceCase>(gpu, counter_bytes, ws_bytes);
+    plan = device->plan();
+    sparse_mla_decode(device->args);
+    CUDA_THROW(cudaDeviceSynchronize());  // not ASSERT_CUDA: this function returns a value
+  } catch (...) {
+    ADD_FAILURE() << gpu.summary;
+    throw;
+  }
+  const DeviceCase& d = *device;
   d.fetch(gpu);
   EXPECT_TRUE(matches(gpu, oracle(gpu), Tolerance::device(spec.layout))) << "vs oracle";
   EXPECT_TRUE(matches(gpu, reference_of(cpu), Tolerance::device(spec.layout))) << "vs CPU backend";
@@ -105,6 +114,7 @@ TEST(GpuDecode, TokensPastTheLastRequestReadNothingPastTheViews) {
   SKIP_WITHOUT_GPU();
   for (int requests : {5, 40}) {
     DecodeCase c = make_case({.heads = 8, .requests = requests, .max_q = 2}, fresh_seed());
+    SCOPED_TRACE(c.summary);
     DeviceCase d(c);
     const int B = requests;
     std::vector<int32_t> seq(B + 1), cum(B + 2);
@@ -141,10 +151,12 @@ TEST(GpuDecode, SizeOneDimsTakeAnyStride) {
     DecodeCase c = make_case(
         {.heads = heads, .requests = 1, .max_q = 1, .varlen = false, .compressed_width = 512},
         fresh_seed());
+    SCOPED_TRACE(c.summary);
     DeviceCase d(c);
     sparse_mla_decode(d.args);
     ASSERT_CUDA(cudaDeviceSynchronize());
     d.fetch(c);
+    EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(KvLayout::bf16)));
     const std::vector<std::byte> row_major = c.out.bytes;
     DecodeArgs args = d.args;
     for (TensorView* v : {&args.query, &args.out})
@@ -325,34 +337,45 @@ TEST(GpuDecode, ThousandLaunchesOnOneCounterBuffer) {
                             .sinks = SinkKind::finite, .masked = 0.02},
                            fresh_seed());
   poison_unattended_rows(c);
+  SCOPED_TRACE(c.summary);
   DeviceCase d(c);
-  const size_t out_bytes = c.out.bytes.size();
+  const cuda::DecodePlan plan = d.plan();
+  ASSERT_TRUE(plan.num_splits > 1 && !plan.cluster) << "the rows must split through counters";
+  ASSERT_TRUE(c.lse.defined());
   constexpr int kLaunches = 1000;
-  DeviceMemory outs(out_bytes * kLaunches);
-  ASSERT_NE(outs.get(), nullptr);
-  ASSERT_CUDA(cudaMemset(outs.get(), 0xff, out_bytes * kLaunches));  // unwritten: NaN
+  // Each launch writes its own out and lse, poisoned (NaN) before any runs.
+  std::vector<HostTensor*> outputs{&c.out, &c.lse};
+  std::vector<std::unique_ptr<DeviceMemory>> slots;
+  for (HostTensor* t : outputs) {
+    slots.push_back(std::make_unique<DeviceMemory>(t->bytes.size() * kLaunches));
+    ASSERT_CUDA(cudaMemset(slots.back()->get(), 0xff, slots.back()->bytes()));
+  }
   for (int i = 0; i < kLaunches; ++i) {
     DecodeArgs a = d.args;
-    a.out.data = static_cast<char*>(outs.get()) + i * out_bytes;
+    a.out.data = static_cast<char*>(slots[0]->get()) + i * c.out.bytes.size();
+    a.lse.data = static_cast<char*>(slots[1]->get()) + i * c.lse.bytes.size();
     sparse_mla_decode(a);
   }
   ASSERT_CUDA(cudaDeviceSynchronize());
-  std::vector<std::byte> all(out_bytes * kLaunches);
-  ASSERT_CUDA(cudaMemcpy(all.data(), outs.get(), all.size(), cudaMemcpyDeviceToHost));
-  for (int i = 1; i < kLaunches; ++i)
-    ASSERT_EQ(std::memcmp(all.data(), all.data() + i * out_bytes, out_bytes), 0) << "launch " << i;
-  std::memcpy(c.out.bytes.data(), all.data(), out_bytes);
-  d.fetch(c);  // lse of the last launch
-  std::memcpy(c.out.bytes.data(), all.data(), out_bytes);
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const size_t bytes = outputs[k]->bytes.size();
+    std::vector<std::byte> all(bytes * kLaunches);
+    ASSERT_CUDA(cudaMemcpy(all.data(), slots[k]->get(), all.size(), cudaMemcpyDeviceToHost));
+    for (int i = 1; i < kLaunches; ++i)
+      ASSERT_EQ(std::memcmp(all.data(), all.data() + i * bytes, bytes), 0)
+          << (k ? "lse" : "out") << " of launch " << i;
+    std::memcpy(outputs[k]->bytes.data(), all.data(), bytes);  // the first launch's
+  }
   EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(KvLayout::bf16)));
   EXPECT_TRUE(all_zero(d.counter_values()));
 }
 
 // `c` (a `layout` cache, its unattended rows poisoned) launched eagerly, then captured on a
-// non-blocking stream and replayed `replays` times, its outputs fetched every `check_every`
-// replays: each equals the eager launch bitwise; the eager outputs match the oracle and the
-// counters end zeroed.
-void expect_replays_equal_eager(DecodeCase& c, KvLayout layout, int replays, int check_every) {
+// non-blocking stream and replayed `replays` times, its outputs poisoned before and fetched
+// after each replay: each equals the eager launch bitwise; the eager outputs match the oracle
+// and the counters end zeroed.
+void expect_replays_equal_eager(DecodeCase& c, KvLayout layout, int replays) {
+  SCOPED_TRACE(c.summary);
   DeviceCase d(c);
   cudaStream_t stream;
   ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -360,7 +383,7 @@ void expect_replays_equal_eager(DecodeCase& c, KvLayout layout, int replays, int
   ASSERT_CUDA(cudaStreamSynchronize(stream));
   d.fetch(c);
   const DecodeCase eager = c;
-  // Outputs poisoned again before each checked replay: each must write them all.
+  // Outputs poisoned again before each replay: each must write them all.
   const auto poison = [&] {
     ASSERT_CUDA(cudaMemsetAsync(d.device_ptr(c.out), 0xff, c.out.bytes.size(), stream));
     if (c.lse.defined())
@@ -374,15 +397,12 @@ void expect_replays_equal_eager(DecodeCase& c, KvLayout layout, int replays, int
   ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
   ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (int i = 0; i < replays; ++i) {
-    const bool checked = i % check_every == check_every - 1;
-    if (checked) poison();
+    poison();
     ASSERT_CUDA(cudaGraphLaunch(exec, stream));
-    if (checked) {
-      ASSERT_CUDA(cudaStreamSynchronize(stream));
-      d.fetch(c);
-      ASSERT_EQ(c.out.bytes, eager.out.bytes) << "replay " << i;
-      ASSERT_EQ(c.lse.bytes, eager.lse.bytes) << "replay " << i;
-    }
+    ASSERT_CUDA(cudaStreamSynchronize(stream));
+    d.fetch(c);
+    ASSERT_EQ(c.out.bytes, eager.out.bytes) << "replay " << i;
+    ASSERT_EQ(c.lse.bytes, eager.lse.bytes) << "replay " << i;
   }
   EXPECT_TRUE(matches(eager, oracle(eager), Tolerance::device(layout)));
   EXPECT_TRUE(all_zero(d.counter_values()));
@@ -391,13 +411,22 @@ void expect_replays_equal_eager(DecodeCase& c, KvLayout layout, int replays, int
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
-// A captured launch replayed 100 times equals the eager launch bitwise.
+// A captured launch replayed 100 times equals the eager launch bitwise, with its split rows
+// reduced in clusters and, the clusters off, through the counters (which each replay must
+// leave zeroed for the next).
 TEST(GpuDecode, GraphReplayEqualsEagerBitwise) {
   SKIP_WITHOUT_GPU();
-  DecodeCase c = make_case({.heads = 128, .requests = 2, .max_q = 3, .compressed_width = 512},
-                           fresh_seed());
-  poison_unattended_rows(c);
-  expect_replays_equal_eager(c, KvLayout::bf16, 100, 25);
+  for (bool counters : {false, true}) {
+    std::optional<CountersOnly> counters_only;
+    if (counters) counters_only.emplace();
+    DecodeCase c =
+        make_case({.heads = 128, .requests = 2, .max_q = 3, .compressed_width = 512}, fresh_seed());
+    poison_unattended_rows(c);
+    const cuda::DecodePlan plan = DeviceCase(c).plan();
+    ASSERT_GT(plan.num_splits, 1) << "the case must split rows";
+    ASSERT_EQ(plan.cluster, !counters) << "the reduction under test";
+    expect_replays_equal_eager(c, KvLayout::bf16, 100);
+  }
 }
 
 // The backend caches occupancy per device and sets each kernel's shared-memory attribute before
@@ -601,7 +630,7 @@ TEST(GpuDecode, Fp8GraphReplayEqualsEagerBitwise) {
         cuda::plan_decode(c.query.size(0), 64, c.sparse_indices.size(1), layout,
                           cuda::decode_occupancy(0), SIZE_MAX, SIZE_MAX);
     ASSERT_GT(plan.num_splits, 1) << "the case must split rows";
-    expect_replays_equal_eager(c, layout, 20, 20);
+    expect_replays_equal_eager(c, layout, 20);
   }
 }
 

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "case_gen.h"
 #include "core/numeric.h"
 #include "device_step.h"
 #include "direct_call.h"
@@ -46,11 +48,19 @@ void expect_close_bf16(const std::vector<std::byte>& got, const TensorView& want
   }
 }
 
+// A host tensor of `c`'s whose every byte is 0xff (NaN as bf16 or f32, -1 as i32): an output
+// left unwritten then fails the comparison.
+TensorView poisoned(StepCase& c, DType dtype, std::initializer_list<int64_t> shape) {
+  const TensorView v = c.zeros(dtype, shape);
+  std::memset(v.data, 0xff, static_cast<size_t>(v.numel()) * dtype_size(dtype));
+  return v;
+}
+
 TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
   SKIP_WITHOUT_GPU();
-  const unsigned seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937 rng(seed);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  std::mt19937 rng(static_cast<uint32_t>(seed));
   const int heads_of[] = {1, 16, 64, 100, 128};
   int64_t attended = 0;
   for (int trial = 0; trial < 20; ++trial) {
@@ -116,10 +126,11 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
       if (past_table) continue;
 
       // the CPU's table and decode of the same step
-      const SparseIndexArgs cpu = built(
-          host,
-          [&](DType dtype, std::initializer_list<int64_t> shape) { return c.zeros(dtype, shape); });
-      const TensorView cpu_out = c.zeros(DType::bf16, {T, H, kHeadDim});
+      const SparseIndexArgs cpu =
+          built(host, [&](DType dtype, std::initializer_list<int64_t> shape) {
+            return poisoned(c, dtype, shape);
+          });
+      const TensorView cpu_out = poisoned(c, DType::bf16, {T, H, kHeadDim});
       sparse_mla_decode(direct_decode_args(c.layers[i], cpu, q_host, cpu_out));
       expect_close_bf16(out, cpu_out, where);
     }
@@ -133,8 +144,9 @@ TEST(GpuTopkColumns, AnEmptyTopkReadsTheWindowAlone) {
   SKIP_WITHOUT_GPU();
   std::vector<LayerSpec> specs = three_layers(2);
   for (LayerSpec& s : specs) s.num_heads = 16;
-  StepCase c(specs, {.q_lens = {1, 2}, .seq_lens = {200, 9000}, .num_decodes = 2},
-             std::random_device{}());
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  StepCase c(specs, {.q_lens = {1, 2}, .seq_lens = {200, 9000}, .num_decodes = 2}, seed);
   const int64_t T = c.num_tokens();
   const int H = specs[2].num_heads;
   DeviceMirror gpu;
@@ -155,10 +167,10 @@ TEST(GpuTopkColumns, AnEmptyTopkReadsTheWindowAlone) {
   CompressedColumns cpu_compressed = host.compressed;
   cpu_compressed.topk_indices = make_view(nullptr, DType::i32, Device{}, {T, 0});
   const auto on_cpu = [&](DType dtype, std::initializer_list<int64_t> shape) {
-    return c.zeros(dtype, shape);
+    return poisoned(c, dtype, shape);
   };
   const SparseIndexArgs cpu_swa = built(swa_only(host), on_cpu);
-  const TensorView cpu_out = c.zeros(DType::bf16, {T, H, kHeadDim});
+  const TensorView cpu_out = poisoned(c, DType::bf16, {T, H, kHeadDim});
   sparse_mla_decode(topk_decode_args(c.layers[2], cpu_swa, cpu_compressed, q_host, cpu_out));
   expect_close_bf16(bytes_of(args.out), cpu_out, "an empty top-k");
 }
