@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "cuda/check.h"
@@ -14,13 +15,15 @@ namespace {
 
 // A warp gathers kGatherRows rows with every 16-byte load issued before any is used: one row
 // a warp kept 576- and 512-byte rows from filling the memory pipe (fewer bytes in flight than
-// DRAM latency needs), which set their ceilings, and so the fp8 floors, too low.
-constexpr int kGatherRows = 4;
+// DRAM latency needs), which set their ceilings, and so the fp8 floors, too low. The ceiling is
+// the best of 2, 4 and 8 rows a warp: one setting's median had moved 576-byte rows by 15%
+// between sessions with no code change.
 constexpr int kMaxRowUnits = 64;  // 1 KiB rows; at least 32 (512 B)
-constexpr int kGatherLoads = kGatherRows * kMaxRowUnits / 32;
 
+template <int kGatherRows>
 __global__ void gather_rows(const uint4* pool, const int32_t* rows, int num_rows, int row_units,
                             uint4* sink) {
+  constexpr int kGatherLoads = kGatherRows * kMaxRowUnits / 32;
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
   const int first = warp * kGatherRows;
   if (first >= num_rows) return;
@@ -82,12 +85,18 @@ double measure_gather_bandwidth(int row_bytes) {
   SMLA_CUDA_CHECK(cudaMemset(pool, 1, pool_bytes));
   fill_rows<<<(num_rows + 255) / 256, 256>>>(rows, num_rows, pool_rows, 12345);
   SMLA_CUDA_CHECK(cudaGetLastError());
-  const double ms = median_graph_ms(
-      [&](cudaStream_t s) {
-        gather_rows<<<(num_rows + 8 * kGatherRows - 1) / (8 * kGatherRows), 256, 0, s>>>(
-            static_cast<const uint4*>(pool), rows, num_rows, row_bytes / 16, sink);
-      },
-      20);
+  const auto ms_of = [&](auto kernel, int rows_a_warp) {
+    const int per_block = 8 * rows_a_warp;  // 256 threads
+    return median_graph_ms(
+        [&](cudaStream_t s) {
+          kernel<<<(num_rows + per_block - 1) / per_block, 256, 0, s>>>(
+              static_cast<const uint4*>(pool), rows, num_rows, row_bytes / 16, sink);
+          SMLA_CUDA_CHECK(cudaGetLastError());
+        },
+        20);
+  };
+  const double ms = std::min({ms_of(gather_rows<2>, 2), ms_of(gather_rows<4>, 4),
+                              ms_of(gather_rows<8>, 8)});
   SMLA_CUDA_CHECK(cudaFree(pool));
   SMLA_CUDA_CHECK(cudaFree(rows));
   SMLA_CUDA_CHECK(cudaFree(sink));
