@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/numeric.h"
 #include "cuda/fp8_convert.cuh"
 #include "device_case.h"
+#include "ref_numeric.h"
 
 namespace smla::test {
 namespace {
@@ -52,10 +52,10 @@ TEST(GpuDequant, Fp8DsMlaCodesTimesEveryScaleAsTheCpu) {
       for (int i = 0; i < 8; ++i) {
         const uint8_t code = uint8_t(8 * (t % 32) + i);
         if ((code & 0x7f) == 0x7f) continue;  // NaN codes: documented as +-480 on CUDA
-        // The exact product (in double), rounded once to bf16 (through float: exact below 2^128,
-        // inf past it, as bf16's rounding would give).
-        const uint16_t want = float_to_bf16(
-            float(double(e4m3_to_float(code)) * ue8m0_to_double(uint8_t(u[t]))));
+        // The exact product (in double, from the formats' definitions, not the library's), rounded
+        // once to bf16 (through float, which holds it exactly below 2^128; inf past it, as bf16's
+        // rounding would give).
+        const uint16_t want = to_bf16(ref_e4m3(code) * ref_ue8m0(uint8_t(u[t])));
         const uint16_t got = out[size_t(t) * 8 + i];
         if ((want & 0x7fff) > 0x7f80) {
           ASSERT_GT(got & 0x7fff, 0x7f80) << "code " << int(code) << " scale " << u[t];

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "case_gen.h"
-#include "core/numeric.h"
 #include "device_step.h"
 #include "direct_call.h"
+#include "ref_numeric.h"
 #include "smla/error.h"
 #include "step_case.h"
 
@@ -37,12 +37,12 @@ void expect_close_bf16(const std::vector<std::byte>& got, const TensorView& want
   const auto* w = want.ptr<const uint16_t>();
   int bad = 0;
   for (int64_t row = 0; row < want.numel() / kHeadDim && bad < 5; ++row) {
-    float scale = 0;
+    double scale = 0;
     for (int d = 0; d < kHeadDim; ++d)
-      scale = std::fmax(scale, std::fabs(bf16_to_float(w[row * kHeadDim + d])));
+      scale = std::fmax(scale, std::fabs(ref_bf16(w[row * kHeadDim + d])));
     for (int64_t i = row * kHeadDim; i < (row + 1) * kHeadDim; ++i) {
-      const float a = bf16_to_float(g[i]), b = bf16_to_float(w[i]);
-      if (!(std::fabs(a - b) <= 1e-2f * (std::fabs(b) + scale)) && bad++ < 5)
+      const double a = ref_bf16(g[i]), b = ref_bf16(w[i]);
+      if (!(std::fabs(a - b) <= 1e-2 * (std::fabs(b) + scale)) && bad++ < 5)
         ADD_FAILURE() << where << ": element " << i << " is " << a << ", CPU " << b;
     }
   }
