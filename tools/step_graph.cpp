@@ -65,7 +65,8 @@ StepGraph measure(const StepData& data, Streams& streams, int64_t max_tokens, in
   StepGraph g{
       .sharing = sharing, .compressed = compressed, .layers = static_cast<int>(specs.size())};
   try {
-    g.distinct_tables = distinct_tables(specs, sharing, compressed, max_columns, streams.device());
+    g.distinct_tables = distinct_tables(
+        specs, sharing, compressed, every_entry_topk_width(specs, data.inputs), streams.device());
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::unsupported) throw;
     g.not_run = e.what();
@@ -94,9 +95,9 @@ const char* graph_name(const StepGraph& g) {
 }
 
 int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing,
-                    CompressedIndex compressed, int64_t max_columns, Device device) {
+                    CompressedIndex compressed, int64_t every_entry_width, Device device) {
   std::set<TableKey> distinct;
-  for (const LayerSpec& s : table_specs(layers, compressed, sharing, max_columns, device))
+  for (const LayerSpec& s : table_specs(layers, compressed, sharing, every_entry_width, device))
     distinct.insert({s.swa_group, sparse_index_key(s, sharing)});
   return static_cast<int>(distinct.size());
 }

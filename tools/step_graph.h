@@ -47,10 +47,10 @@ struct StepGraphs {
 
 const char* graph_name(const StepGraph& graph);  // "auto", "topk", "shared", "none"
 
-// The distinct (SWA group, sparse_index_key) pairs of the tables `layers` build in an
-// executor's steps of up to `max_columns` table columns on `device` (table_specs).
+// The distinct (SWA group, sparse_index_key) pairs of the tables `layers` build in a step on
+// `device` whose layers reading every entry have top-k `every_entry_width` wide (table_specs).
 int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing,
-                    CompressedIndex compressed, int64_t max_columns, Device device);
+                    CompressedIndex compressed, int64_t every_entry_width, Device device);
 
 // Where `graph` is not the graph SPEC §5 implies: one build per distinct table, one decode per
 // layer, no other kernel, no memset or memcpy, no other node but empty and event ones, and no

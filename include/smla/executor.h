@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -29,18 +30,18 @@ struct AttentionLayer {
 // §5 says. `topk`: the decode reads its index source's top-k (TopkColumns, bitwise the table's)
 // and the layer looks up its SWA group's "swa_only" table. `automatic`: topk for every layer of
 // a run of one key in which some SWA group would hold the table for one layer only, table for
-// the other runs (docs/sparse_index.md says why); a top-k wider than the decode reads on the
-// device (max_topk_width) makes its run `table` in `automatic` and is refused in `topk`.
+// the other runs (docs/sparse_index.md says why); a step's top-k wider than the decode reads on
+// the device (max_topk_width) makes its run `table` in `automatic` and is refused in `topk`.
 enum class CompressedIndex { table, topk, automatic };
 const char* compressed_index_name(CompressedIndex compressed);  // "table", "topk", "auto"
 
 // The specs the tables see, layer by layer (`layers` in model order): a layer that reads its
 // top-k in the decode is SWA-only to them. Only a top-k the decode on `device` reads
-// (max_topk_width) is read there; a layer's may be index_topk wide, or where it reads every
-// entry max_columns - window in steps of up to `max_columns` table columns. `automatic` builds
-// tables for runs with a wider one; `topk` throws an `unsupported` Error naming such a layer.
+// (max_topk_width) is read there: a layer's is index_topk wide, or where it reads every entry
+// `every_entry_width` (every_entry_topk_width of the step). `automatic` builds tables for runs
+// with a wider one; `topk` throws an `unsupported` Error naming `compressed` and the layer.
 std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, CompressedIndex compressed,
-                                   TableSharing sharing, int64_t max_columns, Device device);
+                                   TableSharing sharing, int64_t every_entry_width, Device device);
 
 // What changes every step.
 struct StepInputs {
@@ -49,6 +50,10 @@ struct StepInputs {
   std::map<int, TensorView> compressed_block_tables{};  // by kv source layer: [B, pages] i32
   std::map<int, TensorView> topk_indices{};             // by index source layer: [T, top_k] i32
 };
+
+// The widest top-k that a layer reading every compressed entry (index_topk 0: V4's ratio-128
+// layers) reads in the step of `inputs`, its index source's topk_indices' width; 0 for none.
+int64_t every_entry_topk_width(std::span<const LayerSpec> layers, const StepInputs& inputs);
 
 class StepExecutor {
  public:
@@ -60,13 +65,16 @@ class StepExecutor {
                int64_t max_columns, TableSharing sharing = TableSharing::shared,
                CompressedIndex compressed = CompressedIndex::automatic);
 
-  void begin_step(const StepInputs& inputs);  // resets the tables; keeps a copy of `inputs`
+  // Resets the tables; keeps a copy of `inputs`; picks where the step's compressed columns come
+  // from (table_specs with every_entry_topk_width(inputs)).
+  void begin_step(const StepInputs& inputs);
   // `layer`'s attention of query [T, H, 512] into out [T, H_out, 512] on the current stream.
   // Layers run in model order, each next index source's indexer between two calls (SPEC §5):
   // a layer followed by an index source joins after its decode, since that indexer may
   // overwrite a top-k the forks read (an index source joins before its lookup too).
   void run_layer(int layer, const TensorView& query, const TensorView& out);
-  void end_step();  // joins, so a graph capture of the step ends joined
+  void end_step();  // joins, so a graph capture of the step ends joined; run_layer needs a new
+                    // begin_step after it
 
   // begin_step, every layer in order (queries[i] and outs[i] for the i-th layer), end_step.
   // The outs must be apart from each other and from every query, pool and input of the step.
@@ -77,7 +85,7 @@ class StepExecutor {
   // Its graph against the whole step's is what index building costs.
   void build_tables(const StepInputs& inputs);
 
-  const SparseIndexTables& tables() const { return tables_; }
+  const SparseIndexTables& tables() const { return *plans_[plan_].tables; }
 
  private:
   size_t position(int layer) const;
@@ -97,14 +105,28 @@ class StepExecutor {
   // begin_step, layer_work(i) for each layer in order, end_step; ends joined on an error too.
   void each_layer(const StepInputs& inputs, const std::function<void(size_t)>& layer_work);
 
+  // Where the compressed columns come from, by position, as table_specs(...) gives them, and the
+  // tables those specs share: [0] while every top-k of the step fits the decode, [1] (automatic
+  // only, where it differs) for steps whose layers reading every entry have a wider one.
+  struct Plan {
+    std::vector<LayerSpec> specs;
+    std::unique_ptr<SparseIndexTables> tables;
+  };
+  const std::vector<LayerSpec>& table_specs_now() const { return plans_[plan_].specs; }
+  SparseIndexTables& tables_now() { return *plans_[plan_].tables; }
+
   std::vector<AttentionLayer> layers_;
-  std::vector<LayerSpec> table_specs_;  // by position, as table_specs(...) gives them
+  std::vector<LayerSpec> specs_;  // the layers' own
   Streams& streams_;
-  SparseIndexTables tables_;
+  TableSharing sharing_;
+  CompressedIndex compressed_;
+  std::vector<Plan> plans_;
+  size_t plan_ = 0;  // this step's
   std::shared_ptr<void> counters_, workspace_;
   TensorView counters_view_, workspace_view_;
+  std::vector<TensorView> pool_records_;  // by 2 position + (0 SWA, 1 compressed): fp8_ds_mla's
   StepInputs inputs_;
-  bool begun_ = false;  // a step's inputs are set
+  bool begun_ = false;  // between begin_step and end_step
 };
 
 }  // namespace smla

@@ -57,8 +57,10 @@ class StepExecutor:
     `max_columns` table columns. `compressed_index`: "topk" lets the decode read a compressed
     layer's columns from its top-k (the layer shares its group's SWA table); "table" builds each
     compressed key's table as SPEC §5 says; "auto" (default) reads the top-k in every layer of
-    a run of one key where some SWA group would hold the table for one layer only. The output
-    bits are the same."""
+    a run of one key where some SWA group would hold the table for one layer only, and builds
+    tables for a step whose top-k is wider than the decode reads (smla.max_topk_width: 2048 on
+    CUDA), where "topk" raises NotImplementedError as the step begins. The output bits are the
+    same."""
 
     def __init__(self, layers: Sequence[AttentionLayer], max_tokens: int, max_columns: int,
                  stream=None, compressed_index: str = "auto"):

@@ -1,15 +1,26 @@
 """The smla package on CUDA with PyTorch tensors, against a float64 PyTorch reference written
 here (SPEC §2), plus capture and replay under torch.cuda.graph (replay equals eager bitwise).
-Skipped without torch or a CUDA device, or when this build of smla has no CUDA backend."""
+Skipped without torch or a CUDA device, or when this build of smla has no CUDA backend; with
+SMLA_REQUIRE_GPU=1 (scripts/gpu_check.sh) a missing one fails instead."""
 
 import itertools
 import math
+import os
 
 import pytest
 
-torch = pytest.importorskip("torch")
+_REQUIRED = os.environ.get("SMLA_REQUIRE_GPU") == "1"
+
+
+def _skip(reason):
+    if _REQUIRED:
+        pytest.fail(f"SMLA_REQUIRE_GPU=1 and {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+torch = pytest.importorskip("torch") if not _REQUIRED else __import__("torch")
 if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
+    _skip("no CUDA device")
 
 import smla  # noqa: E402
 from smla.engine import trtllm_batch_decode_sparse_mla_dsv4  # noqa: E402
@@ -17,7 +28,7 @@ from np_reference import DEVICE_TOL, assert_out_close, fresh_rng  # noqa: E402
 from step_layers import four_layers  # noqa: E402
 
 if not smla.WITH_CUDA:
-    pytest.skip("smla was built without CUDA", allow_module_level=True)
+    _skip("smla was built without CUDA")
 
 D, W = 512, 128
 DEV = torch.device("cuda", torch.cuda.current_device())

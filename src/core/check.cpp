@@ -86,12 +86,13 @@ namespace {
 struct Runs {
   intptr_t low, high;  // lowest and highest byte
   int64_t run;
-  std::vector<int64_t> steps;
+  int64_t steps[kMaxDims];  // no allocation: a step's whole buffers are swept per call
+  int num_steps;
 };
 
 Runs runs_of(const TensorView& v) {
   const int64_t elem = int64_t(dtype_size(v.dtype));
-  Runs r{reinterpret_cast<intptr_t>(v.data), 0, elem, {}};
+  Runs r{reinterpret_cast<intptr_t>(v.data), 0, elem, {}, 0};
   r.high = r.low;
   for (int d = 0; d < v.ndim; ++d) {
     if (v.shape[d] == 1) continue;  // read at index 0 alone: its stride, any int64, is not used
@@ -100,7 +101,7 @@ Runs runs_of(const TensorView& v) {
     if (d == v.ndim - 1 && step == elem)
       r.run = v.shape[d] * elem;
     else if (v.shape[d] > 1)
-      r.steps.push_back(std::abs(step));
+      r.steps[r.num_steps++] = std::abs(step);
   }
   r.high += elem - 1;
   return r;
@@ -119,7 +120,7 @@ void apart(const TensorView& written, const char* written_name, const TensorView
   // by at least their lengths never meet.
   int64_t p = 0;
   for (const Runs* r : {&w, &o})
-    for (int64_t step : r->steps) p = std::gcd(p, step);
+    for (int i = 0; i < r->num_steps; ++i) p = std::gcd(p, r->steps[i]);
   if (p > 0 && w.run <= p && o.run <= p) {
     const int64_t gap = ((o.low - w.low) % p + p) % p;  // o's residue past w's
     if (gap >= w.run && p - gap >= o.run) return;
@@ -129,34 +130,38 @@ void apart(const TensorView& written, const char* written_name, const TensorView
 }
 
 void all_apart(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
-  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
-    for (auto later = out + 1; later != outputs.end(); ++later)
-      apart(out->view, out->name, later->view, later->name);
-    for (const Named& in : inputs) apart(out->view, out->name, in.view, in.name);
-  }
+  std::vector<NamedView> out, in;
+  for (const Named& n : outputs) out.push_back({&n.view, n.name});
+  for (const Named& n : inputs) in.push_back({&n.view, n.name});
+  all_apart(out, in);
 }
 
-void all_apart(std::vector<NamedView> outputs, std::vector<NamedView> inputs) {
+std::string NamedView::str() const {
+  return index < 0 ? name : std::string(name) + "[" + num(index) + "]" + suffix;
+}
+
+void all_apart(std::span<const NamedView> outputs, std::span<const NamedView> inputs) {
   struct Entry {
     intptr_t low, high;
     const NamedView* named;
     bool output;
   };
   std::vector<Entry> entries;
-  for (const auto* list : {&outputs, &inputs})
-    for (const NamedView& n : *list)
-      if (n.view.defined() && n.view.numel() > 0) {
-        const Runs r = runs_of(n.view);
-        entries.push_back({r.low, r.high, &n, list == &outputs});
+  for (const bool output : {true, false})
+    for (const NamedView& n : output ? outputs : inputs)
+      if (n.view->defined() && n.view->numel() > 0) {
+        const Runs r = runs_of(*n.view);
+        entries.push_back({r.low, r.high, &n, output});
       }
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return a.low < b.low; });
+  // Stable: where two start together the outputs, in order, come first (a fixed message).
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const Entry& a, const Entry& b) { return a.low < b.low; });
   for (size_t i = 0; i < entries.size(); ++i)
     for (size_t j = i + 1; j < entries.size() && entries[j].low <= entries[i].high; ++j) {
       const Entry *a = &entries[i], *b = &entries[j];
       if (!a->output && !b->output) continue;  // inputs may share memory
       if (!a->output) std::swap(a, b);
-      apart(a->named->view, a->named->name.c_str(), b->named->view, b->named->name.c_str());
+      apart(*a->named->view, a->named->str().c_str(), *b->named->view, b->named->str().c_str());
     }
 }
 

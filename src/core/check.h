@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -56,13 +57,17 @@ struct Named {
 };
 void all_apart(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs);
 
-// all_apart over many views (a whole step's): sorted by their lowest byte, so that only views
-// whose byte ranges meet are compared (exactly, by `apart`).
+// A view and its name in messages: `name`, or `name[index]suffix` where index >= 0.
 struct NamedView {
-  TensorView view;
-  std::string name;
+  const TensorView* view;
+  const char* name;
+  int64_t index = -1;
+  const char* suffix = "";
+  std::string str() const;
 };
-void all_apart(std::vector<NamedView> outputs, std::vector<NamedView> inputs);
+// all_apart over any number of views (a whole step's): sorted by their lowest byte, so that only
+// views whose byte ranges meet are compared (exactly, by `apart`).
+void all_apart(std::span<const NamedView> outputs, std::span<const NamedView> inputs);
 
 // A present, consistent (`view`) tensor of `dtype` on `device` whose sizes match `shape` (-1 =
 // any size), with data behind it; `expected` describes the shape for the message.

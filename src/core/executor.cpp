@@ -120,32 +120,32 @@ void check_shared_geometry(const std::vector<AttentionLayer>& layers,
 }  // namespace
 
 // Each decode checks its own layer's arguments; across layers, an out over another layer's
-// query, out or pool, or over the step's inputs, would change what a later layer reads.
+// query, out or pools (an fp8_ds_mla pool's records and scale footers too), or over the step's
+// inputs, would change what a later layer reads. Names are formatted only for an overlap.
 void StepExecutor::check_step_apart(const StepInputs& inputs, std::span<const TensorView> queries,
                                     std::span<const TensorView> outs) const {
   std::vector<check::NamedView> written, read;
-  const auto index = [](const char* name, auto i) {
-    return std::string(name) + "[" + std::to_string(i) + "]";
-  };
   for (size_t i = 0; i < outs.size(); ++i) {
-    written.push_back({outs[i], index("outs", i)});
-    read.push_back({queries[i], index("queries", i)});
-    const std::string layer = index("layers", i);
-    read.push_back({layers_[i].swa_kv_cache, layer + ".swa_kv_cache"});
-    read.push_back({layers_[i].compressed_kv_cache, layer + ".compressed_kv_cache"});
-    read.push_back({layers_[i].sinks, layer + ".sinks"});
+    const auto at = static_cast<int64_t>(i);
+    written.push_back({&outs[i], "outs", at});
+    read.push_back({&queries[i], "queries", at});
+    read.push_back({&layers_[i].swa_kv_cache, "layers", at, ".swa_kv_cache"});
+    read.push_back({&layers_[i].compressed_kv_cache, "layers", at, ".compressed_kv_cache"});
+    read.push_back({&layers_[i].sinks, "layers", at, ".sinks"});
+    read.push_back({&pool_records_[2 * i], "layers", at, ".swa_kv_cache's records"});
+    read.push_back({&pool_records_[2 * i + 1], "layers", at, ".compressed_kv_cache's records"});
   }
   const StepMetadata& m = inputs.metadata;
-  read.push_back({m.seq_lens, "metadata.seq_lens"});
-  read.push_back({m.cum_seq_lens_q, "metadata.cum_seq_lens_q"});
-  read.push_back({m.is_valid_token, "metadata.is_valid_token"});
+  read.push_back({&m.seq_lens, "metadata.seq_lens"});
+  read.push_back({&m.cum_seq_lens_q, "metadata.cum_seq_lens_q"});
+  read.push_back({&m.is_valid_token, "metadata.is_valid_token"});
   for (size_t g = 0; g < inputs.block_tables.size(); ++g)
-    read.push_back({inputs.block_tables[g], index("block_tables", g)});
+    read.push_back({&inputs.block_tables[g], "block_tables", static_cast<int64_t>(g)});
   for (const auto& [layer, table] : inputs.compressed_block_tables)
-    read.push_back({table, index("compressed_block_tables", layer)});
+    read.push_back({&table, "compressed_block_tables", layer});
   for (const auto& [layer, topk] : inputs.topk_indices)
-    read.push_back({topk, index("topk_indices", layer)});
-  check::all_apart(std::move(written), std::move(read));
+    read.push_back({&topk, "topk_indices", layer});
+  check::all_apart(written, read);
 }
 
 const char* compressed_index_name(CompressedIndex compressed) {
@@ -157,15 +157,23 @@ const char* compressed_index_name(CompressedIndex compressed) {
   return "auto";
 }
 
+int64_t every_entry_topk_width(std::span<const LayerSpec> layers, const StepInputs& inputs) {
+  int64_t widest = 0;
+  for (const LayerSpec& s : layers)
+    if (s.compress_ratio > 0 && s.index_topk == 0)
+      if (const auto it = inputs.topk_indices.find(s.index_source); it != inputs.topk_indices.end())
+        widest = std::max(widest, it->second.size(1));
+  return widest;
+}
+
 std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, CompressedIndex compressed,
-                                   TableSharing sharing, int64_t max_columns, Device device) {
+                                   TableSharing sharing, int64_t every_entry_width, Device device) {
   std::vector<LayerSpec> specs(layers.begin(), layers.end());
   if (compressed == CompressedIndex::table) return specs;
   const int64_t readable = max_topk_width(device);
-  // The widest top-k a layer may read in steps of up to max_columns table columns.
-  const auto width = [max_columns](const LayerSpec& s) -> int64_t {
+  const auto width = [every_entry_width](const LayerSpec& s) -> int64_t {
     if (s.compress_ratio == 0) return 0;
-    return s.index_topk > 0 ? s.index_topk : std::max<int64_t>(0, max_columns - s.window);
+    return s.index_topk > 0 ? s.index_topk : every_entry_width;
   };
   // A run is a stretch of consecutive equal keys; its table in a group serves the run's layers
   // of that group (SparseIndexTables::store drops it at the group's next key). A run reads its
@@ -194,12 +202,34 @@ std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, Compressed
 StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
                            int64_t max_columns, TableSharing sharing, CompressedIndex compressed)
     : layers_(std::move(layers)),
-      table_specs_(
-          table_specs(specs_of(layers_), compressed, sharing, max_columns, streams.device())),
+      specs_(specs_of(layers_)),
       streams_(streams),
-      tables_(table_specs_, streams_, sharing) {
-  for (size_t i = 0; i < layers_.size(); ++i) check_layer(layers_[i], i);
-  check_shared_geometry(layers_, table_specs_, sharing);
+      sharing_(sharing),
+      compressed_(compressed) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    check_layer(layers_[i], i);
+    const std::string layer = "layers[" + std::to_string(i) + "].";
+    for (const auto& [pool, name] :
+         {std::pair{&layers_[i].swa_kv_cache, "swa_kv_cache"},
+          std::pair{&layers_[i].compressed_kv_cache, "compressed_kv_cache"}})
+      pool_records_.push_back(pool->defined()
+                                  ? pool_records(*pool, make_pool(*pool, (layer + name).c_str()))
+                                  : TensorView{});
+  }
+  // The plan of steps whose top-k all fit the decode, and in automatic mode the one of steps
+  // where the layers reading every entry have a wider one, where it differs.
+  const auto same = [](const std::vector<LayerSpec>& a, const std::vector<LayerSpec>& b) {
+    return std::ranges::equal(a, b, {}, &LayerSpec::compress_ratio, &LayerSpec::compress_ratio);
+  };
+  for (int64_t every_entry_width : {int64_t{0}, INT64_MAX}) {
+    if (every_entry_width > 0 && compressed != CompressedIndex::automatic) break;
+    std::vector<LayerSpec> specs =
+        table_specs(specs_, compressed, sharing, every_entry_width, streams.device());
+    if (!plans_.empty() && same(specs, plans_[0].specs)) break;
+    check_shared_geometry(layers_, specs, sharing);
+    auto tables = std::make_unique<SparseIndexTables>(specs, streams_, sharing);
+    plans_.push_back({std::move(specs), std::move(tables)});
+  }
   int max_heads = 1;
   for (const AttentionLayer& l : layers_) max_heads = std::max(max_heads, l.spec.num_heads);
   const bool gpu = streams_.device().kind != DeviceKind::cpu;  // the CPU needs no counters
@@ -210,12 +240,12 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
 }
 
 size_t StepExecutor::position(int layer) const {
-  return layer_position(table_specs_, layer, "a layer of this executor");
+  return layer_position(specs_, layer, "a layer of this executor");
 }
 
 bool StepExecutor::reads_topk(int layer) const {
   const size_t i = position(layer);
-  return layers_[i].spec.compress_ratio > 0 && table_specs_[i].compress_ratio == 0;
+  return specs_[i].compress_ratio > 0 && table_specs_now()[i].compress_ratio == 0;
 }
 
 SparseIndexArgs StepExecutor::table_inputs(int layer) const {
@@ -229,29 +259,34 @@ SparseIndexArgs StepExecutor::table_inputs(int layer) const {
                 "a block table for SWA group " + std::to_string(group),
                 std::to_string(inputs_.block_tables.size()) + " block tables");
   args.swa = {inputs_.block_tables[group], l.swa_kv_cache};
-  if (table_specs_[position(layer)].compress_ratio > 0)
+  if (table_specs_now()[position(layer)].compress_ratio > 0)
     args.compressed = compressed_columns(inputs_, l);
   return args;
 }
 
 void StepExecutor::begin_step(const StepInputs& inputs) {
-  tables_.reset();
+  const int64_t width = every_entry_topk_width(specs_, inputs);
+  const bool wide = width > max_topk_width(streams_.device());
+  if (wide && compressed_ == CompressedIndex::topk)  // refused, naming the layer
+    table_specs(specs_, compressed_, sharing_, width, streams_.device());
+  for (Plan& p : plans_) p.tables->reset();
+  plan_ = wide ? plans_.size() - 1 : 0;
   inputs_ = inputs;
   begun_ = true;
 }
 
 bool StepExecutor::is_index_source(size_t i) const {
-  const LayerSpec& spec = table_specs_[i];  // what its table reads
+  const LayerSpec& spec = table_specs_now()[i];  // what its table reads
   return spec.compress_ratio > 0 && spec.index_topk > 0 && spec.index_source == spec.layer;
 }
 
 SparseIndexTable StepExecutor::table_of(const AttentionLayer& l) {
-  if (is_index_source(position(l.spec.layer))) tables_.join();
-  return tables_.lookup(l.spec.layer, [this](int other) { return table_inputs(other); });
+  if (is_index_source(position(l.spec.layer))) tables_now().join();
+  return tables_now().lookup(l.spec.layer, [this](int other) { return table_inputs(other); });
 }
 
 void StepExecutor::before_next(size_t i) {
-  if (i + 1 < layers_.size() && is_index_source(i + 1)) tables_.join();
+  if (i + 1 < layers_.size() && is_index_source(i + 1)) tables_now().join();
 }
 
 void StepExecutor::run_layer(int layer, const TensorView& query, const TensorView& out) {
@@ -306,7 +341,10 @@ void StepExecutor::run_layer(int layer, const TensorView& query, const TensorVie
   before_next(position(layer));
 }
 
-void StepExecutor::end_step() { tables_.join(); }
+void StepExecutor::end_step() {
+  begun_ = false;
+  tables_now().join();
+}
 
 void StepExecutor::each_layer(const StepInputs& inputs,
                               const std::function<void(size_t)>& layer_work) {

@@ -116,18 +116,23 @@ IndexProblem validate_index(const SparseIndexArgs& a) {
     fail(ErrorKind::value, "out.seq_lens", "absent (only the DSpark window writes it)",
          describe(a.out.seq_lens));
   const TensorView ignored{};  // a layer without a ratio reads no compressed columns
-  check::all_apart(
-      {{a.out.sparse_indices, "sparse_indices"},
-       {a.out.sparse_topk_lens, "sparse_topk_lens"},
-       {a.out.seq_lens, "out.seq_lens"}},
-      {{a.step.seq_lens, "seq_lens"},
-       {a.step.cum_seq_lens_q, "cum_seq_lens_q"},
-       {a.step.is_valid_token, "is_valid_token"},
-       {a.swa.block_table, "block_table"},
-       {a.swa.swa_kv_cache, "swa_kv_cache"},
-       {ratio > 0 ? a.compressed.topk_indices : ignored, "topk_indices"},
-       {ratio > 0 ? a.compressed.block_table : ignored, "compressed.block_table"},
-       {ratio > 0 ? a.compressed.compressed_kv_cache : ignored, "compressed_kv_cache"}});
+  // fp8_ds_mla pools' pages reach past their views (the scale footers): their records' bytes.
+  const TensorView swa_records = pool_records(a.swa.swa_kv_cache, p.swa);
+  const TensorView compressed_records =
+      ratio > 0 ? pool_records(a.compressed.compressed_kv_cache, p.compressed) : ignored;
+  check::all_apart({{a.out.sparse_indices, "sparse_indices"},
+                    {a.out.sparse_topk_lens, "sparse_topk_lens"},
+                    {a.out.seq_lens, "out.seq_lens"}},
+                   {{a.step.seq_lens, "seq_lens"},
+                    {a.step.cum_seq_lens_q, "cum_seq_lens_q"},
+                    {a.step.is_valid_token, "is_valid_token"},
+                    {a.swa.block_table, "block_table"},
+                    {a.swa.swa_kv_cache, "swa_kv_cache"},
+                    {swa_records, "swa_kv_cache"},
+                    {ratio > 0 ? a.compressed.topk_indices : ignored, "topk_indices"},
+                    {ratio > 0 ? a.compressed.block_table : ignored, "compressed.block_table"},
+                    {ratio > 0 ? a.compressed.compressed_kv_cache : ignored, "compressed_kv_cache"},
+                    {compressed_records, "compressed_kv_cache"}});
 
   if (p.device.kind == DeviceKind::cpu) check_step_values(a.step, p);
   return p;

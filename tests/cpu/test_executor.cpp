@@ -33,7 +33,6 @@ const test::CaseShape kThreeRequests{.q_lens = {1, 2, 1},
                                      .block_size = 64,
                                      .span = 64};
 
-// The widest table any layer of `c` reads.
 // A random bf16 query and out of kHeads heads per layer of `c`.
 void add_layer_buffers(test::StepCase& c, std::vector<TensorView>& queries,
                        std::vector<TensorView>& outs) {
@@ -43,6 +42,7 @@ void add_layer_buffers(test::StepCase& c, std::vector<TensorView>& queries,
   }
 }
 
+// The widest table any layer of `c` reads.
 int64_t max_columns_of(const test::StepCase& c) {
   int64_t most = 0;
   for (const AttentionLayer& l : c.layers)
@@ -134,8 +134,8 @@ TEST_P(ExecutorMatchesDirectCalls, BitForBit) {
   // The layers shared their tables: one build per (group, key) of what the tables see (a layer
   // that reads its top-k in the decode is SWA-only to them).
   std::set<TableKey> distinct;
-  for (const LayerSpec& s :
-       table_specs(specs, CompressedIndex::automatic, TableSharing::shared, max_columns, Device{}))
+  for (const LayerSpec& s : table_specs(specs, CompressedIndex::automatic, TableSharing::shared,
+                                        every_entry_topk_width(specs, c.inputs), Device{}))
     distinct.insert({s.swa_group, sparse_index_key(s)});
   int builds = 0;
   for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
@@ -309,29 +309,35 @@ TEST(Executor, TopkWiderThanTheDecodeReadsComesFromTables) {
   };
   const auto dense = std::ranges::count_if(specs, reads_every_entry);
   ASSERT_GT(dense, 0);
-  const auto tables_read = [&](int64_t max_columns, Device device) {
+  const auto tables_read = [&](int64_t every_entry_width, Device device) {
     int64_t read = 0;  // compressed layers whose columns come from a table
-    for (const LayerSpec& s :
-         table_specs(specs, CompressedIndex::automatic, TableSharing::shared, max_columns, device))
+    for (const LayerSpec& s : table_specs(specs, CompressedIndex::automatic, TableSharing::shared,
+                                          every_entry_width, device))
       read += s.compress_ratio > 0;
     return read;
   };
   // Every V4 run reads its top-k in the decode (each key is one layer's) while it fits; past
   // the limit the layers reading every entry build tables, the indexed ones (512) do not.
-  EXPECT_EQ(tables_read(kWindow + limit, cuda), 0);
-  EXPECT_EQ(tables_read(kWindow + limit + 4, cuda), dense);
-  EXPECT_EQ(tables_read(kWindow + 2344, cuda), dense);
-  EXPECT_EQ(tables_read(kWindow + 2344, Device{}), 0);  // the CPU reads any width
-  EXPECT_NO_THROW(
-      table_specs(specs, CompressedIndex::topk, TableSharing::shared, kWindow + limit, cuda));
+  EXPECT_EQ(tables_read(limit, cuda), 0);
+  EXPECT_EQ(tables_read(limit + 1, cuda), dense);
+  EXPECT_EQ(tables_read(2344, cuda), dense);
+  EXPECT_EQ(tables_read(2344, Device{}), 0);  // the CPU reads any width
+  EXPECT_NO_THROW(table_specs(specs, CompressedIndex::topk, TableSharing::shared, limit, cuda));
   const auto first = std::ranges::find_if(specs, reads_every_entry);
   const std::string layer = "layers[" + std::to_string(first - specs.begin()) + "] (layer " +
                             std::to_string(first->layer) + ") reading up to 2344";
   test::expect_smla_error(
-      [&] {
-        table_specs(specs, CompressedIndex::topk, TableSharing::shared, kWindow + 2344, cuda);
-      },
+      [&] { table_specs(specs, CompressedIndex::topk, TableSharing::shared, 2344, cuda); },
       ErrorKind::unsupported, "compressed", "top-k widths up to 2048", layer);
+  // A step's width: its layers reading every entry take their index source's top-k.
+  StepInputs inputs;
+  std::vector<int32_t> none;
+  for (const LayerSpec& s : specs)
+    if (s.compress_ratio > 0)
+      inputs.topk_indices[s.index_source] =
+          make_view(none.data(), DType::i32, Device{}, {2, s.index_topk > 0 ? s.index_topk : 2344});
+  EXPECT_EQ(every_entry_topk_width(specs, inputs), 2344);
+  EXPECT_EQ(every_entry_topk_width(specs, StepInputs{}), 0);
 }
 
 // Each decode checks its own arguments; a step's outs must also stay off every other layer's

@@ -42,7 +42,9 @@ TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
           executor.build_tables(step.device.inputs);
           int builds = 0;
           for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
-          EXPECT_EQ(builds, distinct_tables(specs, sharing, compressed, step.max_columns, Device{}))
+          EXPECT_EQ(builds,
+                    distinct_tables(specs, sharing, compressed,
+                                    every_entry_topk_width(specs, step.device.inputs), Device{}))
               << model << ", " << groups << " groups, "
               << graph_name({.sharing = sharing, .compressed = compressed});
         }

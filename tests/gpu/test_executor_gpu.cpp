@@ -123,8 +123,8 @@ struct GpuStep {
   // the decode, only SWA tables).
   int distinct_tables(CompressedIndex compressed = CompressedIndex::automatic) const {
     std::set<TableKey> distinct;
-    for (const LayerSpec& s :
-         table_specs(specs, compressed, TableSharing::shared, max_columns, gpu.device))
+    for (const LayerSpec& s : table_specs(specs, compressed, TableSharing::shared,
+                                          every_entry_topk_width(specs, c.inputs), gpu.device))
       distinct.insert({s.swa_group, sparse_index_key(s)});
     return static_cast<int>(distinct.size());
   }
