@@ -85,6 +85,8 @@ class StepExecutor {
   // Its graph against the whole step's is what index building costs.
   void build_tables(const StepInputs& inputs);
 
+  // The current step's tables (their stats): valid until the next begin_step, which may pick
+  // the other plan's.
   const SparseIndexTables& tables() const { return *plans_[plan_].tables; }
 
  private:

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "core/check.h"
 #include "core/layer_runs.h"
@@ -209,10 +210,13 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
   for (size_t i = 0; i < layers_.size(); ++i) {
     check_layer(layers_[i], i);
     const std::string layer = "layers[" + std::to_string(i) + "].";
+    // An SWA-only layer's compressed pool is never read: not checked, and no records of it.
+    const TensorView* compressed =
+        layers_[i].spec.compress_ratio > 0 ? &layers_[i].compressed_kv_cache : nullptr;
     for (const auto& [pool, name] :
-         {std::pair{&layers_[i].swa_kv_cache, "swa_kv_cache"},
-          std::pair{&layers_[i].compressed_kv_cache, "compressed_kv_cache"}})
-      pool_records_.push_back(pool->defined()
+         {std::pair{&std::as_const(layers_[i].swa_kv_cache), "swa_kv_cache"},
+          std::pair{compressed, "compressed_kv_cache"}})
+      pool_records_.push_back(pool && pool->defined()
                                   ? pool_records(*pool, make_pool(*pool, (layer + name).c_str()))
                                   : TensorView{});
   }
@@ -265,12 +269,25 @@ SparseIndexArgs StepExecutor::table_inputs(int layer) const {
 }
 
 void StepExecutor::begin_step(const StepInputs& inputs) {
-  const int64_t width = every_entry_topk_width(specs_, inputs);
-  const bool wide = width > max_topk_width(streams_.device());
-  if (wide && compressed_ == CompressedIndex::topk)  // refused, naming the layer
-    table_specs(specs_, compressed_, sharing_, width, streams_.device());
+  const int64_t readable = max_topk_width(streams_.device());
+  const size_t plan = every_entry_topk_width(specs_, inputs) > readable ? plans_.size() - 1 : 0;
+  // A top-k the plan has the decode read but it cannot (topk mode, or an index source's wider
+  // than its index_topk): refused before any launch, naming the layer.
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const LayerSpec& s = specs_[i];
+    const auto topk = inputs.topk_indices.find(s.index_source);
+    if (s.compress_ratio == 0 || plans_[plan].specs[i].compress_ratio > 0 ||
+        topk == inputs.topk_indices.end() || topk->second.size(1) <= readable)
+      continue;
+    check::fail(ErrorKind::unsupported, "topk_indices",
+                "top-k widths up to " + std::to_string(readable) +
+                    " where the decode reads them (" + device_name(streams_.device()) +
+                    ", CompressedIndex::" + compressed_index_name(compressed_) + ")",
+                std::to_string(topk->second.size(1)) + " columns for layers[" + std::to_string(i) +
+                    "] (layer " + std::to_string(s.layer) + ")");
+  }
   for (Plan& p : plans_) p.tables->reset();
-  plan_ = wide ? plans_.size() - 1 : 0;
+  plan_ = plan;
   inputs_ = inputs;
   begun_ = true;
 }
