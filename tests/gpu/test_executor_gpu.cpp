@@ -180,9 +180,8 @@ struct StepOnStream {
 
 class GpuExecutor : public testing::TestWithParam<Pattern> {};
 
-void step_equals_direct_calls(const Pattern& pattern, CompressedIndex compressed) {
+void step_equals_direct_calls(GpuStep& g, CompressedIndex compressed) {
   const char* mode = compressed_index_name(compressed);
-  GpuStep g(pattern);
   SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
   StepOnStream on(g, compressed);
   const auto stepped = on.eager_step(g);
@@ -220,8 +219,67 @@ void step_equals_direct_calls(const Pattern& pattern, CompressedIndex compressed
 TEST_P(GpuExecutor, StepEqualsDirectCallsBitForBit) {
   SKIP_WITHOUT_GPU();
   for (CompressedIndex compressed :
-       {CompressedIndex::automatic, CompressedIndex::topk, CompressedIndex::table})
-    step_equals_direct_calls(GetParam(), compressed);
+       {CompressedIndex::automatic, CompressedIndex::topk, CompressedIndex::table}) {
+    GpuStep g(GetParam());
+    step_equals_direct_calls(g, compressed);
+  }
+}
+
+// The step's layers reading every compressed entry get their top-k padded with -1 to `width`
+// columns (the same entries attended), on the host and the device.
+void widen_every_entry_topk(GpuStep& g, int64_t width) {
+  const int64_t T = g.c.num_tokens();
+  for (const LayerSpec& s : g.specs) {
+    if (s.compress_ratio == 0 || s.index_topk > 0) continue;
+    TensorView& topk = g.c.inputs.topk_indices.at(s.index_source);
+    if (topk.size(1) >= width) continue;
+    TensorView wide = g.c.zeros(DType::i32, {T, width});
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < width; ++j)
+        wide.ptr<int32_t>()[t * width + j] =
+            j < topk.size(1) ? topk.ptr<const int32_t>()[t * topk.stride(0) + j] : -1;
+    topk = wide;
+  }
+  g.inputs = g.gpu(g.c.inputs);
+}
+
+// A top-k wider than the decode reads (2048 columns: V4's ratio-128 layers past ~262K tokens,
+// here padded with -1): in such a step automatic mode reads those layers' columns from built
+// tables, bit for bit their direct calls, switching plans with the step on one executor; topk
+// mode refuses the step before any launch.
+TEST(GpuExecutorWideTopk, StepsPastTheDecodesWidthReadTables) {
+  SKIP_WITHOUT_GPU();
+  const Pattern p{"v4-flash", 1, 0, 6, decode_shape(1)};  // two ratio-128 layers: 3 and 5
+  const int64_t width = max_topk_width(current_gpu()) + 256;
+  for (CompressedIndex compressed : {CompressedIndex::automatic, CompressedIndex::table}) {
+    GpuStep g(p);
+    widen_every_entry_topk(g, width);
+    step_equals_direct_calls(g, compressed);
+  }
+  GpuStep g(p);
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
+  StepOnStream on(g);
+  const auto builds = [&] {
+    int n = 0;
+    for (const auto& [key, count] : on.executor.tables().stats().builds) n += count;
+    return n;
+  };
+  on.eager_step(g);  // narrow: every V4 layer reads its top-k, one SWA table
+  EXPECT_EQ(builds(), g.distinct_tables());
+  const int narrow_builds = builds();
+  const StepInputs narrow = g.inputs, narrow_host = g.c.inputs;
+  widen_every_entry_topk(g, width);
+  on.eager_step(g);  // wide: the two ratio-128 layers' tables too
+  EXPECT_EQ(builds(), g.distinct_tables());
+  EXPECT_EQ(builds(), narrow_builds + 2);
+  g.inputs = narrow, g.c.inputs = narrow_host;
+  on.eager_step(g);  // and back
+  EXPECT_EQ(builds(), narrow_builds);
+  widen_every_entry_topk(g, width);
+  StepOnStream topk(g, CompressedIndex::topk);
+  test::expect_smla_error([&] { topk.executor.run_step(g.inputs, g.queries, g.outs); },
+                          ErrorKind::unsupported, "topk_indices", "top-k widths up to 2048",
+                          std::to_string(width) + " columns for layers[3] (layer 3)");
 }
 
 // (c) The step captured on a non-default stream after one eager step, replayed 10 times, equals
@@ -419,7 +477,8 @@ TEST(GpuTables, StreamsMadeDuringACaptureAreRefused) {
 TEST(GpuTables, StepOnTheSecondDevice) {
   SKIP_WITHOUT_TWO_GPUS();
   const cuda::DeviceScope on(1);
-  step_equals_direct_calls({"v41-flash", 3, 0, 43, decode_shape(3)}, CompressedIndex::automatic);
+  GpuStep g({"v41-flash", 3, 0, 43, decode_shape(3)});
+  step_equals_direct_calls(g, CompressedIndex::automatic);
   const cuda::DeviceScope first(0);
   TestStream foreign;
   test::expect_smla_error([&] { make_streams({DeviceKind::cuda, 1}, foreign.get()); },
