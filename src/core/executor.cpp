@@ -86,9 +86,11 @@ void check_layer(const AttentionLayer& l, size_t i) {
 
 // What a table assumes of every layer that reads it, which SPEC §5's key leaves out: one window
 // and one page geometry of the pools whose rows its offsets count (page * span + slot).
-// `tables`: the specs the tables see (table_specs).
+// `tables`: the specs the tables see (table_specs); `pools`: each layer's SWA and compressed
+// pool geometry, 2 a layer.
 void check_shared_geometry(const std::vector<AttentionLayer>& layers,
-                           const std::vector<LayerSpec>& tables, TableSharing sharing) {
+                           const std::vector<LayerSpec>& tables, std::span<const KvPool> pools,
+                           TableSharing sharing) {
   // (table, what) -> the first layer's index and value
   std::map<std::pair<std::string, std::string>, std::pair<size_t, std::string>> seen;
   const auto same = [&](const std::string& table, const char* what, const std::string& name,
@@ -100,8 +102,7 @@ void check_shared_geometry(const std::vector<AttentionLayer>& layers,
                       table + ": one table serves both)",
                   value);
   };
-  const auto pages = [](const TensorView& pool, const std::string& name) {
-    const KvPool p = make_pool(pool, name.c_str());
+  const auto pages = [](const KvPool& p) {
     return "block_size " + std::to_string(p.block_size) + ", page span " + std::to_string(p.span);
   };
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -110,11 +111,9 @@ void check_shared_geometry(const std::vector<AttentionLayer>& layers,
     const std::string table =
         "SWA group " + std::to_string(s.swa_group) + ", key " + sparse_index_key(s, sharing);
     same(table, "window", layer + "spec.window", "window " + std::to_string(s.window), i);
-    same(table, "SWA pages", layer + "swa_kv_cache",
-         pages(layers[i].swa_kv_cache, layer + "swa_kv_cache"), i);
+    same(table, "SWA pages", layer + "swa_kv_cache", pages(pools[2 * i]), i);
     if (s.compress_ratio > 0)
-      same(table, "compressed pages", layer + "compressed_kv_cache",
-           pages(layers[i].compressed_kv_cache, layer + "compressed_kv_cache"), i);
+      same(table, "compressed pages", layer + "compressed_kv_cache", pages(pools[2 * i + 1]), i);
   }
 }
 
@@ -207,18 +206,22 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
       streams_(streams),
       sharing_(sharing),
       compressed_(compressed) {
+  std::vector<KvPool> pools;  // each layer's SWA and compressed pool geometry, made once
+  const auto add_pool = [&](const TensorView& view, const std::string& name) {
+    pools.push_back(make_pool(view, name.c_str()));
+    pool_records_.push_back(pool_records(view, pools.back()));
+  };
   for (size_t i = 0; i < layers_.size(); ++i) {
-    check_layer(layers_[i], i);
+    const AttentionLayer& l = layers_[i];
+    check_layer(l, i);  // a compressed layer has its compressed pool
     const std::string layer = "layers[" + std::to_string(i) + "].";
-    // An SWA-only layer's compressed pool is never read: not checked, and no records of it.
-    const TensorView* compressed =
-        layers_[i].spec.compress_ratio > 0 ? &layers_[i].compressed_kv_cache : nullptr;
-    for (const auto& [pool, name] :
-         {std::pair{&std::as_const(layers_[i].swa_kv_cache), "swa_kv_cache"},
-          std::pair{compressed, "compressed_kv_cache"}})
-      pool_records_.push_back(pool && pool->defined()
-                                  ? pool_records(*pool, make_pool(*pool, (layer + name).c_str()))
-                                  : TensorView{});
+    add_pool(l.swa_kv_cache, layer + "swa_kv_cache");
+    if (l.spec.compress_ratio > 0) {
+      add_pool(l.compressed_kv_cache, layer + "compressed_kv_cache");
+    } else {  // an SWA-only layer's compressed pool is never read: not checked
+      pools.emplace_back();
+      pool_records_.emplace_back();
+    }
   }
   // The plan of steps whose top-k all fit the decode, and in automatic mode the one of steps
   // where the layers reading every entry have a wider one, where it differs.
@@ -230,7 +233,7 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
     std::vector<LayerSpec> specs =
         table_specs(specs_, compressed, sharing, every_entry_width, streams.device());
     if (!plans_.empty() && same(specs, plans_[0].specs)) break;
-    check_shared_geometry(layers_, specs, sharing);
+    check_shared_geometry(layers_, specs, pools, sharing);
     auto tables = std::make_unique<SparseIndexTables>(specs, streams_, sharing);
     plans_.push_back({std::move(specs), std::move(tables)});
   }
