@@ -41,13 +41,18 @@ struct Layout {
   DType query;
   int row_bytes;
   int gather_row_bytes;  // the row size the gather ceiling is measured with
-  // The compute floor's share of the bf16 matmul time: an e4m3 query's scores (half the FLOP)
-  // may run as e4m3 wgmma, at twice the bf16 rate on Hopper (the kernel's kF16 scores do).
-  double compute_share;
+  // An e4m3 query's scores (half the FLOP) may run as e4m3 wgmma (the kernel's kF16 scores
+  // do), so the compute floor charges them at the e4m3 matmul rate; P.V at the bf16 rate.
+  bool e4m3_scores;
 };
-constexpr Layout kLayouts[] = {{"bf16", KvLayout::bf16, DType::bf16, 1024, 1024, 1.0},
-                               {"fp8_ds_mla", KvLayout::fp8_ds_mla, DType::bf16, 584, 576, 1.0},
-                               {"fp8_e4m3", KvLayout::fp8_e4m3, DType::f8e4m3, 512, 512, 0.75}};
+constexpr Layout kLayouts[] = {{"bf16", KvLayout::bf16, DType::bf16, 1024, 1024, false},
+                               {"fp8_ds_mla", KvLayout::fp8_ds_mla, DType::bf16, 584, 576, false},
+                               {"fp8_e4m3", KvLayout::fp8_e4m3, DType::f8e4m3, 512, 512, true}};
+
+// Dense matmul FLOP/s measured in the same run.
+struct MatmulRates {
+  double bf16, e4m3;
+};
 
 // FlashMLA sparse decode, fp8_ds_mla cache, 2 tokens per request, top-k 512 at H=64 and 1024
 // at H=128 (DESIGN.md, H200); 0 for any other shape.
@@ -148,7 +153,7 @@ struct Result {
 // and output buffers too, so that none of them is in L2 from an earlier launch. Without it those
 // may be, so the bytes (and the floor) count the rows and indices alone.
 Result run_shape(const Shape& shape, const Layout& layout, void* pool, double gather_bw,
-                 double matmul_rate, bool rotate_all, std::mt19937& rng) {
+                 MatmulRates matmul, bool rotate_all, std::mt19937& rng) {
   const int T = shape.requests * shape.tokens_per_request, H = shape.heads;
   const int K = kWindow + shape.topk;
   const Device dev{DeviceKind::cuda, cuda::current_device()};
@@ -220,7 +225,9 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
   r.us = ms * 1e3 / sets;
   r.tflops = flops / (r.us * 1e-6) / 1e12;
   r.gbps = bytes / (r.us * 1e-6) / 1e9;
-  r.floor_us = std::max(bytes / gather_bw, layout.compute_share * flops / matmul_rate) * 1e6;
+  const double compute_s =
+      flops / 2 / (layout.e4m3_scores ? matmul.e4m3 : matmul.bf16) + flops / 2 / matmul.bf16;
+  r.floor_us = std::max(bytes / gather_bw, compute_s) * 1e6;
   // A time is only worth reporting for launches that wrote their output: each output buffer
   // finite and not all zero (the inputs are random).
   std::vector<uint16_t> out(size_t(T) * H * 512);
@@ -326,8 +333,10 @@ int main(int argc, char** argv) {
   const std::vector<Shape>& shapes = o.shapes;
   const std::vector<Layout>& layouts = o.layouts;
   try {
-    const double matmul_rate = bench::measure_bf16_matmul_rate();
-    std::printf("ceilings: bf16 matmul %.0f TFLOP/s; random row gather", matmul_rate / 1e12);
+    const MatmulRates matmul{bench::measure_bf16_matmul_rate(),
+                             bench::measure_e4m3_matmul_rate()};
+    std::printf("ceilings: matmul bf16 %.0f, e4m3 %.0f TFLOP/s; random row gather",
+                matmul.bf16 / 1e12, matmul.e4m3 / 1e12);
     std::vector<double> gather_bw;
     for (const Layout& l : layouts) {
       gather_bw.push_back(bench::measure_gather_bandwidth(l.gather_row_bytes));
@@ -356,7 +365,8 @@ int main(int argc, char** argv) {
     if (csv)
       std::fprintf(csv,
                    "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,tflops,gbps,floor_us,"
-                   "floor_fraction,flashmla_us,columns,cluster,rotate,gather_tbps,matmul_tflops\n");
+                   "floor_fraction,flashmla_us,columns,cluster,rotate,gather_tbps,matmul_tflops,"
+                   "e4m3_matmul_tflops\n");
     std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %8s %8s %9s %6s %9s\n", "kv", "H", "req", "q",
                 "topk", "splits", "ctas", "us", "TFLOP/s", "GB/s", "floor_us", "floor%",
                 "FlashMLA");
@@ -364,7 +374,7 @@ int main(int argc, char** argv) {
       fill_pool(pool, layouts[li], rng);
       for (const Shape& s : shapes) {
         const Layout& l = layouts[li];
-        const Result r = run_shape(s, l, pool, gather_bw[li], matmul_rate, o.rotate_all, rng);
+        const Result r = run_shape(s, l, pool, gather_bw[li], matmul, o.rotate_all, rng);
         const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
         std::printf("%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n",
                     l.name, s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
@@ -372,12 +382,14 @@ int main(int argc, char** argv) {
                     100 * r.floor_us / r.us, anchor.c_str());
         std::fflush(stdout);
         if (csv)
-          std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.1f,%.0f,%.2f,%.3f,%s,%d,%d,%s,%.3f,%.1f\n",
+          std::fprintf(csv,
+                       "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.1f,%.0f,%.2f,%.3f,%s,%d,%d,%s,%.3f,%.1f,"
+                       "%.1f\n",
                        l.name, s.heads, s.requests, s.tokens_per_request, s.topk, r.splits,
                        (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us, r.floor_us / r.us,
                        r.anchor_us > 0 ? anchor.c_str() : "", kWindow + s.topk, int(r.cluster),
                        o.rotate_all ? "all" : "indices", gather_bw[li] / 1e12,
-                       matmul_rate / 1e12);
+                       matmul.bf16 / 1e12, matmul.e4m3 / 1e12);
       }
     }
     csv_file.close();

@@ -1,7 +1,9 @@
 #include "ceilings.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -60,6 +62,12 @@ __global__ void fill_rows(int32_t* rows, int n, int pool_rows, uint32_t seed) {
 __global__ void fill_bf16(__nv_bfloat16* x, int64_t n, uint32_t seed) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = __float2bfloat16(float(int(hash(uint32_t(i), seed) % 2048) - 1024) / 1024.f);
+}
+
+// e4m3 codes of magnitude 2^-3..2^3 (never zero: zeros would flatter the tensor cores).
+__global__ void fill_e4m3(uint8_t* x, int64_t n, uint32_t seed) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = uint8_t(0x20 + hash(uint32_t(i), seed) % 0x30) | (i % 2 ? 0x80 : 0);
 }
 
 void cublas_check(cublasStatus_t status, const char* call) {
@@ -128,6 +136,67 @@ double measure_bf16_matmul_rate() {
   SMLA_CUDA_CHECK(cudaFree(a));
   SMLA_CUDA_CHECK(cudaFree(b));
   SMLA_CUDA_CHECK(cudaFree(c));
+  return 2.0 * n * n * double(n) / (ms * 1e-3);
+}
+
+double measure_e4m3_matmul_rate() {
+  const int n = 8192;
+  const size_t workspace_bytes = size_t(32) << 20;
+  uint8_t *a, *b;
+  __nv_bfloat16* c;
+  void* workspace;
+  SMLA_CUDA_CHECK(cudaMalloc(&a, size_t(n) * n));
+  SMLA_CUDA_CHECK(cudaMalloc(&b, size_t(n) * n));
+  SMLA_CUDA_CHECK(cudaMalloc(&c, size_t(n) * n * 2));
+  SMLA_CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
+  fill_e4m3<<<(n * n + 255) / 256, 256>>>(a, int64_t(n) * n, 7);
+  fill_e4m3<<<(n * n + 255) / 256, 256>>>(b, int64_t(n) * n, 9);
+  SMLA_CUDA_CHECK(cudaGetLastError());
+  // cuBLASLt runs e4m3 GEMMs in its "TN" form only: A transposed, both operands K-major.
+  cublasLtHandle_t handle;
+  cublas_check(cublasLtCreate(&handle), "cublasLtCreate");
+  cublasLtMatmulDesc_t op;
+  cublas_check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+               "cublasLtMatmulDescCreate");
+  const cublasOperation_t transpose = CUBLAS_OP_T;
+  cublas_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                              sizeof(transpose)),
+               "cublasLtMatmulDescSetAttribute");
+  cublasLtMatrixLayout_t fp8_layout, out_layout;
+  cublas_check(cublasLtMatrixLayoutCreate(&fp8_layout, CUDA_R_8F_E4M3, n, n, n),
+               "cublasLtMatrixLayoutCreate");
+  cublas_check(cublasLtMatrixLayoutCreate(&out_layout, CUDA_R_16BF, n, n, n),
+               "cublasLtMatrixLayoutCreate");
+  cublasLtMatmulPreference_t preference;
+  cublas_check(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
+  cublas_check(cublasLtMatmulPreferenceSetAttribute(preference,
+                                                    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &workspace_bytes, sizeof(workspace_bytes)),
+               "cublasLtMatmulPreferenceSetAttribute");
+  cublasLtMatmulHeuristicResult_t heuristic;
+  int found = 0;
+  cublas_check(cublasLtMatmulAlgoGetHeuristic(handle, op, fp8_layout, fp8_layout, out_layout,
+                                              out_layout, preference, 1, &heuristic, &found),
+               "cublasLtMatmulAlgoGetHeuristic");
+  if (found == 0)
+    throw Error(ErrorKind::unsupported, "cublasLtMatmulAlgoGetHeuristic",
+                "an algorithm for an e4m3 GEMM", "none");
+  const float alpha = 1.f, beta = 0.f;
+  const double ms = median_graph_ms(
+      [&](cudaStream_t s) {
+        cublas_check(cublasLtMatmul(handle, op, &alpha, a, fp8_layout, b, fp8_layout, &beta, c,
+                                    out_layout, c, out_layout, &heuristic.algo, workspace,
+                                    workspace_bytes, s),
+                     "cublasLtMatmul");
+      },
+      10);
+  cublas_check(cublasLtMatmulPreferenceDestroy(preference), "cublasLtMatmulPreferenceDestroy");
+  cublas_check(cublasLtMatrixLayoutDestroy(out_layout), "cublasLtMatrixLayoutDestroy");
+  cublas_check(cublasLtMatrixLayoutDestroy(fp8_layout), "cublasLtMatrixLayoutDestroy");
+  cublas_check(cublasLtMatmulDescDestroy(op), "cublasLtMatmulDescDestroy");
+  cublas_check(cublasLtDestroy(handle), "cublasLtDestroy");
+  for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(c), workspace})
+    SMLA_CUDA_CHECK(cudaFree(p));
   return 2.0 * n * n * double(n) / (ms * 1e-3);
 }
 

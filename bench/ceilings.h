@@ -1,5 +1,5 @@
 // Ceilings measured in the same run as the kernel: random-row gather bandwidth and the
-// bf16 dense matmul rate (cuBLAS), which together give each shape's roofline floor.
+// bf16 and e4m3 dense matmul rates (cuBLAS), which together give each shape's roofline floor.
 #pragma once
 #include <cstdint>
 
@@ -10,5 +10,7 @@ namespace smla::bench {
 double measure_gather_bandwidth(int row_bytes);
 // FLOP/s of an 8192^3 bf16 GEMM with f32 accumulation.
 double measure_bf16_matmul_rate();
+// FLOP/s of an 8192^3 e4m3 GEMM (cuBLASLt) with f32 accumulation and bf16 output.
+double measure_e4m3_matmul_rate();
 
 }  // namespace smla::bench

@@ -68,7 +68,8 @@ double saves(const StepGraph& graph, const StepGraphs& graphs);
 // On CUDA, once each way: a fresh StepExecutor runs the step of `data` eagerly (the
 // kernels load and the streams' block cache gets every block a capture takes), then the step
 // is captured on streams.current() as one graph, its nodes counted and `replays` replays timed,
-// then the same for its table builds alone; a way the executor refuses as `unsupported` (topk,
+// then the same for its table builds alone (16 copies a graph, so that their kernels, not the
+// graph's submission, are timed); a way the executor refuses as `unsupported` (topk,
 // a top-k wider than the decode reads) is not run and says why. streams.current() must be a stream
 // of the run's own (RunStream): the legacy default stream cannot be captured. Elsewhere:
 // smla::Error, unsupported.
