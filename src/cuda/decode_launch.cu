@@ -172,6 +172,7 @@ Occupancy decode_occupancy(int device) {
   for (int c = 2; c <= kMaxClusterSplits; ++c) {
     int clusters = cached[c].load(std::memory_order_relaxed);
     if (clusters == 0) {
+      const DeviceScope scope(device);  // the attribute and the query act on the current device
       allow_large_smem<KvLayout::bf16, false, false>(c);
       cudaLaunchAttribute attr = cluster_attribute(c);
       cudaLaunchConfig_t config{};
