@@ -65,6 +65,7 @@ inline CaseShape random_shape(std::mt19937& rng, int trial) {
   s.compressed_span = s.entries_per_page + pack(rng);
   s.invalid_fraction = trial % 3 == 0 ? 0.2 : 0.0;
   s.evict_outside_window = trial % 2 == 1;
+  s.prefill_topk_tails = trial % 4 < 2;
   return s;
 }
 

@@ -28,7 +28,7 @@ const char* kv_layout_name(KvLayout layout);
 // build_sparse_indices would have written them (SPEC §4), row lengths included: a compressed
 // layer then needs only its SWA group's "swa_only" table, and no table build of its own.
 struct TopkColumns {
-  TensorView topk_indices;    // [T, top_k] i32 local entries, -1 padded; absent: use the table
+  TensorView topk_indices;    // [T, top_k] i32 local entries, -1 padded (valid first); or absent
   TensorView block_table;     // [>= B, pages] i32 of compressed_kv_cache (E = its block_size)
   TensorView is_valid_token;  // [T] u8, optional: 0 = padding token, no compressed column
   int64_t num_decodes = 0;    // requests [0, num_decodes) decode, the rest prefill (StepMetadata)

@@ -29,7 +29,8 @@ struct SwaGroup {
 // The compressed columns of a layer; ignored when compress_ratio == 0 (SWA-only layer).
 struct CompressedColumns {
   int compress_ratio = 0;
-  TensorView topk_indices{};         // [T, top_k] i32: the index source's local top-k, -1 padded
+  // [T, top_k] i32: the index source's local top-k, -1 padded (decode rows: valid ones first)
+  TensorView topk_indices{};
   TensorView block_table{};          // [>= B, pages] i32 of the compressed cache
   TensorView compressed_kv_cache{};  // E = its block_size (compressed entries per page), its span
 };

@@ -734,8 +734,10 @@ def test_buffer_sizes_and_capability():
     smla.kv_counter_bytes(200, 8)
     for size in (lambda: smla.kv_counter_bytes(8, 200),
                  lambda: smla.workspace_bytes(8, 200, 640, "cpu")):
-        with pytest.raises(ValueError, match="smla: num_heads: expected 1..128, got 200"):
+        with pytest.raises(NotImplementedError, match="smla: num_heads: expected 1..128, got 200"):
             size()
+    with pytest.raises(ValueError, match="smla: num_heads: expected 1..128, got 0"):
+        smla.kv_counter_bytes(8, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -839,8 +841,9 @@ def test_build_sparse_indices_dspark():
 
 def test_decode_reads_the_topk_as_its_table_would():
     rng = ref.fresh_rng()
-    c = step_case(rng, invalid=[1], min_topk=2)  # tokens 2 and 3 keep an entry past the holes
-    c["topk"][:, ::3] = -1  # holes anywhere in a row
+    c = step_case(rng, invalid=[1], min_topk=2)  # tokens 2 and 3 keep an entry before the -1
+    for row in c["topk"]:  # decode rows: -1 from some entry on (valid ones first, SPEC §4)
+        row[rng.integers(1, row.size):] = -1
     full, swa = index_args(c, 4), index_args(c, 0)
     full.out = smla.SparseIndexTable(np.zeros((4, W + 12), np.int32), np.zeros(4, np.int32))
     swa.out = smla.SparseIndexTable(np.zeros((4, W), np.int32), np.zeros(4, np.int32))
@@ -872,6 +875,16 @@ def test_decode_reads_the_topk_as_its_table_would():
         smla.sparse_mla_decode(**common, sparse_indices=swa.out.sparse_indices,
                                sparse_topk_lens=swa.out.sparse_topk_lens, out=outs[1],
                                topk_columns=topk)
+    # A valid entry after a negative one would lie past the row's length: refused by both.
+    c["topk"][3, :2] = [-1, 0]
+    with pytest.raises(ValueError, match=r"smla: topk_indices: .* the valid ones \(>= 0\) first"):
+        smla.build_sparse_indices(full)
+    with pytest.raises(ValueError, match=r"smla: topk_columns.topk_indices: .*\[3\]\[1\] = 0"):
+        smla.sparse_mla_decode(**common, sparse_indices=swa.out.sparse_indices,
+                               sparse_topk_lens=None, out=outs[1],
+                               topk_columns=smla.TopkColumns(c["topk"], c["comp_table"],
+                                                             compress_ratio=4,
+                                                             num_decodes=s.num_decodes))
     assert smla.max_topk_width("cpu") == 2**63 - 1
     assert smla.max_topk_width("cuda") == (2048 if smla.WITH_CUDA else 0)
 

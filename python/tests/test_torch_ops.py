@@ -75,12 +75,12 @@ def test_decode_op_equals_the_call(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_decode_op_reads_a_topk_as_the_call_does(device):
     """TopkColumns' fields flattened into the op's arguments: decode rows of a top-k of local
-    entries (-1 holes) into a compressed pool through its block table."""
+    entries (-1 padded, valid ones first) into a compressed pool through its block table."""
     gen = torch.Generator().manual_seed(int(fresh_rng().integers(2**62)))
     case = decode_case(device, q_lens=(1, 1, 1), top_p=0)
     T, E, pages = 3, 16, 4
     topk = dict(topk_indices=torch.randint(-1, pages * E, (T, 12), generator=gen,
-                                           dtype=torch.int32),
+                                           dtype=torch.int32).sort(1, descending=True).values,
                 topk_block_table=torch.randperm(24, generator=gen)[:T * pages].int().view(T, pages),
                 is_valid_token=torch.tensor([1, 0, 1], dtype=torch.uint8))  # token 1: padding
     topk = {k: v.to(device) for k, v in topk.items()}

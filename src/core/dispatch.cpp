@@ -26,9 +26,9 @@ void sparse_mla_decode(const DecodeArgs& args, void* stream) {
 // The buffer sizes' arguments: what a launch may have (decode validation's 32-bit limits).
 static void check_sizes(int64_t max_tokens, int num_heads, int64_t max_columns = 0) {
   check::int32_count(max_tokens, "max_tokens");
-  if (num_heads < 1 || num_heads > kMaxHeads)
-    check::fail(ErrorKind::value, "num_heads", "1.." + std::to_string(kMaxHeads),
-                std::to_string(num_heads));
+  if (num_heads < 1 || num_heads > kMaxHeads)  // more heads: a limit of the kernels, as in decode
+    check::fail(num_heads < 1 ? ErrorKind::value : ErrorKind::unsupported, "num_heads",
+                "1.." + std::to_string(kMaxHeads), std::to_string(num_heads));
   check::int32_count(max_columns, "max_columns");
 }
 

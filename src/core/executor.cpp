@@ -64,8 +64,8 @@ CompressedColumns compressed_columns(const StepInputs& inputs, const AttentionLa
 void check_layer(const AttentionLayer& l, size_t i) {
   const std::string layer = "layers[" + std::to_string(i) + "].";
   if (const int heads = l.spec.num_heads; heads < 1 || heads > kMaxHeads)
-    check::fail(ErrorKind::value, layer + "spec.num_heads", "1.." + std::to_string(kMaxHeads),
-                std::to_string(heads));
+    check::fail(heads < 1 ? ErrorKind::value : ErrorKind::unsupported, layer + "spec.num_heads",
+                "1.." + std::to_string(kMaxHeads), std::to_string(heads));
   check_layer_counts(l.spec, layer + "spec.");
   if (l.spec.swa_group < 0)
     check::fail(ErrorKind::value, layer + "spec.swa_group", ">= 0",

@@ -98,13 +98,11 @@ class Columns {
     if (valid.defined() && !valid.ptr<const uint8_t>()[t * valid.stride(0)]) return p_.window;
     if (row.request >= c.num_decodes)
       return p_.window + rules::topk_used(false, row.pos, c.compress_ratio, p_.top_k);
-    int64_t count = 0;
-    for (int64_t j = 0; j < p_.top_k; ++j) {
-      count += check::at(c.topk_indices, t, j) >= 0;
-      // The builder converts every entry of a decode row, also those past its length (after
-      // a -1): converted here too, for the same error at an entry past the block table.
-      at(t, row, p_.window + j);
-    }
+    const int64_t count =
+        decode_topk_count(c.topk_indices, t, p_.top_k, "topk_columns.topk_indices");
+    // The builder converts every entry of a decode row, also the -1 padding: converted here
+    // too, for the same error at an entry past the block table.
+    for (int64_t j = 0; j < p_.top_k; ++j) at(t, row, p_.window + j);
     return p_.window + count;
   }
 

@@ -86,15 +86,13 @@ class RowWriter {
     const bool decode = b < p_.num_decodes;
     // A decode token's top-k is -1 padded; a prefill token's is valid up to what it can see.
     const int64_t used = rules::topk_used(decode, pos, p_.compress_ratio, p_.top_k);
-    int64_t count = 0;
-    for (int64_t j = 0; j < used; ++j) {
-      const int64_t x = check::at(c.topk_indices, t, j);
-      count += x >= 0;
-      index(t, p_.window + j) = topk_entry_offset(x, t, j, b, c.block_table, p_.compressed,
-                                                  "topk_indices", "compressed.block_table");
-    }
+    const int64_t len = decode ? decode_topk_count(c.topk_indices, t, used, "topk_indices") : used;
+    for (int64_t j = 0; j < used; ++j)
+      index(t, p_.window + j) =
+          topk_entry_offset(check::at(c.topk_indices, t, j), t, j, b, c.block_table, p_.compressed,
+                            "topk_indices", "compressed.block_table");
     fill(t, p_.window + used, p_.num_columns);
-    return decode ? count : used;
+    return len;
   }
 
   // DSpark: every token of the draft block sees [max(seq_len - q_len - W, 0), seq_len) and
@@ -122,6 +120,20 @@ int32_t topk_entry_offset(int64_t x, int64_t t, int64_t j, int64_t b, const Tens
                 "topk_indices[" + num(t) + "][" + num(j) + "] = " + num(x));
   return rules::topk_offset(static_cast<int32_t>(x), check::at(block_table, b, x / E), E,
                             pool.span);
+}
+
+int64_t decode_topk_count(const TensorView& topk, int64_t t, int64_t top_k, const char* topk_name) {
+  int64_t count = 0;
+  for (int64_t j = 0; j < top_k; ++j) {
+    const int64_t x = check::at(topk, t, j);
+    if (x >= 0 && count < j)
+      check::fail(ErrorKind::value, topk_name,
+                  "a decode token's entries -1 padded, the valid ones (>= 0) first (SPEC §4)",
+                  std::string(topk_name) + "[" + num(t) + "][" + num(j) + "] = " + num(x) +
+                      " after [" + num(count) + "] = " + num(check::at(topk, t, count)));
+    count += x >= 0;
+  }
+  return count;
 }
 
 void build_sparse_indices(const IndexProblem& p, const SparseIndexArgs& a) {

@@ -13,4 +13,9 @@ void build_sparse_indices(const IndexProblem& problem, const SparseIndexArgs& ar
 int32_t topk_entry_offset(int64_t x, int64_t t, int64_t j, int64_t b, const TensorView& block_table,
                           const KvPool& pool, const char* topk_name, const char* table_name);
 
+// SPEC §4: a decode token's top-k is -1 padded with its valid entries first, so that its
+// length, count(x >= 0), covers them all. Returns that count of topk[t][0, top_k); an entry
+// x >= 0 after a negative one throws naming `topk_name`. Shared by the builder and the decode.
+int64_t decode_topk_count(const TensorView& topk, int64_t t, int64_t top_k, const char* topk_name);
+
 }  // namespace smla::cpu

@@ -407,6 +407,11 @@ TEST(Executor, LayersAreCheckedWhenMade) {
   using Layers = std::vector<AttentionLayer>;
   // LayerSpec's default: a spec nobody filled in
   refused([](Layers& l) { l[1].spec.num_heads = 0; }, "layers[1].spec.num_heads", "1..128", "0");
+  // More heads than the kernels hold: unsupported, as the decode says of a wider query.
+  std::vector<AttentionLayer> wide = c.layers;
+  wide[0].spec.num_heads = 129;
+  test::expect_smla_error([&] { StepExecutor(wide, streams, 1, 1024); }, ErrorKind::unsupported,
+                          "layers[0].spec.num_heads", "1..128", "129");
   // None would run as given: a negative ratio as an SWA-only layer, a negative group as group
   // 2^64 - 1, a negative top-k as every compressed entry.
   refused([](Layers& l) { l[1].spec.compress_ratio = -2; }, "layers[1].spec.compress_ratio",

@@ -195,10 +195,22 @@ TEST(IndexMixed, DecodeThenPrefillRows) {
 
 TEST(IndexMixed, DecodeCountsOnlyNonNegativeTopk) {
   MixedCase c;
-  c.topk[0] = -5;  // a negative index stays as it is and is not counted
+  c.topk[1] = -5;  // a negative index stays as it is and is not counted
   const Built b = build(c.args());
-  EXPECT_EQ(b.indices[0], (std::vector<int32_t>{1, 2, 3, 4, -5, 9, -1, -1}));
+  EXPECT_EQ(b.indices[0], (std::vector<int32_t>{1, 2, 3, 4, 10, -5, -1, -1}));
   EXPECT_EQ(b.lens[0], 5);
+}
+
+// A decode row's length counts its entries >= 0 (SPEC §4: valid ones first), so one after a
+// negative entry would lie past the length, never attended: refused on the host.
+TEST(IndexMixed, DecodeTopkWithAValidEntryAfterANegativeOneIsRefused) {
+  for (int32_t negative : {-1, -5}) {
+    MixedCase c;
+    c.topk[0] = negative;  // then topk[1] = 0
+    test::expect_smla_error([&] { build(c.args()); }, ErrorKind::value, "topk_indices",
+                            "the valid ones (>= 0) first",
+                            "topk_indices[0][1] = 0 after [0] = " + std::to_string(negative));
+  }
 }
 
 // A prefill row's length is its visible entries, min((pos + 1) / ratio, top_k), -1 or not (a
@@ -216,14 +228,14 @@ TEST(IndexMixed, PrefillLengthCountsPaddedEntries) {
 // decode row still counts every x >= 0 (SPEC §4: count(x >= 0)).
 TEST(IndexMixed, TopkOffsetPastInt32IsPadding) {
   std::vector<int32_t> seq_lens{3}, block_table{1}, compressed_table{1 << 26, (1 << 25) - 1},
-      topk{5, 70, -1, 127};
+      topk{5, 70, 127, -1};
   SparseIndexArgs a;
   a.window = 4;
   a.step = {.num_tokens = 1, .seq_lens = i32(seq_lens, {1}), .num_decodes = 1};
   a.swa = {i32(block_table, {1, 1}), pool_view(2, 4, 4)};
   a.compressed = {4, i32(topk, {1, 4}), i32(compressed_table, {1, 2}), pool_view(2, 64, 64)};
   const Built b = build(a);
-  EXPECT_EQ(b.indices, (Rows{{4, 5, 6, -1, -1, INT32_MAX - 57, -1, INT32_MAX}}));
+  EXPECT_EQ(b.indices, (Rows{{4, 5, 6, -1, -1, INT32_MAX - 57, INT32_MAX, -1}}));
   EXPECT_EQ(b.lens, (std::vector<int32_t>{7}));
 }
 

@@ -1,11 +1,12 @@
 // TopkColumns on the CPU: a decode reading its compressed columns from the top-k equals, bit for
 // bit, the decode on the table build_sparse_indices makes from the same top-k — over decode and
-// prefill rows, padding tokens, packed pages and top-k rows with -1 anywhere — and its
+// prefill rows, padding tokens, packed pages and top-k rows with -1 and -7 — and its
 // arguments are checked by name.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -68,12 +69,19 @@ std::vector<LayerSpec> layers_of(int ratio) {
   return specs;
 }
 
-// Replaces a random fifth of a top-k's entries with -1 or -7, wherever they are in the row.
-void punch_holes(const TensorView& topk, std::mt19937& rng) {
+// -1 or -7 in a top-k: in a random fifth of the prefill tokens' entries, wherever they are in
+// the row, and in a third of the decode tokens' rows from a random entry on (a decode row's
+// valid entries come first, SPEC §4). Decode tokens are the first `decode_tokens`.
+void punch_holes(const TensorView& topk, int64_t decode_tokens, std::mt19937& rng) {
   int32_t* x = topk.ptr<int32_t>();
-  std::bernoulli_distribution hole(0.2), minus_one(0.5);
-  for (int64_t i = 0; i < topk.numel(); ++i)
-    if (hole(rng)) x[i] = minus_one(rng) ? -1 : -7;
+  const int64_t width = topk.size(1);
+  std::bernoulli_distribution hole(0.2), cut(1.0 / 3), minus_one(0.5);
+  for (int64_t t = 0; width > 0 && t < topk.size(0); ++t) {
+    const bool decode = t < decode_tokens;
+    if (decode && !cut(rng)) continue;
+    for (int64_t j = decode ? int64_t(rng() % width) : 0; j < width; ++j)
+      if (decode || hole(rng)) x[t * width + j] = minus_one(rng) ? -1 : -7;
+  }
 }
 
 TEST(TopkColumns, EqualTheBuiltTableBitForBit) {
@@ -82,9 +90,12 @@ TEST(TopkColumns, EqualTheBuiltTableBitForBit) {
   std::mt19937 rng(seed);
   int64_t attended = 0;
   for (int trial = 0; trial < 24; ++trial) {
-    StepCase c(layers_of(1 + trial % 4), random_shape(rng, trial), rng());
+    const CaseShape shape = random_shape(rng, trial);
+    StepCase c(layers_of(1 + trial % 4), shape, rng());
+    const int64_t decode_tokens =
+        std::accumulate(shape.q_lens.begin(), shape.q_lens.begin() + shape.num_decodes, 0);
     if (trial % 2)
-      for (auto& [layer, topk] : c.inputs.topk_indices) punch_holes(topk, rng);
+      for (auto& [layer, topk] : c.inputs.topk_indices) punch_holes(topk, decode_tokens, rng);
     attended += expect_equal_decodes(c);
   }
   EXPECT_GT(attended, 0);  // the compressed columns were there to compare
@@ -119,10 +130,10 @@ TEST(TopkColumns, AnEntryPastTheBlockTableIsTheBuildersError) {
                     "block_table pages * E", "topk_indices[0][0] = ");
 }
 
-// A decode row's entries past its length (its count of entries >= 0, short of them when a -1
-// comes first) are converted by the builder too: one past the block table there is its error,
-// and the decode's.
-TEST(TopkColumns, AnEntryPastTheRowsLengthIsTheBuildersErrorToo) {
+// A decode row's length counts its entries >= 0, so a valid entry after a negative one would
+// lie past it, never attended (SPEC §4: valid ones first): the builder's error, and the decode's,
+// before the entry is converted (here it is past the block table too).
+TEST(TopkColumns, AValidEntryAfterANegativeOneIsTheBuildersErrorToo) {
   const unsigned seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
@@ -136,22 +147,23 @@ TEST(TopkColumns, AnEntryPastTheRowsLengthIsTheBuildersErrorToo) {
   int32_t* x = compressed.topk_indices.ptr<int32_t>();
   const int visible = seq_len / 2;
   ASSERT_TRUE(x[visible - 1] >= 0 && x[visible] == -1) << "seq_len " << seq_len;
-  x[std::uniform_int_distribution<int>(0, visible - 1)(rng)] = -1;
-  const int32_t past = static_cast<int32_t>(compressed.block_table.size(1) * 8);  // E = 8
-  x[visible] = past;
-  const std::string got = "topk_indices[0][" + std::to_string(visible) + "] = " +
-                          std::to_string(past);
+  const int hole = std::uniform_int_distribution<int>(0, visible - 1)(rng);
+  x[hole] = -1;
+  x[visible] = static_cast<int32_t>(compressed.block_table.size(1) * 8);  // E = 8: past the table
+  const std::string got = "topk_indices[0][" + std::to_string(hole + 1) +
+                          "] = " + std::to_string(x[hole + 1]) + " after [" + std::to_string(hole) +
+                          "] = -1";
   expect_smla_error(
       [&] {
         built(c.args(l.spec.layer), [&](DType dtype, std::initializer_list<int64_t> shape) {
           return c.zeros(dtype, shape);
         });
       },
-      ErrorKind::value, "topk_indices", "block_table pages * E", got);
+      ErrorKind::value, "topk_indices", "the valid ones (>= 0) first", got);
   const DecodeArgs args =
       topk_decode_args(l, swa, compressed, c.bf16(2, kHeads), c.bf16(2, kHeads));
   expect_smla_error([&] { sparse_mla_decode(args); }, ErrorKind::value, "topk_columns.topk_indices",
-                    "block_table pages * E", got);
+                    "the valid ones (>= 0) first", got);
 }
 
 TEST(TopkColumns, ArgumentsAreCheckedByName) {

@@ -78,12 +78,17 @@ void expect_same(const StepCase& c, int layer, int64_t pad, const std::string& w
 int32_t* i32_data(const TensorView& v) { return static_cast<int32_t*>(v.data); }
 
 // Negative entries other than -1 in some top-k rows (copied as they are, never counted by a
-// decode row), and a huge page id whose offsets int32 cannot hold (-1).
+// decode row), each at its row's first padding entry or else its last, so that a decode row's
+// valid entries stay first (SPEC §4); and a huge page id whose offsets int32 cannot hold (-1).
 void add_odd_entries(StepCase& c, std::mt19937& rng) {
   const int32_t odd[] = {-2, -77, INT32_MIN};
   for (auto& [layer, topk] : c.inputs.topk_indices)
-    for (int64_t t = 0; t < topk.size(0) && topk.size(1) > 0; t += 3)
-      i32_data(topk)[t * topk.strides[0] + rng() % topk.size(1)] = odd[rng() % 3];
+    for (int64_t t = 0; t < topk.size(0) && topk.size(1) > 0; t += 3) {
+      int32_t* row = i32_data(topk) + t * topk.strides[0];
+      int64_t j = 0;
+      while (j < topk.size(1) - 1 && row[j] >= 0) ++j;
+      row[j] = odd[rng() % 3];
+    }
   const TensorView& table = c.inputs.block_tables.front();
   i32_data(table)[table.numel() - 1] = INT32_MAX / 2;
 }
@@ -125,7 +130,8 @@ TEST(GpuIndex, WideAndLongTablesMatchTheCpu) {
                     .block_size = 64,
                     .span = 72,
                     .entries_per_page = 64,
-                    .compressed_span = 64};
+                    .compressed_span = 64,
+                    .prefill_topk_tails = true};
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
   for (const int topk : {1024, 2000}) {

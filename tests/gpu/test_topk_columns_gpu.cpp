@@ -72,16 +72,25 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
     // which no path may attend.
     shape.prefill_topk_tails = trial % 4 == 0;
     StepCase c(specs, shape, rng());
-    // Odd trials: -1 and -7 anywhere in the rows; every fourth: entries past the block table,
-    // which both CUDA paths read as -1 (the CPU throws, so it is not compared there).
-    const bool past_table = trial % 4 == 3;
+    // Odd trials: -1 and -7 anywhere in the rows, which the CUDA paths take as they come but
+    // the CPU refuses in a decode row (a valid entry after a negative one, SPEC §4), so it is
+    // not compared there; trials 3, 7, ... also entries past the block table, which both CUDA
+    // paths read as -1 (the CPU throws). Trials 2, 6, ...: some rows -1 and -7 from a random
+    // entry on, valid ones first, compared with the CPU too.
+    const bool anywhere = trial % 2 == 1, past_table = trial % 4 == 3, cut = trial % 4 == 2;
     for (auto& [layer, topk] : c.inputs.topk_indices) {
       int32_t* x = topk.ptr<int32_t>();
-      std::bernoulli_distribution hole(trial % 2 ? 0.2 : 0.0), far(past_table ? 0.05 : 0.0);
+      const int64_t width = topk.size(1);
+      std::bernoulli_distribution hole(anywhere ? 0.2 : 0.0), far(past_table ? 0.05 : 0.0),
+          cut_row(cut ? 0.3 : 0.0);
       for (int64_t i = 0; i < topk.numel(); ++i) {
         if (hole(rng)) x[i] = i % 2 ? -1 : -7;
         if (far(rng)) x[i] = 1 << 20;
       }
+      for (int64_t t = 0; width > 0 && t < topk.size(0); ++t)
+        if (cut_row(rng))
+          for (int64_t j = int64_t(rng() % width); j < width; ++j)
+            x[t * width + j] = j % 2 ? -1 : -7;
     }
     const int64_t T = c.num_tokens();
     // Every third trial: plans without splits (no clusters, no split buffers), where the bf16
@@ -123,7 +132,7 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
       const std::vector<std::byte> lens = bytes_of(full.out.sparse_topk_lens);
       for (int64_t t = 0; t < T; ++t)
         attended += reinterpret_cast<const int32_t*>(lens.data())[t] - l.spec.window;
-      if (past_table) continue;
+      if (anywhere) continue;
 
       // the CPU's table and decode of the same step
       const SparseIndexArgs cpu =
