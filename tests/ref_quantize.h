@@ -68,12 +68,16 @@ inline RefRecord ref_quantize_row(RefLayout layout, const uint16_t* x, float kv_
   r.scales.assign(8, 0);
   for (int g = 0; g < 7; ++g) {
     double max_abs = 0;
-    for (int d = g * 64; d < (g + 1) * 64; ++d)
+    bool nan = false;
+    for (int d = g * 64; d < (g + 1) * 64; ++d) {
+      nan |= std::isnan(ref_bf16(x[d]));
       if (std::isfinite(ref_bf16(x[d]))) max_abs = std::max(max_abs, std::abs(ref_bf16(x[d])));
-    const uint8_t e = ref_ds_mla_exponent(max_abs);
+    }
+    // A NaN makes the whole group NaN: scale byte 255 (NaN in UE8M0), every code 0x7F.
+    const uint8_t e = nan ? 255 : ref_ds_mla_exponent(max_abs);
     r.scales[g] = e;
     for (int d = g * 64; d < (g + 1) * 64; ++d)
-      r.record[d] = ref_nearest_e4m3(ref_bf16(x[d]) / ref_ue8m0(e));
+      r.record[d] = nan ? 0x7f : ref_nearest_e4m3(ref_bf16(x[d]) / ref_ue8m0(e));
   }
   std::memcpy(r.record.data() + 448, x + 448, 128);
   return r;

@@ -21,7 +21,7 @@ void encode_ds_mla(const uint16_t* x, uint8_t* record, uint8_t* scales) {
   for (int g = 0; g < kNopeDim / kDsMlaGroup; ++g) {
     uint16_t max_magnitude = 0;
     for (int d = g * kDsMlaGroup; d < (g + 1) * kDsMlaGroup; ++d)
-      max_magnitude = std::max(max_magnitude, rules::finite_magnitude(x[d]));
+      max_magnitude = std::max(max_magnitude, rules::scale_magnitude(x[d]));
     const uint8_t e = rules::ds_mla_group_exponent(max_magnitude);
     const float inverse = rules::ds_mla_inverse_scale(e);
     for (int d = g * kDsMlaGroup; d < (g + 1) * kDsMlaGroup; ++d)

@@ -50,7 +50,7 @@ __device__ __forceinline__ Bf16Scale bf16_scale(uint32_t u) {
 // rounding the exact float product would: exact unless it leaves bf16's range (above it inf;
 // below 2^-133, UE8M0 bytes 0..2 with e4m3 subnormals, a bf16 subnormal or 0, where the CPU's
 // float64 keeps the value). The NaN codes 0x7F / 0xFF read as +-480 (on the CPU NaN); the
-// quantizers never write them.
+// quantizer writes them only under the scale byte 255, so they become +-inf.
 template <bool kTwice>
 __device__ __forceinline__ uint4 e4m3x8_scaled(uint32_t lo, uint32_t hi, const Bf16Scale& s) {
   uint32_t out[4];

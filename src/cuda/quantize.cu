@@ -46,7 +46,7 @@ __device__ void write_ds_mla(const uint16_t* x, uint8_t* record, uint8_t* scales
   for (int g = 0; g < kNopeDim / kDsMlaGroup; ++g) {
     const int d0 = g * kDsMlaGroup + lane, d1 = d0 + kWarp;
     const unsigned local =
-        max(unsigned{rules::finite_magnitude(x[d0])}, unsigned{rules::finite_magnitude(x[d1])});
+        max(unsigned{rules::scale_magnitude(x[d0])}, unsigned{rules::scale_magnitude(x[d1])});
     const auto max_magnitude = static_cast<uint16_t>(__reduce_max_sync(kAllLanes, local));
     const uint8_t e = rules::ds_mla_group_exponent(max_magnitude);
     const float inverse = rules::ds_mla_inverse_scale(e);

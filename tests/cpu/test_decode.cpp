@@ -12,8 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "nan_row.h"
 #include "oracle.h"
 #include "smla/decode.h"
+#include "smla/quantize.h"
 #include "threads_env.h"
 
 namespace smla::test {
@@ -267,6 +269,17 @@ TEST(Decode, UnattendedNanRowsDoNotLeak) {
           << c.summary;
     EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
   }
+}
+
+// A NaN quantized into an fp8_ds_mla row reaches the outputs of the tokens attending it only.
+TEST(Decode, ANanQuantizedIntoADsMlaRowReachesItsTokens) {
+  NanRowCase n(fresh_seed());
+  DecodeArgs a = n.c.args();
+  const auto data = [](HostTensor& t) { return static_cast<void*>(t.bytes.data()); };
+  quantize_kv(n.row.view(data(n.row), Device{}), n.slots.view(data(n.slots), Device{}),
+              a.swa_kv_cache);
+  sparse_mla_decode(a);
+  EXPECT_TRUE(nan_reaches_its_tokens_only(n));
 }
 
 // The byte offset of every element of `t`, in row-major order of its indices.

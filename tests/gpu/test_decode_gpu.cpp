@@ -17,9 +17,11 @@
 #include "cuda/device.h"
 #include "device_case.h"
 #include "error_check.h"
+#include "nan_row.h"
 #include "oracle.h"
 #include "smla/decode.h"
 #include "smla/error.h"
+#include "smla/quantize.h"
 
 namespace smla::test {
 namespace {
@@ -331,6 +333,27 @@ TEST(GpuDecode, ReversedBroadcastAndPaddedQueryViews) {
       check_query_view<uint8_t>(KvLayout::fp8_e4m3, DType::f8e4m3, h, view);
       if (HasFailure()) return;
     }
+}
+
+// A NaN quantized into an fp8_ds_mla row on the GPU (its group's codes 0x7F under scale byte
+// 255, which the kernel's bf16 conversion reads as inf) reaches the outputs of the tokens
+// attending it only, as on the CPU (tests/cpu/test_decode.cpp).
+TEST(GpuDecode, ANanQuantizedIntoADsMlaRowReachesItsTokens) {
+  SKIP_WITHOUT_GPU();
+  for (int round = 0; round < 4; ++round) {
+    NanRowCase n(fresh_seed());
+    DeviceCase d(n.c);
+    const DeviceMemory row(n.row.bytes.size()), slots(n.slots.bytes.size());
+    CUDA_THROW(cudaMemcpy(row.get(), n.row.bytes.data(), row.bytes(), cudaMemcpyHostToDevice));
+    CUDA_THROW(
+        cudaMemcpy(slots.get(), n.slots.bytes.data(), slots.bytes(), cudaMemcpyHostToDevice));
+    quantize_kv(n.row.view(row.get(), d.device), n.slots.view(slots.get(), d.device),
+                d.args.swa_kv_cache);
+    sparse_mla_decode(d.args);
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    d.fetch(n.c);
+    EXPECT_TRUE(nan_reaches_its_tokens_only(n));
+  }
 }
 
 // A row split over many CTAs reuses one counter buffer 1000 times without a reset between

@@ -1,0 +1,70 @@
+// A NaN in a row quantized into an fp8_ds_mla pool makes its 64-value group NaN (scale byte
+// 255, every code 0x7F: docs/decode.md), which either device must carry to the output of every
+// (token, head) attending the row, where a single 0x7F under a finite scale would read as a
+// finite value on CUDA; the other tokens stay finite.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "oracle.h"
+
+namespace smla::test {
+
+// An fp8_ds_mla case without sinks (a +inf sink makes a head's output 0 whatever it attends)
+// whose columns are all real rows, and the bf16 row with a NaN that goes to the slot of one of
+// token 0's attended rows (fp8_ds_mla offsets are slots).
+struct NanRowCase {
+  DecodeCase c;
+  HostTensor row = HostTensor::make(DType::bf16, {1, kHeadDim});
+  HostTensor slots = HostTensor::make(DType::i32, {1});
+  int64_t slot = -1;
+
+  explicit NanRowCase(uint64_t seed)
+      : c(make_case({.layout = KvLayout::fp8_ds_mla,
+                     .heads = 16,
+                     .requests = 4,
+                     .max_q = 2,
+                     .sinks = SinkKind::absent,
+                     .pools = PoolSharing::absent,
+                     .masked = 0},
+                    seed)) {
+    Rng rng(seed + 1);
+    const std::vector<AttendedRow> first = attended_rows(c)[0];
+    slot = first[static_cast<size_t>(rng.uniform(0, static_cast<int64_t>(first.size()) - 1))]
+               .offset;
+    slots.set<int32_t>(0, static_cast<int32_t>(slot));
+    for (int d = 0; d < kHeadDim; ++d) row.set<uint16_t>(d, to_bf16(rng.normal()));
+    row.set<uint16_t>(rng.uniform(0, kNopeDim - 1), rng.chance(0.5) ? 0x7fc0 : 0xffc1);
+  }
+};
+
+// After the row was quantized and the case decoded: every head's output row of a token that
+// attends the NaN row holds a NaN or inf, every other token's outputs are finite.
+inline ::testing::AssertionResult nan_reaches_its_tokens_only(const NanRowCase& n) {
+  const DecodeCase& c = n.c;
+  const auto rows = attended_rows(c);
+  int64_t attending = 0;
+  for (int64_t t = 0; t < c.out.size(0); ++t) {
+    bool attends = false;
+    for (const AttendedRow& a : rows[t]) attends = attends || a.offset == n.slot;
+    attending += attends;
+    for (int h = 0; h < c.out.size(1); ++h) {
+      bool finite = true;
+      for (int d = 0; d < kHeadDim; ++d)
+        finite = finite &&
+                 std::isfinite(ref_bf16(c.out.get<uint16_t>(t * c.out.stride(0) +
+                                                              h * c.out.stride(1) + d)));
+      if (finite == attends)
+        return ::testing::AssertionFailure()
+               << "token " << t << " (" << (attends ? "" : "not ") << "attending slot " << n.slot
+               << "), head " << h << ": output " << (finite ? "finite" : "not finite") << "; "
+               << c.summary;
+    }
+  }
+  if (attending == 0) return ::testing::AssertionFailure() << "no token attends the NaN row";
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace smla::test
