@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <numeric>
 #include <vector>
@@ -19,6 +20,14 @@ static std::string list_of(const int64_t* values, int ndim) {
     s += (d ? ", " : "") + std::to_string(values[d]);
   return s + "]";
 }
+std::string real(float value) {
+  char text[32];
+  for (int digits = 6;; ++digits) {  // 9 significant digits read back as any float
+    std::snprintf(text, sizeof text, "%.*g", digits, static_cast<double>(value));
+    if (digits == 9 || std::strtof(text, nullptr) == value) return text;
+  }
+}
+
 std::string shape_of(const TensorView& v) { return list_of(v.shape, v.ndim); }
 std::string strides_of(const TensorView& v) { return list_of(v.strides, v.ndim); }
 

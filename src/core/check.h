@@ -17,6 +17,7 @@ namespace smla::check {
                        const std::string& got);
 
 inline std::string num(int64_t value) { return std::to_string(value); }
+std::string real(float value);  // the shortest "%g" text that reads back as `value`
 // "name[i] = value", how a message names one element of an argument.
 inline std::string item(const char* name, int64_t i, int64_t value) {
   return std::string(name) + "[" + num(i) + "] = " + num(value);

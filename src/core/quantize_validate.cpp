@@ -1,6 +1,7 @@
 // Argument checks of quantize_kv. Slot values are checked only for host tensors: device memory
 // cannot be read without a synchronisation (a device quantizer must skip what it cannot write).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -52,8 +53,9 @@ QuantizeProblem validate_quantize(const TensorView& rows, const TensorView& slot
   p.num_rows = rows.size(0);
   check::tensor(slots, "slots", DType::i32, p.device, {p.num_rows},
                 "[N = " + num(p.num_rows) + "] (N = rows.size(0))");
-  if (!std::isfinite(kv_scale) || !(kv_scale > 0))
-    fail(ErrorKind::value, "kv_scale", "a finite float > 0", std::to_string(kv_scale));
+  // On its bits: a float compare reads a subnormal as 0 where the caller flushes subnormals.
+  if (const uint32_t bits = std::bit_cast<uint32_t>(kv_scale); bits == 0 || bits > 0x7f7fffffu)
+    fail(ErrorKind::value, "kv_scale", "a finite float > 0", check::real(kv_scale));
   p.kv_scale = kv_scale;
   const TensorView records = pool_records(pool, p.pool);
   check::all_apart({{pool, "pool"}}, {{rows, "rows"}, {slots, "slots"}});

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/quantize_rules.h"
+#include "cpu/fp_mode.h"
 #include "cpu/parallel.h"
 
 namespace smla::cpu {
@@ -55,8 +56,9 @@ void quantize_kv(const QuantizeProblem& p, const TensorView& rows, const TensorV
         break;
     }
   };
-  parallel_for((p.num_rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
-    for (int64_t i = task * kRowsPerTask; i < std::min(p.num_rows, (task + 1) * kRowsPerTask); ++i)
+  parallel_ranges((p.num_rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t begin, int64_t end) {
+    const KeepSubnormals ieee;  // on each worker thread: the floats round as on the GPU
+    for (int64_t i = begin * kRowsPerTask; i < std::min(p.num_rows, end * kRowsPerTask); ++i)
       write(i);
   });
 }

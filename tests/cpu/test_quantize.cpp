@@ -3,6 +3,9 @@
 // and padding slots byte for byte, the round trip through the test decoder, and the decode op
 // fed by quantized pools against the oracle. Random inputs replay with SMLA_TEST_SEED.
 #include <gtest/gtest.h>
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <bit>
@@ -248,6 +251,34 @@ TEST(Quantize, EveryBf16ValueE4m3) {
         << "kv_scale " << kv_scale << " (seed " << seed << ")";
   }
 }
+
+#if defined(__x86_64__) || defined(__SSE2__)
+// A caller's flush-to-zero and denormals-are-zero modes (torch.set_flush_denormal(True) sets
+// them) change no byte: subnormal values, and a subnormal kv_scale, round as on the GPU, on the
+// caller's thread and the workers alike; the caller's mode is back afterwards.
+TEST(Quantize, FlushModesOfTheCallerChangeNoByte) {
+  Rows rows(600);  // three tasks of 256 rows: worker threads where there are CPUs
+  for (int64_t i = 0; i < rows.size(); ++i)
+    for (int d = 0; d < 512; ++d)  // bf16 subnormals, some groups of nothing else
+      rows.row(i)[d] = static_cast<uint16_t>((d % 3 == 0 && i % 2 ? 0x3f80 : 0x0001 + d % 127) |
+                                             (d % 2 ? 0x8000 : 0));
+  const float subnormal_scale = std::ldexp(1.0f, -130);
+  for (KvLayout layout : {KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla})
+    for (float kv_scale : {1.0f, subnormal_scale}) {
+      HostTensor ieee = blank_pool(one_page(layout, rows.size()));
+      quantize(rows, first_slots(rows.size()), ieee, kv_scale);
+      HostTensor flushed = blank_pool(one_page(layout, rows.size()));
+      const unsigned mode = _mm_getcsr();
+      _mm_setcsr(mode | 0x8040u);
+      quantize(rows, first_slots(rows.size()), flushed, kv_scale);
+      const unsigned after = _mm_getcsr();
+      _mm_setcsr(mode);
+      EXPECT_EQ(after, mode | 0x8040u);
+      EXPECT_TRUE(flushed.bytes == ieee.bytes) << kv_layout_name(layout) << " " << kv_scale;
+      EXPECT_TRUE(holds_exactly(ieee, rows, first_slots(rows.size()), kv_scale));
+    }
+}
+#endif
 
 // Groups whose maxima are every positive finite bf16, so every UE8M0 byte a bf16 row can need
 // (0..247) is chosen at least once, each by the smallest-power-of-two rule.

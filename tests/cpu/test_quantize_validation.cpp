@@ -187,10 +187,17 @@ TEST_F(QuantizeValidation, DsMlaTokenStrideBelowARecordAndItsScales) {
 }
 
 TEST_F(QuantizeValidation, KvScaleNotFiniteOrNotPositive) {
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                    -std::numeric_limits<float>::infinity(), 0.0f, -0.5f}) {
-    kv_scale = bad;
-    expect_error(ErrorKind::value, "kv_scale", "finite float > 0", std::to_string(bad));
+  const std::pair<float, const char*> bad[] = {{std::numeric_limits<float>::quiet_NaN(), "nan"},
+                                               {std::numeric_limits<float>::infinity(), "inf"},
+                                               {-std::numeric_limits<float>::infinity(), "-inf"},
+                                               {0.0f, "0"},
+                                               {-0.0f, "-0"},
+                                               {-0.5f, "-0.5"},
+                                               {-1e-30f, "-1e-30"},
+                                               {-std::ldexp(1.0f, -140), "-7.17465e-43"}};
+  for (const auto& [value, text] : bad) {
+    kv_scale = value;
+    expect_error(ErrorKind::value, "kv_scale", "finite float > 0", text);
   }
 }
 
