@@ -298,7 +298,7 @@ Options parse(int argc, char** argv) {
   const std::vector<std::string_view> words(argv + 1, argv + argc);
   constexpr std::string_view valued[] = {"--csv", "--shape", "--kv", "--rotate"};
   cli::parse_flags(words, valued, {}, [&](std::string_view flag, std::string_view value) {
-    if (flag == "--csv") o.csv_path = value;
+    if (flag == "--csv") o.csv_path = cli::csv_path(value);
     if (flag == "--shape") o.shapes = {parse_shape(value)};
     if (flag == "--rotate") {
       if (value != "indices" && value != "all")

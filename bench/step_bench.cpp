@@ -67,7 +67,7 @@ Options parse(int argc, char** argv) {
   const std::vector<std::string_view> words(argv + 1, argv + argc);
   constexpr std::string_view valued[] = {"--csv", "--groups"}, switches[] = {"--quick"};
   parse_flags(words, valued, switches, [&](std::string_view flag, std::string_view value) {
-    if (flag == "--csv") o.csv_path = value;
+    if (flag == "--csv") o.csv_path = csv_path(value);
     if (flag == "--quick") o.quick = true;
     if (flag == "--groups")
       o.groups = number(flag, value, 1, model_preset("v41-flash").num_layers);

@@ -88,7 +88,7 @@ void parse_flags(std::span<const std::string_view> words,
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string_view word = words[i];
     if (!word.starts_with("--"))
-      throw UsageError("unexpected argument '" + std::string(word) + "'");
+      throw UsageError("unexpected argument '" + std::string(word) + "' (flags start with --)");
     const size_t eq = word.find('=');
     const std::string_view flag = word.substr(0, eq);
     const bool is_switch = in(switches, flag);
@@ -106,7 +106,8 @@ void parse_flags(std::span<const std::string_view> words,
     } else if (i + 1 < words.size()) {
       value = words[++i];
     } else {
-      throw UsageError(std::string(flag) + ": missing value");
+      throw UsageError(std::string(flag) + ": missing value (" + std::string(flag) + " VALUE or " +
+                       std::string(flag) + "=VALUE)");
     }
     set(flag, value);
   }

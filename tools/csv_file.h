@@ -1,17 +1,28 @@
-// A benchmark's CSV output: no file for an empty path; a file that cannot be opened or written
-// throws, naming its path, at open or at close() (a destructor cannot report it).
+// A benchmark's CSV output (--csv PATH): no file for an empty path; a file that cannot be
+// opened or written throws, naming the flag, its path and why, at open or at close() (a
+// destructor cannot report it).
 #pragma once
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+
+#include "args.h"
 
 namespace smla::cli {
+
+// The value of --csv: a path, not nothing (a run whose CSV goes nowhere is a mistake).
+inline std::string csv_path(std::string_view value) {
+  if (value.empty()) throw UsageError("--csv: expected a file path, got ''");
+  return std::string(value);
+}
 
 class CsvFile {
  public:
   explicit CsvFile(std::string path) : path_(std::move(path)) {
-    if (!path_.empty() && !(file_ = std::fopen(path_.c_str(), "w")))
-      throw std::runtime_error("cannot write " + path_);
+    if (!path_.empty() && !(file_ = std::fopen(path_.c_str(), "w"))) fail(std::strerror(errno));
   }
   CsvFile(const CsvFile&) = delete;
   CsvFile& operator=(const CsvFile&) = delete;
@@ -25,10 +36,15 @@ class CsvFile {
     const bool failed = std::ferror(file_) != 0;
     const int closed = std::fclose(file_);
     file_ = nullptr;
-    if (failed || closed != 0) throw std::runtime_error("cannot write " + path_);
+    if (closed != 0) fail(std::strerror(errno));
+    if (failed) fail("a write to it failed");  // errno may have moved on since
   }
 
  private:
+  [[noreturn]] void fail(const std::string& why) const {
+    throw std::runtime_error("--csv: cannot write " + path_ + ": " + why);
+  }
+
   std::string path_;
   FILE* file_ = nullptr;
 };

@@ -83,7 +83,8 @@ TEST(RunArgs, NumbersAreParsedStrictly) {
     expect_usage_error({"run", "--requests", bad},
                        std::string("--requests: expected an integer in [1, 1073741824], got '") +
                            bad + "'");
-  expect_usage_error({"run", "--requests"}, "--requests: missing value");
+  expect_usage_error({"run", "--requests"},
+                     "--requests: missing value (--requests VALUE or --requests=VALUE)");
 }
 
 std::vector<Row> sample(int64_t tokens, int64_t heads, int count, uint64_t seed) {
@@ -190,7 +191,7 @@ TEST(RunArgs, NamesAndWordsRefused) {
   EXPECT_EQ(parse({"run", "--model", "v4-pro"}).run.model, "v4-pro");
   expect_usage_error({"run", "--model", "v4"},
                      "--model: expected v4-flash|v4-pro|v41-flash, got 'v4'");
-  expect_usage_error({"run", "4"}, "unexpected argument '4'");
+  expect_usage_error({"run", "4"}, "unexpected argument '4' (flags start with --)");
   expect_usage_error({"run", "--requests", "2", "--bogus", "1"}, "unknown flag --bogus");
   expect_usage_error({"info", "run"}, "info takes no arguments, got 'run'");
   EXPECT_EQ(parse({"info"}).command, Command::info);
@@ -500,10 +501,17 @@ TEST(CheckRows, MergeKeepsMaximaAndCounts) {
 TEST(CsvFile, OpenAndWriteFailuresThrow) {
   EXPECT_EQ(CsvFile("").get(), nullptr);
   try {
+    csv_path("");
+    ADD_FAILURE() << "an empty --csv taken";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "--csv: expected a file path, got ''");
+  }
+  try {
     CsvFile missing("/nonexistent-smla-dir/out.csv");
     ADD_FAILURE() << "opened";
   } catch (const std::runtime_error& e) {
-    EXPECT_STREQ(e.what(), "cannot write /nonexistent-smla-dir/out.csv");
+    EXPECT_STREQ(e.what(),
+                 "--csv: cannot write /nonexistent-smla-dir/out.csv: No such file or directory");
   }
   CsvFile full("/dev/full");
   ASSERT_NE(full.get(), nullptr);
@@ -513,7 +521,7 @@ TEST(CsvFile, OpenAndWriteFailuresThrow) {
     full.close();
     ADD_FAILURE() << "closed";
   } catch (const std::runtime_error& e) {
-    EXPECT_STREQ(e.what(), "cannot write /dev/full");
+    EXPECT_STREQ(e.what(), "--csv: cannot write /dev/full: a write to it failed");
   }
 }
 
