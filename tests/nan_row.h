@@ -14,7 +14,7 @@ namespace smla::test {
 
 // An fp8_ds_mla case without sinks (a +inf sink makes a head's output 0 whatever it attends)
 // whose columns are all real rows, and the bf16 row with a NaN that goes to the slot of one of
-// token 0's attended rows (fp8_ds_mla offsets are slots).
+// the first attending token's rows (fp8_ds_mla offsets are slots).
 struct NanRowCase {
   DecodeCase c;
   HostTensor row = HostTensor::make(DType::bf16, {1, kHeadDim});
@@ -31,10 +31,13 @@ struct NanRowCase {
                      .masked = 0},
                     seed)) {
     Rng rng(seed + 1);
-    const std::vector<AttendedRow> first = attended_rows(c)[0];
-    slot = first[static_cast<size_t>(rng.uniform(0, static_cast<int64_t>(first.size()) - 1))]
-               .offset;
-    slots.set<int32_t>(0, static_cast<int32_t>(slot));
+    for (const std::vector<AttendedRow>& rows : attended_rows(c))  // a token may attend none
+      if (!rows.empty()) {
+        slot =
+            rows[static_cast<size_t>(rng.uniform(0, static_cast<int64_t>(rows.size()) - 1))].offset;
+        break;
+      }
+    slots.set<int32_t>(0, static_cast<int32_t>(slot));  // -1 (padding) where none attends
     for (int d = 0; d < kHeadDim; ++d) row.set<uint16_t>(d, to_bf16(rng.normal()));
     row.set<uint16_t>(rng.uniform(0, kNopeDim - 1), rng.chance(0.5) ? 0x7fc0 : 0xffc1);
   }

@@ -107,7 +107,8 @@ def test_compiled_call_with_topk_columns_equals_eager(device):
     case = decode_case(device, q_lens=(1, 1, 1), top_p=0)
     T, E, pages = 3, 16, 4
     topk = smla.TopkColumns(
-        torch.randint(-1, pages * E, (T, 12), generator=gen, dtype=torch.int32).to(device),
+        torch.randint(-1, pages * E, (T, 12), generator=gen, dtype=torch.int32)
+        .sort(1, descending=True).values.to(device),  # -1 padded, valid ones first
         torch.randperm(24, generator=gen)[:T * pages].int().view(T, pages).to(device),
         compress_ratio=4, num_decodes=2,
         is_valid_token=torch.tensor([1, 0, 1], dtype=torch.uint8, device=device))

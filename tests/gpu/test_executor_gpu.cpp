@@ -226,7 +226,8 @@ TEST_P(GpuExecutor, StepEqualsDirectCallsBitForBit) {
 }
 
 // The step's layers reading every compressed entry get their top-k padded with -1 to `width`
-// columns (the same entries attended), on the host and the device.
+// columns (the same entries attended), on the host and the device; max_columns follows, so that
+// an executor made after it sizes its workspace as the direct calls size theirs.
 void widen_every_entry_topk(GpuStep& g, int64_t width) {
   const int64_t T = g.c.num_tokens();
   for (const LayerSpec& s : g.specs) {
@@ -241,6 +242,8 @@ void widen_every_entry_topk(GpuStep& g, int64_t width) {
     topk = wide;
   }
   g.inputs = g.gpu(g.c.inputs);
+  for (const AttentionLayer& l : g.c.layers)
+    g.max_columns = std::max(g.max_columns, sparse_index_columns(g.c.args(l.spec.layer)));
 }
 
 // A top-k wider than the decode reads (2048 columns: V4's ratio-128 layers past ~262K tokens,
