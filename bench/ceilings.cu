@@ -7,7 +7,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "timing.h"
@@ -75,6 +77,31 @@ void cublas_check(cublasStatus_t status, const char* call) {
     throw Error(ErrorKind::runtime, call, "CUBLAS_STATUS_SUCCESS", std::to_string(int(status)));
 }
 
+// Device memory freed on every way out (a caller may catch a measurement's error and go on).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) { SMLA_CUDA_CHECK(cudaMalloc(&ptr_, bytes)); }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// A cuBLAS or cuBLASLt object (its handle type is a pointer) destroyed by `destroy` on every
+// way out.
+template <class Handle, cublasStatus_t (*destroy)(Handle)>
+struct CublasDestroy {
+  void operator()(Handle h) const { destroy(h); }
+};
+template <class Handle, cublasStatus_t (*destroy)(Handle)>
+using CublasOwned = std::unique_ptr<std::remove_pointer_t<Handle>, CublasDestroy<Handle, destroy>>;
+
 }  // namespace
 
 double measure_gather_bandwidth(int row_bytes) {
@@ -84,99 +111,89 @@ double measure_gather_bandwidth(int row_bytes) {
   const int64_t pool_bytes = int64_t(4) << 30;
   const int pool_rows = int(pool_bytes / row_bytes);
   const int num_rows = 1 << 20;
-  void* pool;
-  int32_t* rows;
-  uint4* sink;
-  SMLA_CUDA_CHECK(cudaMalloc(&pool, pool_bytes));
-  SMLA_CUDA_CHECK(cudaMalloc(&rows, num_rows * sizeof(int32_t)));
-  SMLA_CUDA_CHECK(cudaMalloc(&sink, sizeof(uint4)));
-  SMLA_CUDA_CHECK(cudaMemset(pool, 1, pool_bytes));
-  fill_rows<<<(num_rows + 255) / 256, 256>>>(rows, num_rows, pool_rows, 12345);
+  const DeviceBuffer pool(pool_bytes), rows(num_rows * sizeof(int32_t)), sink(sizeof(uint4));
+  SMLA_CUDA_CHECK(cudaMemset(pool.as<void>(), 1, pool_bytes));
+  fill_rows<<<(num_rows + 255) / 256, 256>>>(rows.as<int32_t>(), num_rows, pool_rows, 12345);
   SMLA_CUDA_CHECK(cudaGetLastError());
   const auto ms_of = [&](auto kernel, int rows_a_warp) {
     const int per_block = 8 * rows_a_warp;  // 256 threads
     return median_graph_ms(
         [&](cudaStream_t s) {
           kernel<<<(num_rows + per_block - 1) / per_block, 256, 0, s>>>(
-              static_cast<const uint4*>(pool), rows, num_rows, row_bytes / 16, sink);
+              pool.as<const uint4>(), rows.as<int32_t>(), num_rows, row_bytes / 16,
+              sink.as<uint4>());
           SMLA_CUDA_CHECK(cudaGetLastError());
         },
         20);
   };
   const double ms = std::min({ms_of(gather_rows<2>, 2), ms_of(gather_rows<4>, 4),
                               ms_of(gather_rows<8>, 8)});
-  SMLA_CUDA_CHECK(cudaFree(pool));
-  SMLA_CUDA_CHECK(cudaFree(rows));
-  SMLA_CUDA_CHECK(cudaFree(sink));
   return double(num_rows) * row_bytes / (ms * 1e-3);
 }
 
 double measure_bf16_matmul_rate() {
   const int n = 8192;
-  __nv_bfloat16 *a, *b, *c;
-  SMLA_CUDA_CHECK(cudaMalloc(&a, size_t(n) * n * 2));
-  SMLA_CUDA_CHECK(cudaMalloc(&b, size_t(n) * n * 2));
-  SMLA_CUDA_CHECK(cudaMalloc(&c, size_t(n) * n * 2));
-  fill_bf16<<<(n * n + 255) / 256, 256>>>(a, int64_t(n) * n, 7);
-  fill_bf16<<<(n * n + 255) / 256, 256>>>(b, int64_t(n) * n, 9);
+  const DeviceBuffer a(size_t(n) * n * 2), b(size_t(n) * n * 2), c(size_t(n) * n * 2);
+  fill_bf16<<<(n * n + 255) / 256, 256>>>(a.as<__nv_bfloat16>(), int64_t(n) * n, 7);
+  fill_bf16<<<(n * n + 255) / 256, 256>>>(b.as<__nv_bfloat16>(), int64_t(n) * n, 9);
   SMLA_CUDA_CHECK(cudaGetLastError());
-  cublasHandle_t handle;
-  cublas_check(cublasCreate(&handle), "cublasCreate");
+  cublasHandle_t raw_handle;
+  cublas_check(cublasCreate(&raw_handle), "cublasCreate");
+  const CublasOwned<cublasHandle_t, cublasDestroy> handle(raw_handle);
   const float alpha = 1.f, beta = 0.f;
   const double ms = median_graph_ms(
       [&](cudaStream_t s) {
-        cublas_check(cublasSetStream(handle, s), "cublasSetStream");
-        cublas_check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF,
-                                  n, b, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n,
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        cublas_check(cublasSetStream(handle.get(), s), "cublasSetStream");
+        cublas_check(cublasGemmEx(handle.get(), CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha,
+                                  a.as<void>(), CUDA_R_16BF, n, b.as<void>(), CUDA_R_16BF, n,
+                                  &beta, c.as<void>(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT),
                      "cublasGemmEx");
       },
       10);
-  cublas_check(cublasDestroy(handle), "cublasDestroy");
-  SMLA_CUDA_CHECK(cudaFree(a));
-  SMLA_CUDA_CHECK(cudaFree(b));
-  SMLA_CUDA_CHECK(cudaFree(c));
   return 2.0 * n * n * double(n) / (ms * 1e-3);
 }
 
 double measure_e4m3_matmul_rate() {
   const int n = 8192;
   const size_t workspace_bytes = size_t(32) << 20;
-  uint8_t *a, *b;
-  __nv_bfloat16* c;
-  void* workspace;
-  SMLA_CUDA_CHECK(cudaMalloc(&a, size_t(n) * n));
-  SMLA_CUDA_CHECK(cudaMalloc(&b, size_t(n) * n));
-  SMLA_CUDA_CHECK(cudaMalloc(&c, size_t(n) * n * 2));
-  SMLA_CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
-  fill_e4m3<<<(n * n + 255) / 256, 256>>>(a, int64_t(n) * n, 7);
-  fill_e4m3<<<(n * n + 255) / 256, 256>>>(b, int64_t(n) * n, 9);
+  const DeviceBuffer a(size_t(n) * n), b(size_t(n) * n), c(size_t(n) * n * 2),
+      workspace(workspace_bytes);
+  fill_e4m3<<<(n * n + 255) / 256, 256>>>(a.as<uint8_t>(), int64_t(n) * n, 7);
+  fill_e4m3<<<(n * n + 255) / 256, 256>>>(b.as<uint8_t>(), int64_t(n) * n, 9);
   SMLA_CUDA_CHECK(cudaGetLastError());
   // cuBLASLt runs e4m3 GEMMs in its "TN" form only: A transposed, both operands K-major.
-  cublasLtHandle_t handle;
-  cublas_check(cublasLtCreate(&handle), "cublasLtCreate");
-  cublasLtMatmulDesc_t op;
-  cublas_check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+  cublasLtHandle_t raw_handle;
+  cublas_check(cublasLtCreate(&raw_handle), "cublasLtCreate");
+  const CublasOwned<cublasLtHandle_t, cublasLtDestroy> handle(raw_handle);
+  cublasLtMatmulDesc_t raw_op;
+  cublas_check(cublasLtMatmulDescCreate(&raw_op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                "cublasLtMatmulDescCreate");
+  const CublasOwned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> op(raw_op);
   const cublasOperation_t transpose = CUBLAS_OP_T;
-  cublas_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+  cublas_check(cublasLtMatmulDescSetAttribute(op.get(), CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
                                               sizeof(transpose)),
                "cublasLtMatmulDescSetAttribute");
-  cublasLtMatrixLayout_t fp8_layout, out_layout;
-  cublas_check(cublasLtMatrixLayoutCreate(&fp8_layout, CUDA_R_8F_E4M3, n, n, n),
+  cublasLtMatrixLayout_t raw_fp8, raw_out;
+  cublas_check(cublasLtMatrixLayoutCreate(&raw_fp8, CUDA_R_8F_E4M3, n, n, n),
                "cublasLtMatrixLayoutCreate");
-  cublas_check(cublasLtMatrixLayoutCreate(&out_layout, CUDA_R_16BF, n, n, n),
+  const CublasOwned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> fp8_layout(raw_fp8);
+  cublas_check(cublasLtMatrixLayoutCreate(&raw_out, CUDA_R_16BF, n, n, n),
                "cublasLtMatrixLayoutCreate");
-  cublasLtMatmulPreference_t preference;
-  cublas_check(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
-  cublas_check(cublasLtMatmulPreferenceSetAttribute(preference,
+  const CublasOwned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> out_layout(raw_out);
+  cublasLtMatmulPreference_t raw_preference;
+  cublas_check(cublasLtMatmulPreferenceCreate(&raw_preference), "cublasLtMatmulPreferenceCreate");
+  const CublasOwned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> preference(
+      raw_preference);
+  cublas_check(cublasLtMatmulPreferenceSetAttribute(preference.get(),
                                                     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &workspace_bytes, sizeof(workspace_bytes)),
                "cublasLtMatmulPreferenceSetAttribute");
   cublasLtMatmulHeuristicResult_t heuristic;
   int found = 0;
-  cublas_check(cublasLtMatmulAlgoGetHeuristic(handle, op, fp8_layout, fp8_layout, out_layout,
-                                              out_layout, preference, 1, &heuristic, &found),
+  cublas_check(cublasLtMatmulAlgoGetHeuristic(handle.get(), op.get(), fp8_layout.get(),
+                                              fp8_layout.get(), out_layout.get(), out_layout.get(),
+                                              preference.get(), 1, &heuristic, &found),
                "cublasLtMatmulAlgoGetHeuristic");
   if (found == 0)
     throw Error(ErrorKind::unsupported, "cublasLtMatmulAlgoGetHeuristic",
@@ -184,19 +201,13 @@ double measure_e4m3_matmul_rate() {
   const float alpha = 1.f, beta = 0.f;
   const double ms = median_graph_ms(
       [&](cudaStream_t s) {
-        cublas_check(cublasLtMatmul(handle, op, &alpha, a, fp8_layout, b, fp8_layout, &beta, c,
-                                    out_layout, c, out_layout, &heuristic.algo, workspace,
-                                    workspace_bytes, s),
+        cublas_check(cublasLtMatmul(handle.get(), op.get(), &alpha, a.as<void>(), fp8_layout.get(),
+                                    b.as<void>(), fp8_layout.get(), &beta, c.as<void>(),
+                                    out_layout.get(), c.as<void>(), out_layout.get(),
+                                    &heuristic.algo, workspace.as<void>(), workspace_bytes, s),
                      "cublasLtMatmul");
       },
       10);
-  cublas_check(cublasLtMatmulPreferenceDestroy(preference), "cublasLtMatmulPreferenceDestroy");
-  cublas_check(cublasLtMatrixLayoutDestroy(out_layout), "cublasLtMatrixLayoutDestroy");
-  cublas_check(cublasLtMatrixLayoutDestroy(fp8_layout), "cublasLtMatrixLayoutDestroy");
-  cublas_check(cublasLtMatmulDescDestroy(op), "cublasLtMatmulDescDestroy");
-  cublas_check(cublasLtDestroy(handle), "cublasLtDestroy");
-  for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(c), workspace})
-    SMLA_CUDA_CHECK(cudaFree(p));
   return 2.0 * n * n * double(n) / (ms * 1e-3);
 }
 

@@ -45,8 +45,8 @@ inline HostTensor filled_pool(const PoolShape& shape, std::byte fill) {
 }
 
 // Rows whose 7 NoPE groups have as maxima every positive finite bf16 once, in random order, so
-// that every UE8M0 byte a bf16 row can need (0..247) is chosen: each group's max `m` at a random
-// place with a random sign, its other values below(m), the RoPE values rope().
+// that every UE8M0 byte a finite bf16 group can need (0..247) is chosen: each group's max `m` at a
+// random place with a random sign, its other values below(m), the RoPE values rope().
 template <class Below, class Rope>
 Rows rows_with_every_group_maximum(Rng& rng, int64_t pad, const Below& below, const Rope& rope) {
   std::vector<uint16_t> maxima;

@@ -64,7 +64,9 @@ int dspark_swa_width(int window, int num_draft_tokens);
 // (on CUDA the current device), on `stream` for device backends (CUDA: one kernel launch,
 // capturable). Throws smla::Error naming the first bad argument; values are checked for host
 // tensors only (a device cannot read them without a synchronisation): on CUDA, a column whose
-// block-table page or top-k index is out of range is -1 where the CPU throws.
+// block-table page or top-k index is out of range is -1, and a decode row's valid top-k entry
+// after a negative one lies past the row's length (its entries >= 0 counted), where the CPU
+// throws.
 void build_sparse_indices(const SparseIndexArgs& args, void* stream = nullptr);
 
 }  // namespace smla

@@ -18,7 +18,7 @@ class TopkColumns:
     build_sparse_indices would write them (smla::TopkColumns): sparse_indices then needs only
     its SWA columns and sparse_topk_lens is None."""
 
-    topk_indices: Any                # [T, top_k] i32 local entries, -1 padded
+    topk_indices: Any                # [T, top_k] i32 local entries, -1 padded (valid first)
     block_table: Any                 # [>= B, pages] i32 of compressed_kv_cache
     compress_ratio: int              # >= 1
     num_decodes: int = 0             # requests [0, num_decodes) decode, the rest prefill

@@ -35,7 +35,7 @@ class CompressedColumns:
     """The compressed columns of a layer; ignored when compress_ratio == 0."""
 
     compress_ratio: int = 0
-    topk_indices: Any = None         # [T, top_k] i32: the index source's local top-k
+    topk_indices: Any = None         # [T, top_k] i32 local top-k, -1 padded (valid first)
     block_table: Any = None          # [>= B, pages] i32 of the compressed cache
     compressed_kv_cache: Any = None  # E = its block_size, and its span
 

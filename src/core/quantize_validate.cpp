@@ -2,7 +2,6 @@
 // cannot be read without a synchronisation (a device quantizer must skip what it cannot write).
 #include <algorithm>
 #include <bit>
-#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>

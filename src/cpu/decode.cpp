@@ -86,7 +86,8 @@ struct TokenRow {
 };
 
 // A token's columns as its table holds them, or (TopkColumns) as that table's build would
-// write them: the same bits, and the same error for a top-k entry past the block table.
+// write them: the same bits, and the same errors for a top-k entry past the block table or, in
+// a decode row, a valid one after a negative one.
 class Columns {
  public:
   Columns(const DecodeProblem& p, const DecodeArgs& a) : p_(p), a_(a) {}

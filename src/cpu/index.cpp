@@ -117,7 +117,7 @@ int32_t topk_entry_offset(int64_t x, int64_t t, int64_t j, int64_t b, const Tens
     check::fail(ErrorKind::value, topk_name,
                 std::string("local indices below ") + table_name +
                     " pages * E = " + num(block_table.size(1) * E),
-                "topk_indices[" + num(t) + "][" + num(j) + "] = " + num(x));
+                std::string(topk_name) + "[" + num(t) + "][" + num(j) + "] = " + num(x));
   return rules::topk_offset(static_cast<int32_t>(x), check::at(block_table, b, x / E), E,
                             pool.span);
 }
