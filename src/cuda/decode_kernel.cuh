@@ -59,7 +59,7 @@ constexpr int kConsumerRegs =
 // kF16: an e4m3 cache with an e4m3 query: scores by e4m3 wgmma, P.V in f16 (one conversion per
 // two values).
 // kQueryTma: the query (bf16, or e4m3 for kF16) by TMA from p.q_map, and no split reduction
-// compiled in: dispatched for unsplit plans of 64 heads a CTA (fp8_ds_mla: one head block),
+// compiled in: dispatched for unsplit plans of 64 heads a CTA,
 // where it measured faster (docs/kernel.md).
 template <KvLayout L, bool kTopk, bool kF16, bool kQueryTma>
 __global__ void __launch_bounds__(kThreads, 1)

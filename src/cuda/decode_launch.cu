@@ -307,10 +307,9 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
       if (q_fp8) return launch<KvLayout::fp8_e4m3, true>(p, plan.ctas, s);
       return launch<KvLayout::fp8_e4m3, false>(p, plan.ctas, s);
     case KvLayout::fp8_ds_mla:
-      // The query by TMA: 128 x 2 H=64 -1.5%, 64 x 2 -2.5%, but +0.7% where two head blocks
-      // share each token's rows (H=100 and 128), as measured (docs/kernel.md).
-      if (QueryTmaParams tp{p};
-          plan.head_blocks == 1 && query_by_tma(plan, q, problem, occupancy, tp))
+      // The query by TMA: 128 x 2 H=64 -1.5%, 64 x 2 -2.5%; H=128 -2.0% and H=100 -3.7% since
+      // the kernel's seven query-register steps (docs/kernel.md).
+      if (QueryTmaParams tp{p}; query_by_tma(plan, q, problem, occupancy, tp))
         return launch<KvLayout::fp8_ds_mla, false, true>(tp, plan.ctas, s);
       return launch<KvLayout::fp8_ds_mla, false>(p, plan.ctas, s);
   }

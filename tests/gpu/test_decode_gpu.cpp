@@ -321,7 +321,7 @@ void check_query_view(KvLayout layout, DType dtype, int h, QueryView view) {
 // Query views a TMA map cannot describe (heads in reverse order: a negative head stride; an
 // e4m3 query's heads 520 bytes apart) or describes with a zero stride (every head one row) or
 // a padded one (bf16 heads 1040 bytes apart), on unsplit plans of 64 heads a CTA, where bf16,
-// fp8_ds_mla (one head block) and e4m3-query caches read the query by TMA if the driver encodes
+// fp8_ds_mla and e4m3-query caches read the query by TMA if the driver encodes
 // its map and by cp.async otherwise.
 TEST(GpuDecode, ReversedBroadcastAndPaddedQueryViews) {
   SKIP_WITHOUT_GPU();
