@@ -93,6 +93,11 @@ Capability query_capability(int head_size, DType query_dtype, DType kv_dtype, in
   if (device.kind == DeviceKind::cpu) return {true, {}};
 #if SMLA_WITH_CUDA
   if (std::string why = cuda::unsupported_reason(device.id); !why.empty()) return refuse(why);
+  // The kernel addresses a page's scales by a 32-bit offset past its records.
+  if (kv_dtype == DType::u8 && int64_t{block_size} * kDsMlaRecordBytes > UINT32_MAX)
+    return refuse("fp8_ds_mla pages of at most 2^32 bytes of records on CUDA: block size at most " +
+                  std::to_string(UINT32_MAX / kDsMlaRecordBytes) + ", got " +
+                  std::to_string(block_size));
   return {true, {}};
 #else
   return refuse("this build has no CUDA backend");

@@ -272,6 +272,7 @@ SparseIndexArgs StepExecutor::table_inputs(int layer) const {
 }
 
 void StepExecutor::begin_step(const StepInputs& inputs) {
+  begun_ = false;  // a refused step leaves no earlier step's inputs for run_layer
   const int64_t readable = max_topk_width(streams_.device());
   const size_t plan = every_entry_topk_width(specs_, inputs) > readable ? plans_.size() - 1 : 0;
   // A top-k the plan has the decode read but it cannot (topk mode, or an index source's wider

@@ -26,7 +26,8 @@ int64_t sparse_index_columns(const SparseIndexArgs& args) {
                         : top_k;
   if (K > INT32_MAX)
     check::fail(ErrorKind::value, "topk_indices", "a table width W + top_k < 2^31",
-                std::to_string(K) + " columns");
+                std::to_string(K) + " columns (W = " + std::to_string(args.window) + ", top_k " +
+                    std::to_string(top_k) + ")");
   return K;
 }
 

@@ -64,25 +64,31 @@ std::shared_ptr<void> SparseIndexTables::memory(int layer) const {
 
 SparseIndexTable SparseIndexTables::build(int layer, const TableInputs& inputs, const TableKey& key,
                                           void* stream) {
-  SparseIndexArgs args = inputs(layer);
-  // Checked before the allocation they size (build_sparse_indices checks the rest).
-  const int64_t T = args.step.num_tokens, K = sparse_index_columns(args);
-  check::int32_count(T, "num_tokens");
-  const bool dspark = args.step.decode_swa_width > args.window;
-  // One allocation: indices, lengths, and (DSpark) the per-token seq_lens.
-  const size_t bytes = sizeof(int32_t) * static_cast<size_t>(T * K + T + (dspark ? T : 0));
-  Stored stored{.memory = streams_.allocate(bytes), .bytes = bytes};
-  int32_t* base = static_cast<int32_t*>(stored.memory.get());
-  const Device device = streams_.device();
-  SparseIndexTable& out = stored.table;
-  out.sparse_indices = make_view(base, DType::i32, device, {T, K});
-  out.sparse_topk_lens = make_view(base + T * K, DType::i32, device, {T});
-  if (dspark) out.seq_lens = make_view(base + T * K + T, DType::i32, device, {T});
-  args.out = out;
-  build_sparse_indices(args, stream);
-  store(key, std::move(stored));
-  ++stats_.builds[key];
-  return out;
+  try {
+    SparseIndexArgs args = inputs(layer);
+    // Checked before the allocation they size (build_sparse_indices checks the rest).
+    const int64_t T = args.step.num_tokens, K = sparse_index_columns(args);
+    check::int32_count(T, "num_tokens");
+    const bool dspark = args.step.decode_swa_width > args.window;
+    // One allocation: indices, lengths, and (DSpark) the per-token seq_lens.
+    const size_t bytes = sizeof(int32_t) * static_cast<size_t>(T * K + T + (dspark ? T : 0));
+    Stored stored{.memory = streams_.allocate(bytes), .bytes = bytes};
+    int32_t* base = static_cast<int32_t*>(stored.memory.get());
+    const Device device = streams_.device();
+    SparseIndexTable& out = stored.table;
+    out.sparse_indices = make_view(base, DType::i32, device, {T, K});
+    out.sparse_topk_lens = make_view(base + T * K, DType::i32, device, {T});
+    if (dspark) out.seq_lens = make_view(base + T * K + T, DType::i32, device, {T});
+    args.out = out;
+    build_sparse_indices(args, stream);
+    store(key, std::move(stored));
+    ++stats_.builds[key];
+    return out;
+  } catch (const Error& e) {  // a forked build fails in another layer's lookup: say which
+    throw Error(e.kind(), e.argument(), e.expected(),
+                e.got() + " (the table of layer " + std::to_string(layer) + ", SWA group " +
+                    std::to_string(key.first) + ")");
+  }
 }
 
 void SparseIndexTables::store(const TableKey& key, Stored stored) {

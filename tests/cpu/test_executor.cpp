@@ -244,6 +244,36 @@ TEST(Executor, DecodeErrorsNameTheLayer) {
   }
 }
 
+// A table built for another SWA group fails inside the layer that forked it: its errors say
+// which layer's table and which group.
+TEST(Executor, TableErrorsNameTheLayerAndGroup) {
+  const auto all = model_layers(model_preset("v41-flash"), 3, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 6);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  for (int group = 0; group < 3; ++group) {
+    test::StepCase c(specs, kThreeRequests, seed);
+    const int64_t T = c.num_tokens();
+    std::vector<TensorView> queries, outs;
+    add_layer_buffers(c, queries, outs);
+    const auto streams = make_streams(Device{});
+    StepExecutor executor(c.layers, *streams, T, max_columns_of(c));
+    c.inputs.block_tables[static_cast<size_t>(group)].dtype = DType::u8;
+    const auto first = std::ranges::find(specs, group, &LayerSpec::swa_group);
+    ASSERT_NE(first, specs.end());
+    try {
+      executor.run_step(c.inputs, queries, outs);
+      FAIL() << "no error for group " << group << "'s u8 block table";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "block_table") << e.what();
+      EXPECT_EQ(e.got(), "u8 (the table of layer " + std::to_string(first->layer) + ", SWA group " +
+                             std::to_string(group) + ")")
+          << e.what();
+    }
+  }
+}
+
 // SPEC §4: the DSpark window is for SWA-only layers. A compressed layer that reads its top-k in
 // the decode (SWA-only to the tables, which then accept the step) is refused by the executor.
 TEST(Executor, DSparkStepRefusesTopkReads) {

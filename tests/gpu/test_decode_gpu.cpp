@@ -701,6 +701,13 @@ TEST(GpuDecode, CapabilityNamesWhatIsMissing) {
   const Capability wide = query_capability(576, DType::bf16, DType::bf16, 64, gpu);
   EXPECT_FALSE(wide.supported);
   EXPECT_NE(wide.reason.find("576"), std::string::npos) << wide.reason;
+  // decode() refuses fp8_ds_mla pages past 2^32 bytes of records: so does the query.
+  const int most = static_cast<int>(UINT32_MAX / kDsMlaRecordBytes);
+  EXPECT_TRUE(query_capability(512, DType::bf16, DType::u8, most, gpu).supported);
+  const Capability huge = query_capability(512, DType::bf16, DType::u8, most + 1, gpu);
+  EXPECT_FALSE(huge.supported);
+  EXPECT_NE(huge.reason.find(std::to_string(most + 1)), std::string::npos) << huge.reason;
+  EXPECT_TRUE(query_capability(512, DType::bf16, DType::bf16, most + 1, gpu).supported);
 }
 
 }  // namespace
