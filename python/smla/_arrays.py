@@ -32,9 +32,19 @@ def with_dtype(array, dtype: str) -> Typed:
     return Typed(array, dtype)
 
 
-def _framework(x) -> str:
+# (module, array type) of the frameworks whose streams and dtypes a call knows.
+_FRAMEWORKS = (("torch", "Tensor"), ("cupy", "ndarray"), ("numpy", "ndarray"))
+
+
+def framework_of(x) -> str:
+    """"torch", "cupy" or "numpy" for their arrays, subclasses too (an engine's own tensor
+    type must run on PyTorch's stream), else the top module of x's type."""
     if isinstance(x, Typed):
         x = x.array
+    for name, array_type in _FRAMEWORKS:
+        module = sys.modules.get(name)  # an array of a framework means it is imported
+        if module is not None and isinstance(x, getattr(module, array_type)):
+            return name
     return type(x).__module__.partition(".")[0]
 
 
@@ -50,7 +60,7 @@ def _stream_framework(like) -> str:
     """Whose current stream a CUDA call without an explicit stream runs on: the framework of
     `like`, or, with nothing to go by (tables, executors), PyTorch's or CuPy's if imported."""
     if like is not None:
-        return _framework(like)
+        return framework_of(like)
     for name in ("torch", "cupy"):
         if name in sys.modules:
             return name
@@ -61,12 +71,16 @@ def _stream_framework(like) -> str:
 _torch_tensor_type = None
 
 
-def _torch_capsule(x, name: str, dtype):
+def _torch_capsule(x, name: str, dtype, writable: bool):
     """(what _smla.Tensor imports, dtype) for a torch tensor: ATen's own DLPack capsule, since
     Tensor.__dlpack__ costs ~6x as much in Python checks and refuses a CUDA tensor of a device
     that is not the current one, which a call on it makes current only afterwards (on_device)."""
     torch = sys.modules["torch"]
-    if x.requires_grad:  # DLPack refuses tensors that require grad; we only read them
+    if x.requires_grad:  # DLPack refuses tensors that require grad: inputs are only read
+        if writable:  # a write autograd would not see
+            raise type_error(name, "an output tensor that does not require grad (the call "
+                             "writes it outside autograd; pass .detach() to write it anyway)",
+                             "a tensor that requires grad")
         x = x.detach()
     if x.is_neg():  # a pending negation: the memory holds the values' negatives
         raise type_error(name, "a tensor without a pending negation (.resolve_neg())",
@@ -85,7 +99,7 @@ def tensor(x, name: str, writable: bool = False, required: str = ""):
     what must come). `name` is the argument's name, used in errors; `writable` for outputs."""
     global _torch_tensor_type
     if type(x) is _torch_tensor_type:  # engines' arguments: checked first
-        capsule, dtype = _torch_capsule(x, name, None)
+        capsule, dtype = _torch_capsule(x, name, None, writable)
         return _smla.Tensor(capsule, name, dtype, writable)
     if x is None:
         if required:
@@ -100,13 +114,13 @@ def tensor(x, name: str, writable: bool = False, required: str = ""):
         if x is None:
             raise type_error(name, "an array in with_dtype", "None")
     torch = sys.modules.get("torch")
-    if _framework(x) == "numpy":
+    if framework_of(x) == "numpy":
         raw = _RAW_NUMPY.get(getattr(getattr(x, "dtype", None), "name", ""))
         if raw is not None:
             x, dtype = x.view(raw[0]), dtype or raw[1]
     elif torch is not None and isinstance(x, torch.Tensor):  # subclasses too (nn.Parameter)
         _torch_tensor_type = torch.Tensor
-        x, dtype = _torch_capsule(x, name, dtype)
+        x, dtype = _torch_capsule(x, name, dtype, writable)
     elif not hasattr(x, "__dlpack__"):
         # A buffer exporter may leave its strides out (ctypes arrays), which the import would
         # read: a memoryview of it states them.

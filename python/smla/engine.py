@@ -15,7 +15,7 @@ import sys
 from .buffers import kv_counter_buffer, workspace_buffer  # noqa: F401  (engines import these)
 from . import _smla
 from .decode import WINDOW, sparse_mla_decode
-from ._arrays import Typed, on_a_device, stream_handle, tensor
+from ._arrays import Typed, framework_of, on_a_device, stream_handle, tensor
 from ._errors import value_error
 
 HEAD_DIM = _smla.HEAD_DIM
@@ -31,7 +31,7 @@ def _array(x):
 
 def _module(x):
     """The array module of `x`: torch, cupy or numpy."""
-    name = type(_array(x)).__module__.partition(".")[0]
+    name = framework_of(x)
     if name in ("torch", "cupy"):
         return sys.modules[name]
     import numpy as np

@@ -50,9 +50,10 @@ def _inputs(inputs: StepInputs):
 
 class StepExecutor:
     """Runs the layers' attention of each step on the device of their pools, on `stream`
-    (default: PyTorch's current stream for CUDA), fixed here: to capture a step in a CUDA
-    graph, make the executor on the stream the capture uses (torch.cuda.graph(g, stream=s))
-    and run one eager step of the same shape first (its memory serves the capture).
+    (default for CUDA: the current stream of the pools' framework, PyTorch or CuPy), fixed
+    here: to capture a step in a CUDA graph, make the executor on the stream the capture uses
+    (torch.cuda.graph(g, stream=s)) and run one eager step of the same shape first (its
+    memory serves the capture).
     Allocates zeroed counters and workspace for steps of up to `max_tokens` tokens and
     `max_columns` table columns. `compressed_index`: "topk" lets the decode read a compressed
     layer's columns from its top-k (the layer shares its group's SWA table); "table" builds each

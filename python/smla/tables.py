@@ -10,7 +10,8 @@ from .index import SparseIndexArgs, SparseIndexTable, index_args
 
 class SparseIndexTables:
     """Tables of the `layers` (LayerSpecs in model order) on `device`, ordered on `stream`
-    (default: PyTorch's current stream for CUDA, fixed from here on)."""
+    (default for CUDA: PyTorch's current stream where torch is imported, else CuPy's, else
+    the legacy default stream; fixed from here on). On CUDA, lookup returns torch tensors."""
 
     def __init__(self, layers, device="cpu", stream=None):
         self._device = parse_device(device)

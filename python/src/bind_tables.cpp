@@ -55,12 +55,19 @@ class Tables {
       bool& flag;
       ~Busy() { flag = false; }
     } busy{busy_ = true};
-    const SparseIndexTable t = tables_->lookup(layer, [&](int other) {
-      nb::object args = inputs(other);
-      // Forked builds may still read these arrays after lookup returns: hold them until reset.
-      keep_.push_back(args);
-      return nb::cast<const IndexArgs&>(args).args;
-    });
+    SparseIndexTable t;
+    {
+      // A build on the CPU runs for milliseconds: other Python threads run meanwhile (a second
+      // call on these tables is refused by `busy_`).
+      nb::gil_scoped_release release;
+      t = tables_->lookup(layer, [&](int other) {
+        nb::gil_scoped_acquire acquire;
+        nb::object args = inputs(other);
+        // Forked builds may still read these arrays after lookup returns: hold them until reset.
+        keep_.push_back(args);
+        return nb::cast<const IndexArgs&>(args).args;
+      });
+    }
     const nb::capsule owner(new TableOwner{nb::borrow(self), tables_->memory(layer)},
                             [](void* p) noexcept { delete static_cast<TableOwner*>(p); });
     return nb::make_tuple(as_array(t.sparse_indices, owner), as_array(t.sparse_topk_lens, owner),
@@ -75,13 +82,16 @@ class Tables {
     tables_->reset();
     keep_.clear();
   }
-  nb::dict stats() const { return stats_dict(tables_->stats()); }
+  nb::dict stats() const {
+    idle("stats");
+    return stats_dict(tables_->stats());
+  }
 
  private:
   // A lookup's `inputs` that calls back into these tables would free the memory the lookup is
   // about to return (reset) or interleave its forks (lookup, join): refused.
   void idle(const char* call) const {
-    if (busy_)
+    if (busy_)  // from `inputs`, or from another thread while lookup runs without the GIL
       throw Error(ErrorKind::value, "inputs",
                   "a callable that leaves these SparseIndexTables alone while they look up",
                   std::string("a call to ") + call + " from inside lookup");
@@ -90,7 +100,7 @@ class Tables {
   std::unique_ptr<Streams> streams_;            // declared first: outlives the tables
   std::unique_ptr<SparseIndexTables> tables_;
   std::vector<nb::object> keep_;
-  bool busy_ = false;  // inside lookup
+  bool busy_ = false;  // inside lookup (read and written under the GIL)
 };
 
 }  // namespace

@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import math
 import re
+import threading
 import weakref
 
 import ml_dtypes
@@ -254,6 +255,21 @@ def test_decode_raw_bits_with_dtype_give_the_same_result():
                                                    "bf16"),
                out=smla.with_dtype(args["out"].view(np.uint16), "bf16"))
     smla.sparse_mla_decode(**raw)
+    assert (args["out"].view(np.uint16) == first.view(np.uint16)).all()
+
+
+class EngineArray(np.ndarray):
+    """An engine's own array type: a NumPy array all the same."""
+
+
+def test_decode_takes_array_subclasses():
+    """An ndarray subclass of ml_dtypes' bfloat16 is read as bf16, as its base class is."""
+    args, pools = make_case(ref.fresh_rng(), sinks=None)
+    run_and_check(args, pools)
+    first = args["out"].copy()
+    args["out"][:] = np.nan
+    smla.sparse_mla_decode(**dict(args, query=args["query"].view(EngineArray),
+                                  out=args["out"].view(EngineArray)))
     assert (args["out"].view(np.uint16) == first.view(np.uint16)).all()
 
 
@@ -969,6 +985,33 @@ def test_sparse_index_tables_refuse_calls_from_their_inputs():
     table = tables.lookup(0, lambda layer: index_args(c, specs[layer].compress_ratio))
     np.testing.assert_array_equal(table.sparse_indices, expected_table(c, 0)[0])
     tables.join()
+
+
+def test_sparse_index_tables_refuse_other_threads_while_they_look_up():
+    """lookup builds without the GIL, so other threads run meanwhile: their calls on the same
+    tables (here from a thread that `inputs` starts and joins) are refused by name."""
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    specs, _ = layers_and_pools(rng)
+    tables = smla.SparseIndexTables(specs, "cpu")
+    refused = []
+
+    def other_thread():
+        try:
+            tables.stats  # a property
+        except ValueError as e:
+            refused.append(str(e))
+
+    def inputs(layer):
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        return index_args(c, specs[layer].compress_ratio)
+
+    table = tables.lookup(0, inputs)
+    assert refused and all("a call to stats from inside lookup" in e for e in refused), refused
+    np.testing.assert_array_equal(table.sparse_indices, expected_table(c, 0)[0])
+    assert tables.stats["builds"]  # and afterwards it is answered
 
 
 def test_buffer_exporters_without_strides_cross():

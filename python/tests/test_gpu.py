@@ -240,13 +240,20 @@ def busy_side_stream():
     return case, expected, made, side
 
 
-@pytest.mark.parametrize("typed", [False, True])
-def test_decode_runs_on_the_current_stream(typed):
+class EngineTensor(torch.Tensor):
+    """An engine's own tensor type: a torch tensor all the same."""
+
+
+@pytest.mark.parametrize("form", ["plain", "with_dtype", "subclass"])
+def test_decode_runs_on_the_current_stream(form):
     """The launch goes on torch's current stream, not the default one; also with the query's
-    bits passed through with_dtype."""
+    bits passed through with_dtype, and for a query of a torch.Tensor subclass."""
     case, expected, made, side = busy_side_stream()
+    query = case["query"]
+    extra = {"plain": {},
+             "with_dtype": {"query": smla.with_dtype(query.view(torch.int16), "bf16")},
+             "subclass": {"query": query.as_subclass(EngineTensor)}}[form]
     with torch.cuda.stream(side):
-        extra = {"query": smla.with_dtype(case["query"].view(torch.int16), "bf16")} if typed else {}
         smla.sparse_mla_decode(**op_args(case, **made, **extra))
     torch.cuda.synchronize()
     check(case, *expected)

@@ -131,8 +131,8 @@ def test_compiled_call_with_topk_columns_equals_eager(device):
 
 def test_torch_tensors_convert_or_are_refused_by_name():
     """Tensors that require grad and nn.Parameters are read as they are; a pending negation,
-    a sparse or meta tensor, or a torch object that is no tensor is a TypeError naming the
-    argument (not a wrong result, not another exception)."""
+    a sparse or meta tensor, a torch object that is no tensor, or an output that requires grad
+    is a TypeError naming the argument (not a wrong result, not another exception)."""
     case = decode_case("cpu")
     smla.sparse_mla_decode(**case)
     got = fresh_outputs(case)
@@ -144,6 +144,11 @@ def test_torch_tensors_convert_or_are_refused_by_name():
                      (sinks.to("meta"), "meta"), (torch.float32, "got dtype")):
         with pytest.raises(TypeError, match=f"smla: sinks: .*{why}"):
             smla.sparse_mla_decode(**dict(fresh_outputs(case), sinks=bad))
+    # An output that requires grad would be written outside autograd.
+    outs = fresh_outputs(case)
+    outs["out"].requires_grad_()
+    with pytest.raises(TypeError, match="smla: out: .*does not require grad.*requires grad"):
+        smla.sparse_mla_decode(**outs)
 
 
 @pytest.mark.parametrize("device", DEVICES)
