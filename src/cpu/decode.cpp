@@ -15,6 +15,7 @@
 #include "core/index_rules.h"
 #include "core/numeric.h"
 #include "cpu/backend.h"
+#include "cpu/fp_mode.h"
 #include "cpu/index.h"
 #include "cpu/parallel.h"
 
@@ -277,6 +278,7 @@ void decode(const DecodeProblem& p, const DecodeArgs& a) {
   const Columns columns(p, a);
   const int blocks = (p.num_heads + kHeadBlock - 1) / kHeadBlock;
   parallel_ranges(p.num_tokens * blocks, [&](int64_t begin, int64_t end) {
+    const KeepSubnormals ieee;  // as the GPU computes, whatever the caller's mode
     Rows rows;
     std::vector<double> e;
     for (int64_t unit = begin; unit < end; ++unit) {

@@ -1,5 +1,6 @@
-// Subnormals kept in float arithmetic for a scope, so that the CPU quantizer rounds as the CUDA
-// one (IEEE, no flush) whatever mode its caller set (torch.set_flush_denormal, -ffast-math code).
+// Subnormals kept in float arithmetic for a scope, so that the CPU quantizer and decode compute
+// as the CUDA ones (IEEE, no flush) whatever mode their caller set (torch.set_flush_denormal,
+// -ffast-math code).
 #pragma once
 #include <cstdint>
 #if defined(__x86_64__) || defined(__SSE2__)

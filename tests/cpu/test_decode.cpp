@@ -1,6 +1,9 @@
 // The CPU backend against the float64 oracle over random cases (fresh inputs for every check;
 // a failure prints the seed, replayable with SMLA_TEST_SEED).
 #include <gtest/gtest.h>
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -270,6 +273,44 @@ TEST(Decode, UnattendedNanRowsDoNotLeak) {
     EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
   }
 }
+
+#if defined(__x86_64__) || defined(__SSE2__)
+// A caller's flush-to-zero and denormals-are-zero modes (torch.set_flush_denormal(True) sets
+// them) change no output byte: rows of bf16 subnormals, read as zeros under those modes,
+// against a query near 2^100, on the caller's thread and the workers alike.
+TEST(Decode, FlushModesOfTheCallerChangeNoByte) {
+  const uint64_t seed = fresh_seed();
+  DecodeCase c = make_case({.heads = 8, .sinks = SinkKind::absent, .masked = 0.05}, seed);
+  Rng rng(seed + 1);
+  for (HostTensor* t : {&c.swa_kv_cache, &c.compressed_kv_cache}) {
+    if (!t->defined()) continue;
+    const RefPool pool(*t);
+    for (int64_t o = 0; o < pool.blocks * pool.span; ++o)
+      if (pool.valid(o))
+        for (int d = 0; d < kHeadDim; ++d)
+          t->store<uint16_t>(pool.record(o) + 2 * d,
+                             static_cast<uint16_t>(rng.uniform(1, 127) | (rng.chance(0.5) << 15)));
+  }
+  for (int64_t tok = 0; tok < c.query.size(0); ++tok)
+    for (int h = 0; h < c.query.size(1); ++h)
+      for (int d = 0; d < kHeadDim; ++d)
+        c.query.set<uint16_t>(tok * c.query.stride(0) + h * c.query.stride(1) + d,
+                              to_bf16(std::ldexp(rng.normal(), 100)));
+  c.bmm1_scale = 1;
+  c.bmm2_scale = std::ldexp(1.0f, 100);  // outputs of normal size (~2^-30)
+  ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
+  const std::vector<std::byte> ieee = c.out.bytes;
+  EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
+  std::fill(c.out.bytes.begin(), c.out.bytes.end(), std::byte{0xff});
+  const unsigned mode = _mm_getcsr();
+  _mm_setcsr(mode | 0x8040u);
+  sparse_mla_decode(c.args());
+  const unsigned after = _mm_getcsr();
+  _mm_setcsr(mode);
+  EXPECT_EQ(after, mode | 0x8040u);
+  EXPECT_TRUE(c.out.bytes == ieee) << c.summary;
+}
+#endif
 
 // A NaN quantized into an fp8_ds_mla row reaches the outputs of the tokens attending it only.
 TEST(Decode, ANanQuantizedIntoADsMlaRowReachesItsTokens) {
