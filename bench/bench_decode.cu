@@ -23,6 +23,7 @@
 #include "cuda/decode_plan.h"
 #include "cuda/device.h"
 #include "smla/decode.h"
+#include "smla/streams.h"
 #include "timing.h"
 
 using namespace smla;
@@ -265,7 +266,8 @@ std::vector<Shape> issue_shapes() {
 
 constexpr const char* kUsage =
     "usage: smla_bench [--csv PATH] [--shape HEADS:REQUESTS:TOKENS:TOPK] "
-    "[--kv bf16|fp8_ds_mla|fp8_e4m3 (default: all)] [--rotate indices|all (default: all)]\n"
+    "[--kv bf16|fp8_ds_mla|fp8_e4m3 (default: all; fp8 = fp8_e4m3)] "
+    "[--rotate indices|all (default: all)]\n"
     "  --rotate all: each launch reads its own indices and query and writes its own output\n"
     "  buffer; indices: one query and output buffer a shape, which may stay in L2 (the bytes and\n"
     "  the floor then count the rows and indices alone)\n";
@@ -308,9 +310,9 @@ Options parse(int argc, char** argv) {
     if (flag == "--kv") {
       o.layouts.clear();
       for (const Layout& l : kLayouts)
-        if (value == l.name) o.layouts = {l};
+        if (value == l.name || (value == "fp8" && l.kv == KvLayout::fp8_e4m3)) o.layouts = {l};
       if (o.layouts.empty())
-        throw cli::UsageError("--kv: expected bf16|fp8_ds_mla|fp8_e4m3, got '" +
+        throw cli::UsageError("--kv: expected bf16|fp8_ds_mla|fp8_e4m3 (fp8 = fp8_e4m3), got '" +
                               std::string(value) + "'");
     }
   });
@@ -333,6 +335,7 @@ int main(int argc, char** argv) {
   const std::vector<Shape>& shapes = o.shapes;
   const std::vector<Layout>& layouts = o.layouts;
   try {
+    make_streams({DeviceKind::cuda, 0});  // throws, saying why, when no GPU can run the kernels
     MatmulRates matmul{bench::measure_bf16_matmul_rate(), 0};
     std::string e4m3_csv;  // empty where the rate is assumed, not measured
     try {

@@ -173,12 +173,13 @@ std::string usage() {
          "  --mtp N           query tokens per request (default " +
          std::to_string(d.mtp) +
          ")\n"
-         "  --kv bf16|fp8_e4m3|fp8_ds_mla   KV cache layout (default bf16; fp8 = fp8_e4m3)\n"
+         "  --kv bf16|fp8_e4m3|fp8_ds_mla   KV cache layout (default bf16; fp8 = fp8_e4m3, run\n"
+         "                    with an e4m3 query; the others with a bf16 query)\n"
          "  --device auto|cpu|cuda     where to run (default auto: the GPU when there is one)\n"
          "  --check N         distinct (token, head) rows per layer checked against a float64\n"
          "                    oracle, at most all of them (default " +
          std::to_string(d.check) +
-         ", 0: no check)\n"
+         ", 0: no check; on CUDA a check keeps host copies of the pools)\n"
          "  --groups N        interleaved SWA KV-cache groups (default " +
          std::to_string(d.groups) +
          ")\n"

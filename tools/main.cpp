@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 
 #include "args.h"
 #include "run.h"
@@ -27,6 +28,11 @@ int run(const smla::cli::Invocation& invocation) {
     }
   } catch (const smla::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());  // already "smla: argument: expected ..., got ..."
+    return 1;
+  } catch (const std::bad_alloc&) {  // a process limit (ulimit -v) below the step's estimate
+    std::fprintf(stderr,
+                 "smla: out of host memory (a process limit such as ulimit -v below what the "
+                 "step needs?): run a smaller step (--requests, --context, --mtp)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "smla: %s\n", e.what());

@@ -209,10 +209,14 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
   const double host_bytes = index_bytes + (host_copies ? pool_bytes + row_bytes : layer_rows);
   const double limit = host_limit_bytes();
   const auto mib = [](double bytes) { return std::to_string(int64_t(bytes / 1048576)) + " MiB"; };
+  const bool check_copies = host_copies && streams.device().kind != DeviceKind::cpu;
   if (host_bytes > limit || pool_bytes + row_bytes > 0x1p62)
-    throw Error(ErrorKind::value, "--requests, --context, --mtp (with --model and --kv)",
+    throw Error(ErrorKind::value,
+                check_copies ? "--requests, --context, --mtp (with --model and --kv), --check"
+                             : "--requests, --context, --mtp (with --model and --kv)",
                 "a step whose host memory fits in " + mib(limit) +
-                    " (two thirds of this machine's or container's memory)",
+                    " (two thirds of this machine's or container's memory" +
+                    (check_copies ? "; --check 0 keeps the pools on the device only)" : ")"),
                 mib(pool_bytes) + " of KV pools, " + mib(row_bytes) + " of queries and outputs" +
                     (host_copies ? "" : " (on the device)") + " and " + mib(index_bytes) +
                     " of block tables and top-k");

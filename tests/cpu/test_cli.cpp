@@ -171,7 +171,7 @@ TEST(RunArgs, DefaultsAreThoseTheUsageStates) {
   EXPECT_EQ(o.seed, 0u);
   const std::string text = usage();
   for (const char* line : {"(default v4-flash)", "(default 4)", "(default 4096)", "(default 1)",
-                           "(default 8, 0: no check)", "(default 0)"})
+                           "(default 8, 0: no check", "(default 0)"})
     EXPECT_NE(text.find(line), std::string::npos) << line;
 }
 
@@ -241,7 +241,7 @@ TEST(Report, TotalsPerKindAndTheCheck) {
               .tolerance = 1e-2};
   const std::string want =
       "v41-flash: 3 layers, 1 request x 1 token, context 300, fp8_ds_mla KV (3.0 MiB), "
-      "2 SWA groups, compressed index topk, on cpu (1 thread)\n"
+      "bf16 query, 2 SWA groups, compressed index topk, on cpu (1 thread)\n"
       "layers      count    time ms   ms/layer      GB/s   TFLOP/s\n"
       "swa-only        2      0.040      0.020     29.20     6.554\n"
       "ratio 4         1      0.050      0.050     35.04     7.864\n"
