@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <set>
@@ -217,6 +218,25 @@ TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {
   EXPECT_EQ(streams.log.back(), "join");
 }
 
+// The error a step of `specs` on the CPU raises once `spoil` has changed its inputs or
+// queries; none if it runs.
+std::optional<Error> step_error(
+    const std::vector<LayerSpec>& specs, uint64_t seed,
+    const std::function<void(test::StepCase&, std::vector<TensorView>&)>& spoil) {
+  test::StepCase c(specs, kThreeRequests, seed);
+  std::vector<TensorView> queries, outs;
+  add_layer_buffers(c, queries, outs);
+  const auto streams = make_streams(Device{});
+  StepExecutor executor(c.layers, *streams, c.num_tokens(), max_columns_of(c));
+  spoil(c, queries);
+  try {
+    executor.run_step(c.inputs, queries, outs);
+  } catch (const Error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
 // Every layer's decode has the same argument names: its errors say which layer (by id) failed.
 TEST(Executor, DecodeErrorsNameTheLayer) {
   const auto all = model_layers(model_preset("v41-flash"), 3, false);
@@ -224,24 +244,16 @@ TEST(Executor, DecodeErrorsNameTheLayer) {
   for (LayerSpec& s : specs) s.num_heads = kHeads;
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
-  test::StepCase c(specs, kThreeRequests, seed);
-  const int64_t T = c.num_tokens();
-  std::vector<TensorView> queries, outs;
-  add_layer_buffers(c, queries, outs);
-  const auto streams = make_streams(Device{});
-  StepExecutor executor(c.layers, *streams, T, max_columns_of(c));
   const size_t bad = seed % specs.size();  // not the layer's id: that is 20 more
-  queries[bad].dtype = DType::u8;          // half its bytes: still apart from the other buffers
   const std::string layer = "(layer " + std::to_string(specs[bad].layer) + ")";
   SCOPED_TRACE("bad query for " + layer);
-  try {
-    executor.run_step(c.inputs, queries, outs);
-    FAIL() << "no error for the u8 query";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::type) << e.what();
-    EXPECT_EQ(e.argument(), "query") << e.what();
-    EXPECT_EQ(e.got(), "u8 " + layer) << e.what();
-  }
+  // Half its bytes: still apart from the other buffers.
+  const auto e =
+      step_error(specs, seed, [&](auto&, auto& queries) { queries[bad].dtype = DType::u8; });
+  ASSERT_TRUE(e) << "no error for the u8 query";
+  EXPECT_EQ(e->kind(), ErrorKind::type) << e->what();
+  EXPECT_EQ(e->argument(), "query") << e->what();
+  EXPECT_EQ(e->got(), "u8 " + layer) << e->what();
 }
 
 // A table built for another SWA group fails inside the layer that forked it: its errors say
@@ -253,24 +265,16 @@ TEST(Executor, TableErrorsNameTheLayerAndGroup) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
   for (int group = 0; group < 3; ++group) {
-    test::StepCase c(specs, kThreeRequests, seed);
-    const int64_t T = c.num_tokens();
-    std::vector<TensorView> queries, outs;
-    add_layer_buffers(c, queries, outs);
-    const auto streams = make_streams(Device{});
-    StepExecutor executor(c.layers, *streams, T, max_columns_of(c));
-    c.inputs.block_tables[static_cast<size_t>(group)].dtype = DType::u8;
+    const auto e = step_error(specs, seed, [&](test::StepCase& c, auto&) {
+      c.inputs.block_tables[static_cast<size_t>(group)].dtype = DType::u8;
+    });
+    ASSERT_TRUE(e) << "no error for group " << group << "'s u8 block table";
     const auto first = std::ranges::find(specs, group, &LayerSpec::swa_group);
     ASSERT_NE(first, specs.end());
-    try {
-      executor.run_step(c.inputs, queries, outs);
-      FAIL() << "no error for group " << group << "'s u8 block table";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), "block_table") << e.what();
-      EXPECT_EQ(e.got(), "u8 (the table of layer " + std::to_string(first->layer) + ", SWA group " +
-                             std::to_string(group) + ")")
-          << e.what();
-    }
+    EXPECT_EQ(e->argument(), "block_table") << e->what();
+    EXPECT_EQ(e->got(), "u8 (the table of layer " + std::to_string(first->layer) + ", SWA group " +
+                            std::to_string(group) + ")")
+        << e->what();
   }
 }
 
