@@ -14,17 +14,19 @@ namespace smla::test {
 
 // An fp8_ds_mla case without sinks (a +inf sink makes a head's output 0 whatever it attends)
 // whose columns are all real rows, and the bf16 row with a NaN that goes to the slot of one of
-// the first attending token's rows (fp8_ds_mla offsets are slots).
+// the first attending token's rows (fp8_ds_mla offsets are slots). Output heads past `heads`
+// are padding, which stays zero.
 struct NanRowCase {
   DecodeCase c;
   HostTensor row = HostTensor::make(DType::bf16, {1, kHeadDim});
   HostTensor slots = HostTensor::make(DType::i32, {1});
   int64_t slot = -1;
 
-  explicit NanRowCase(uint64_t seed)
+  NanRowCase(uint64_t seed, int heads, int out_heads, int requests)
       : c(make_case({.layout = KvLayout::fp8_ds_mla,
-                     .heads = 16,
-                     .requests = 4,
+                     .heads = heads,
+                     .out_heads = out_heads,
+                     .requests = requests,
                      .max_q = 2,
                      .sinks = SinkKind::absent,
                      .pools = PoolSharing::absent,
@@ -44,22 +46,29 @@ struct NanRowCase {
 };
 
 // After the row was quantized and the case decoded: every head's output row of a token that
-// attends the NaN row holds a NaN or inf, every other token's outputs are finite.
+// attends the NaN row holds a NaN or inf, every other token's outputs are finite, and the
+// padding heads are zeros.
 inline ::testing::AssertionResult nan_reaches_its_tokens_only(const NanRowCase& n) {
   const DecodeCase& c = n.c;
   const auto rows = attended_rows(c);
+  const int heads = static_cast<int>(c.query.size(1));
   int64_t attending = 0;
   for (int64_t t = 0; t < c.out.size(0); ++t) {
     bool attends = false;
     for (const AttendedRow& a : rows[t]) attends = attends || a.offset == n.slot;
     attending += attends;
     for (int h = 0; h < c.out.size(1); ++h) {
-      bool finite = true;
-      for (int d = 0; d < kHeadDim; ++d)
-        finite = finite &&
-                 std::isfinite(ref_bf16(c.out.get<uint16_t>(t * c.out.stride(0) +
-                                                              h * c.out.stride(1) + d)));
-      if (finite == attends)
+      bool finite = true, zero = true;
+      for (int d = 0; d < kHeadDim; ++d) {
+        const double x =
+            ref_bf16(c.out.get<uint16_t>(t * c.out.stride(0) + h * c.out.stride(1) + d));
+        finite = finite && std::isfinite(x);
+        zero = zero && x == 0;
+      }
+      if (h >= heads && !zero)
+        return ::testing::AssertionFailure()
+               << "token " << t << ", padding head " << h << ": output not zero; " << c.summary;
+      if (h < heads && finite == attends)
         return ::testing::AssertionFailure()
                << "token " << t << " (" << (attends ? "" : "not ") << "attending slot " << n.slot
                << "), head " << h << ": output " << (finite ? "finite" : "not finite") << "; "

@@ -34,11 +34,11 @@ __device__ __forceinline__ __nv_bfloat16* out_row(const DecodeParams& p, int tok
   return static_cast<__nv_bfloat16*>(p.out) + token * p.out_token_stride + head * p.out_head_stride;
 }
 
-// Heads past the last head block (up to H_out) are zeros; written once per token.
+// Heads H..H_out-1 are zeros, written once per token. The last head block's rows past H are
+// not written from their sums: a zero query's scores are 0 x k, NaN where a row holds an inf.
 __device__ __forceinline__ void zero_tail_heads(const DecodeParams& p, int token, int thread) {
-  const int first = p.head_blocks * p.heads_per_cta;
-  for (int i = thread; i < (p.out_heads - first) * kRowChunks; i += 256) {
-    const int head = first + i / kRowChunks, unit = i % kRowChunks;
+  for (int i = thread; i < (p.out_heads - p.num_heads) * kRowChunks; i += 256) {
+    const int head = p.num_heads + i / kRowChunks, unit = i % kRowChunks;
     reinterpret_cast<uint4*>(out_row(p, token, head))[unit] = make_uint4(0, 0, 0, 0);
   }
 }
@@ -56,7 +56,7 @@ __device__ __forceinline__ void write_staged(const DecodeParams& p, const Work& 
   ptx::named_sync(kEpilogueBarrier, 256);
   for (int i = thread; i < p.heads_per_cta * kRowChunks; i += 256) {
     const int row = i / kRowChunks, unit = i % kRowChunks, head = w.head0 + row;
-    if (head < p.out_heads)
+    if (head < p.num_heads)
       reinterpret_cast<uint4*>(out_row(p, w.token, head))[unit] =
           *reinterpret_cast<const uint4*>(smem + Smem::kv + row * kOutPitch + unit * 16);
   }
@@ -90,7 +90,7 @@ __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& 
                              ? finish_row(p, w, smem, row, c.row_max[r], c.row_sum[r],
                                           c.half == 0 && c.lane % 4 == 0)
                              : 0.f;
-    const bool write = row < p.heads_per_cta && head < p.out_heads;  // the quad's alike
+    const bool write = row < p.heads_per_cta && head < p.num_heads;  // the quad's alike
     uint4* out = reinterpret_cast<uint4*>(out_row(p, w.token, head)) + c.half * 32 + c.lane % 4;
 #pragma unroll
     for (int g = 0; g < 8; ++g) {
@@ -281,8 +281,9 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
   // My chunks: the splits' O in split order, weighted, times the factor. One chunk a pass: this
   // code runs once a CTA, cold in the instruction cache (unrolled twice it was 2.3x the code and
   // up to 3% slower).
+  const int live_end = min(end, w.live_heads * kRowChunks);  // heads past H: zero_tail_heads
 #pragma unroll 1
-  for (int i = begin + thread; i < end; i += 256) {
+  for (int i = begin + thread; i < live_end; i += 256) {
     const int row = i / kRowChunks, unit = i % kRowChunks;
     const uint4* at = reinterpret_cast<const uint4*>(smem + Smem::kv + row * kOutPitch) + unit;
     uint4 v[kMaxPeers];
@@ -301,21 +302,17 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
           acc[k].x += weight[s] * f.x, acc[k].y += weight[s] * f.y;
         }
       }
-    const int head = w.head0 + row;
     const float factor = weight[kMaxPeers];
-    if (head < p.out_heads) {
-      uint4 out;
-      auto* o = reinterpret_cast<__nv_bfloat162*>(&out);
+    uint4 out;
+    auto* o = reinterpret_cast<__nv_bfloat162*>(&out);
 #pragma unroll
-      for (int k = 0; k < 4; ++k)
-        o[k] = __floats2bfloat162_rn(acc[k].x * factor, acc[k].y * factor);
-      reinterpret_cast<uint4*>(out_row(p, w.token, head))[unit] = out;
-    }
+    for (int k = 0; k < 4; ++k)
+      o[k] = __floats2bfloat162_rn(acc[k].x * factor, acc[k].y * factor);
+    reinterpret_cast<uint4*>(out_row(p, w.token, w.head0 + row))[unit] = out;
   }
   if (w.split == 0 && w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
-  // The output stores need not complete first. Every chunk load above feeds the sums, so it is
-  // complete before the arrive (SASS-checked; skipping padded rows' loads would make it a
-  // source-level guarantee: branch exp-noinline-reduce).
+  // The output stores need not complete first. Every chunk load above feeds a store, so it is
+  // complete before the arrive (SASS-checked).
   ptx::cluster_sync_relaxed();
 }
 

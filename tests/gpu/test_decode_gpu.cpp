@@ -337,12 +337,19 @@ TEST(GpuDecode, ReversedBroadcastAndPaddedQueryViews) {
 
 // A NaN quantized into an fp8_ds_mla row on the GPU (its group's codes 0x7F under scale byte
 // 255, which the kernel's bf16 conversion reads as inf) reaches the outputs of the tokens
-// attending it only, as on the CPU (tests/cpu/test_decode.cpp).
+// attending it only, as on the CPU (tests/cpu/test_decode.cpp), and the padding heads stay
+// zeros (a zero query row's scores are 0 x inf there) in unsplit, cluster and counter plans.
 TEST(GpuDecode, ANanQuantizedIntoADsMlaRowReachesItsTokens) {
   SKIP_WITHOUT_GPU();
-  for (int round = 0; round < 4; ++round) {
-    NanRowCase n(fresh_seed());
+  std::set<std::string> reductions;
+  for (int round = 0; round < 6; ++round) {
+    const bool wide = round % 2;  // two head blocks, the last one part padding
+    std::optional<CountersOnly> counters;
+    if (round / 2 == 1) counters.emplace();
+    NanRowCase n(fresh_seed(), wide ? 100 : 12, wide ? 128 : 16, round / 2 == 2 ? 128 : 4);
     DeviceCase d(n.c);
+    const cuda::DecodePlan plan = d.plan();
+    reductions.insert(plan.num_splits == 1 ? "unsplit" : plan.cluster ? "cluster" : "counters");
     const DeviceMemory row(n.row.bytes.size()), slots(n.slots.bytes.size());
     CUDA_THROW(cudaMemcpy(row.get(), n.row.bytes.data(), row.bytes(), cudaMemcpyHostToDevice));
     CUDA_THROW(
@@ -352,8 +359,9 @@ TEST(GpuDecode, ANanQuantizedIntoADsMlaRowReachesItsTokens) {
     sparse_mla_decode(d.args);
     ASSERT_CUDA(cudaDeviceSynchronize());
     d.fetch(n.c);
-    EXPECT_TRUE(nan_reaches_its_tokens_only(n));
+    EXPECT_TRUE(nan_reaches_its_tokens_only(n)) << plan.num_splits << " splits";
   }
+  EXPECT_EQ(reductions.size(), 3u) << "plans of every reduction";
 }
 
 // A row split over many CTAs reuses one counter buffer 1000 times without a reset between
