@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compiles the decode kernel with ptxas' report and fails when ptxas serialized its wgmma
 # instructions (any "wgmma.mma_async instructions are serialized" info: C7512, C7514, C7515,
-# C7520, ...) or spilled registers: both silently cost 1.5-2x of its speed.
+# C7520, ...) or spilled registers (both silently cost 1.5-2x of its speed), or gave it a stack
+# frame (local memory in the loops).
 #   scripts/check_ptxas.sh [nvcc]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,4 +12,5 @@ report=$("$nvcc" -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isr
 echo "$report" | grep -E "registers|spill|stack|serialized" || true
 if echo "$report" | grep -q "instructions are serialized"; then echo "FAIL: wgmma serialized"; exit 1; fi
 if echo "$report" | grep -E "[1-9][0-9]* bytes spill" >/dev/null; then echo "FAIL: register spills"; exit 1; fi
-echo "ok: no wgmma serialization, no spills"
+if echo "$report" | grep -E "[1-9][0-9]* bytes stack frame" >/dev/null; then echo "FAIL: stack frame"; exit 1; fi
+echo "ok: no wgmma serialization, no spills, no stack frame"

@@ -167,12 +167,18 @@ def test_decode_scales_down_to_float32_subnormals():
     scales the output alone, so lse is the bmm2_scale = 1 call's."""
     args, pools = make_case(ref.fresh_rng())
     run_and_check(args, pools)
-    tiny = dict(args, bmm2_scale=1e-40, out=np.full_like(args["out"], np.nan),
-                lse=np.full_like(args["lse"], np.nan))
-    smla.sparse_mla_decode(**tiny)
-    assert np.isfinite(tiny["out"].astype(np.float32)).all()
-    assert (tiny["lse"].view(np.uint32) == args["lse"].view(np.uint32)).all()
-    smla.sparse_mla_decode(**dict(tiny, bmm2_scale=1.401298464324817e-45))
+    ulp = 2.0 ** -133  # bf16's smallest subnormal: an output's rounding is half of it
+    for bmm2 in (1e-40, 1.401298464324817e-45):
+        tiny = dict(args, bmm2_scale=bmm2, out=np.full_like(args["out"], np.nan),
+                    lse=np.full_like(args["lse"], np.nan))
+        expected_out, _ = reference(tiny, pools)
+        smla.sparse_mla_decode(**tiny)
+        out = tiny["out"].astype(np.float64)
+        assert np.isfinite(out).all()
+        assert np.abs(out - expected_out).max() <= ulp, bmm2
+        # 1e-40 times outputs of O(1) leaves bf16 subnormals, not zeros; 1.4e-45 rounds to 0
+        assert (out != 0).any() == (bmm2 > ulp), bmm2
+        assert (tiny["lse"].view(np.uint32) == args["lse"].view(np.uint32)).all()
 
 
 def test_decode_padded_heads():

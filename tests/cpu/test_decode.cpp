@@ -193,6 +193,35 @@ TEST(Decode, WideScores) {
                  .sinks = SinkKind::absent, .score_spread = 40}));
 }
 
+// Two attended rows whose scores lie 1000 nats apart, past exp's range (709): the output is
+// the high row times bmm2 and the LSE its score, whichever of the two columns comes first.
+TEST(Decode, ScoresFurtherApartThanExpsRange) {
+  for (const int high : {0, 1}) {
+    std::vector<uint16_t> pool(2 * kHeadDim, 0), query(kHeadDim, to_bf16(1.0));
+    std::vector<uint16_t> out(kHeadDim, 0xffff);  // NaN until written
+    for (int d = 0; d < kHeadDim; ++d)  // 512 x 1.953125 = 1000 exactly; the other row scores 0
+      pool[high * kHeadDim + d] = to_bf16(1.953125);
+    std::vector<int32_t> indices{0, 1, -1, -1}, lens{2}, seq_lens{5};
+    std::vector<float> lse{std::numeric_limits<float>::quiet_NaN()};
+    const Device cpu{};
+    DecodeArgs a;
+    a.query = make_view(query.data(), DType::bf16, cpu, {1, 1, kHeadDim});
+    a.swa_kv_cache = make_view(pool.data(), DType::bf16, cpu, {1, 2, kHeadDim});
+    a.sparse_indices = make_view(indices.data(), DType::i32, cpu, {1, 4});
+    a.sparse_topk_lens = make_view(lens.data(), DType::i32, cpu, {1});
+    a.seq_lens = make_view(seq_lens.data(), DType::i32, cpu, {1});
+    a.out = make_view(out.data(), DType::bf16, cpu, {1, 1, kHeadDim});
+    a.lse = make_view(lse.data(), DType::f32, cpu, {1, 1});
+    a.window = 4;
+    a.bmm1_scale = 1;
+    a.bmm2_scale = 0.5f;
+    sparse_mla_decode(a);
+    for (int d = 0; d < kHeadDim; ++d)
+      ASSERT_EQ(out[d], to_bf16(0.9765625)) << "high row " << high << ", d " << d;
+    EXPECT_NEAR(lse[0], 1000.0, 1e-3) << "high row " << high;
+  }
+}
+
 // CaseSpec::integer_fp8 (the GPU's wide-score cases with an e4m3 query): every query code is
 // -1, 0 or 1 and every cache code an integer in [-7, 7], each value drawn; the case decodes.
 TEST(Decode, IntegerFp8Cases) {

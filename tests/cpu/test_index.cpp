@@ -409,6 +409,37 @@ TEST(IndexErrors, NameTheArgument) {
   }
 }
 
+// The step's views and the outputs' are checked before any is read or written, each named:
+// a mask of the wrong length or dtype, seq_lens of B != T with no cum_seq_lens_q (one request
+// a token), a pool on another device, and outputs whose elements overlap.
+TEST(IndexErrors, StepAndOutputViewsNameTheArgument) {
+  const auto refused = [](auto&& spoil) {
+    SwaOnlyCase c;
+    SparseIndexArgs a = c.args();
+    spoil(a);
+    return error_argument([&] { build(a); });
+  };
+  EXPECT_EQ(refused([](SparseIndexArgs& a) { a.step.is_valid_token.shape[0] = 2; }),
+            "is_valid_token");
+  EXPECT_EQ(refused([](SparseIndexArgs& a) { a.step.is_valid_token.dtype = DType::i32; }),
+            "is_valid_token");
+  EXPECT_EQ(refused([](SparseIndexArgs& a) { a.step.cum_seq_lens_q = {}; }), "seq_lens");
+  EXPECT_EQ(refused([](SparseIndexArgs& a) {
+              a.swa.swa_kv_cache.device = {DeviceKind::cuda, 0};
+            }),
+            "swa_kv_cache");
+  std::vector<int32_t> indices(3 * 8), lens(3), seq(3);
+  const TensorView overlapping = make_view(lens.data(), DType::i32, Device{}, {3}, {0});
+  SwaOnlyCase c;
+  SparseIndexArgs a = c.args();
+  a.out = {i32(indices, {3, 4}), overlapping, {}};
+  EXPECT_EQ(error_argument([&] { build_sparse_indices(a); }), "sparse_topk_lens");
+  a.step.decode_swa_width = 8;  // DSpark: out.seq_lens written too
+  a.out = {i32(indices, {3, 8}), i32(lens, {3}),
+           make_view(seq.data(), DType::i32, Device{}, {3}, {0})};
+  EXPECT_EQ(error_argument([&] { build_sparse_indices(a); }), "out.seq_lens");
+}
+
 // num_decodes counts requests: 0..B.
 TEST(IndexErrors, NumDecodesWithinTheRequests) {
   for (const int num_decodes : {3, -1}) {

@@ -235,16 +235,25 @@ TEST(SparseIndexTables, V41ThreeGroupsByHand) {
   for (const std::string& entry : streams.log)
     EXPECT_TRUE(entry.rfind("record", 0) != 0 || entry == "record 0" || entry == "record 1");
   EXPECT_EQ(streams.log.back(), "join");
-  // Each hit on a forked table made the stream wait (SPEC §5), on a slot its fork recorded.
-  size_t waited = 0;
-  std::set<std::string> recorded;  // since the last fork
+  // Each hit on a forked table made the stream wait (SPEC §5) on the slot recorded right after
+  // that table's build: a fork's n-th build (stats' forks, in order) records slot n.
+  std::map<int, int> slot_of_group;  // in the latest fork that built the group's table
+  size_t built = 0, waited = 0;
+  int slot = 0;
   for (const std::string& entry : streams.log) {
-    if (entry == "fork") recorded.clear();
-    if (entry.rfind("record ", 0) == 0) recorded.insert(entry.substr(7));
+    if (entry == "fork") slot = 0;
+    if (entry.rfind("record ", 0) == 0) {
+      ASSERT_LT(built, forks.size());
+      EXPECT_EQ(entry, "record " + std::to_string(slot));
+      slot_of_group[forks[built++].first] = slot++;
+    }
     if (entry.rfind("wait ", 0) != 0) continue;
-    ++waited;
-    EXPECT_TRUE(recorded.contains(entry.substr(5))) << entry;
+    ASSERT_LT(waited, waits.size());
+    const int group = layers[static_cast<size_t>(waits[waited++])].swa_group;
+    EXPECT_EQ(entry, "wait " + std::to_string(slot_of_group.at(group)))
+        << "layer " << waits[waited - 1] << " (group " << group << ")";
   }
+  EXPECT_EQ(built, forks.size());
   EXPECT_EQ(waited, waits.size());
 }
 
