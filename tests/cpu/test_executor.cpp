@@ -324,6 +324,15 @@ TEST(Executor, JoinsBeforeTheNextIndexSourcesIndexer) {
   executor.run_layer(1, c.bf16(T, kHeads), c.bf16(T, kHeads));
   EXPECT_EQ(streams.log.back(), "join");  // layer 2's indexer comes next
   executor.end_step();
+  // Layer 1 skipped: layer 2's own lookup joins layer 0's fork first.
+  executor.begin_step(c.inputs);
+  executor.run_layer(0, c.bf16(T, kHeads), c.bf16(T, kHeads));
+  const size_t before = streams.log.size();
+  ASSERT_EQ(streams.log[before - 1].rfind("record ", 0), 0u);  // a fork's build, not joined
+  executor.run_layer(2, c.bf16(T, kHeads), c.bf16(T, kHeads));
+  ASSERT_GT(streams.log.size(), before);
+  EXPECT_EQ(streams.log[before], "join");
+  executor.end_step();
 }
 
 // A top-k wider than the decode reads on the device (2048 columns on CUDA) is read from a built
