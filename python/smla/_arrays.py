@@ -2,7 +2,8 @@
 
 NumPy has no bf16 or fp8 dtypes: arrays of ml_dtypes' bfloat16 / float8_e4m3fn are passed as
 their raw bits with the dtype named, and so is any array wrapped in `with_dtype`. Frameworks
-are recognised by their type's module, so a NumPy caller never imports torch.
+are recognised among the modules already imported (subclasses of their array types too), so
+a NumPy caller never imports torch.
 """
 
 import math
