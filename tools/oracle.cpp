@@ -102,12 +102,16 @@ CheckResult check_row(const AttentionLayer& layer, const TensorView& query, cons
                                             : -std::numeric_limits<double>::infinity();
   double m = sink;
   for (double s : scores) m = std::max(m, s);
-  double denominator = std::exp(sink - m);
+  // m is +inf for a +inf sink and -inf for nothing attended and no sink: SPEC's output is 0.
+  double denominator = 1;
   std::vector<double> want(kHeadDim, 0.0);
-  for (size_t j = 0; j < keys.size(); ++j) {
-    const double p = std::exp(scores[j] - m);
-    denominator += p;
-    for (int d = 0; d < kHeadDim; ++d) want[d] += p * keys[j][d];
+  if (std::isfinite(m)) {
+    denominator = std::exp(sink - m);
+    for (size_t j = 0; j < keys.size(); ++j) {
+      const double p = std::exp(scores[j] - m);
+      denominator += p;
+      for (int d = 0; d < kHeadDim; ++d) want[d] += p * keys[j][d];
+    }
   }
   const auto* got =
       static_cast<const std::byte*>(out.data) + (t * out.strides[0] + h * out.strides[1]) * 2;

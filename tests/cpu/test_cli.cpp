@@ -139,6 +139,29 @@ TEST(CheckRows, OutputThatIsNotFiniteFails) {
   }
 }
 
+// SPEC §2: a +inf sink makes the output 0. The check wants zeros there (its float64 sums were
+// NaN then), and a value left nonzero still fails.
+TEST(CheckRows, InfiniteSinkWantsZeros) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const RunOptions o{.requests = 1, .context = 200, .check = 0, .seed = seed};
+  const auto specs = model_layers(model_preset(o.model), o.groups);
+  const auto streams = make_streams(Device{});
+  SynthStep step(o, specs, *streams);
+  const TensorView &out = step.host.outs[0], &sinks = step.host.layers[0].sinks;
+  ASSERT_TRUE(sinks.defined());
+  const Row row{0, 1};
+  sinks.ptr<float>()[row.head] = std::numeric_limits<float>::infinity();
+  uint16_t* values =
+      static_cast<uint16_t*>(out.data) + row.token * out.strides[0] + row.head * out.strides[1];
+  for (int d = 0; d < 512; ++d) values[d * out.strides[2]] = 0;
+  const CheckResult zeros = check_layer(step.host, 0, {row});
+  EXPECT_EQ(zeros.rows, 1);
+  EXPECT_EQ(zeros.max_error, 0.0);
+  values[7 * out.strides[2]] = 0x3f80;  // 1.0
+  EXPECT_EQ(check_layer(step.host, 0, {row}).max_error, 1.0);
+}
+
 // Each flag's bounds are inclusive: the least and the most are taken, one past either refused.
 TEST(RunArgs, BoundsAreInclusive) {
   EXPECT_EQ(parse({"run", "--requests", "1"}).run.requests, 1);
