@@ -10,9 +10,13 @@
 
 namespace smla::cuda {
 
-void require_device_index(int device, int count) {
+void require_device_id(int device, const char* argument) {
   if (device < 0)
-    throw Error(ErrorKind::value, "device", "a CUDA device index >= 0", std::to_string(device));
+    throw Error(ErrorKind::value, argument, "a CUDA device index >= 0", std::to_string(device));
+}
+
+void require_device_index(int device, int count) {
+  require_device_id(device, "device");
   require(
       device < count, "device",
       [&] { return "a CUDA device index below " + std::to_string(count); },
@@ -72,6 +76,7 @@ void fail_unsupported(const char* argument, const std::string& expected, const s
 }
 
 void require_supported(int device, const char* argument) {
+  require_device_id(device, argument);
   // A fact of the hardware: asked once a device (three runtime calls), then read from here.
   static PerDevice<std::atomic<bool>> supported;
   const bool cacheable = device >= 0 && device < decltype(supported)::kDevices;

@@ -34,6 +34,9 @@ class DeviceScope {
   bool changed_ = false;
 };
 
+// Throws naming `argument` (ErrorKind::value) unless device >= 0.
+void require_device_id(int device, const char* argument);
+
 // Throws naming "device" unless 0 <= device (ErrorKind::value) < count (unsupported).
 void require_device_index(int device, int count);
 
@@ -79,8 +82,8 @@ void require(bool ok, const char* argument, const Expected& expected, const Got&
   if (!ok) [[unlikely]]
     fail_unsupported(argument, message_text(expected), message_text(got));
 }
-// Throws ErrorKind::unsupported naming `argument` unless `device` is a Hopper GPU that this
-// build runs on.
+// Throws naming `argument` unless `device` is a Hopper GPU that this build runs on:
+// ErrorKind::value for a negative index, else unsupported.
 void require_supported(int device, const char* argument = "device");
 // Throws ErrorKind::unsupported naming `argument` unless `device` is a Hopper GPU that this
 // build runs on and the current CUDA device (launches go to the current device).

@@ -7,6 +7,7 @@
 #include "cuda/device.h"
 #include "device_case.h"
 #include "error_check.h"
+#include "smla/decode.h"
 
 namespace smla::test {
 namespace {
@@ -49,6 +50,18 @@ TEST(CudaDevice, PerDeviceCachesRefuseIndicesPastTheirSize) {
                     "-1");
   expect_smla_error([&] { cache.at(64); }, ErrorKind::unsupported, "device",
                     "a CUDA device index below 64", "64");
+}
+
+// A negative device index is a wrong value wherever it comes in, with or without a GPU (the
+// support check answered "does not exist", unsupported, before asking its sign).
+TEST(CudaDevice, NegativeIndicesAreValueErrors) {
+  expect_smla_error([] { cuda::require_supported(-1, "query"); }, ErrorKind::value, "query",
+                    "a CUDA device index >= 0", "-1");
+  expect_smla_error(
+      [] {
+        workspace_bytes(2, 64, 640, Device{DeviceKind::cuda, -2});
+      },
+      ErrorKind::value, "device", "a CUDA device index >= 0", "-2");
 }
 
 }  // namespace
