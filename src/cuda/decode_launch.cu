@@ -181,8 +181,15 @@ Occupancy decode_occupancy(int device) {
       config.dynamicSmemBytes = kSmemBytes<KvLayout::bf16>;
       config.attrs = &attr;
       config.numAttrs = 1;
-      SMLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(
-          &clusters, decode_kernel<KvLayout::bf16, false, false, false>, &config));
+      const cudaError_t e = cudaOccupancyMaxActiveClusters(
+          &clusters, decode_kernel<KvLayout::bf16, false, false, false>, &config);
+      // A size this device refuses (a non-portable one, say) is a size no cluster plan takes.
+      if (e == cudaErrorInvalidClusterSize) {
+        (void)cudaGetLastError();
+        clusters = 0;
+      } else {
+        check(e, "cudaOccupancyMaxActiveClusters");
+      }
       clusters = std::max(clusters, 0) + 1;  // cached + 1, so that 0 means not yet asked
       cached[c].store(clusters, std::memory_order_relaxed);
     }

@@ -105,29 +105,38 @@ class CudaStreams final : public Streams {
   std::shared_ptr<void> allocate(size_t bytes) override { return cache_->allocate(bytes); }
   void zero(void* dst, size_t bytes) override {
     const DeviceScope scope(device_.id);
-    if (capturing(current_))
-      throw Error(ErrorKind::unsupported, "zero",
-                  "no CUDA-graph capture on the stream (a memset node would rerun on every "
-                  "replay)",
-                  "a capturing stream");
+    refuse_capture("zero", "a memset node would rerun on every replay");
     SMLA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, current_));
   }
   void upload(void* dst, const void* host_src, size_t bytes) override {
     const DeviceScope scope(device_.id);
+    refuse_capture("upload", kWaits);
     SMLA_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, current_));
     synchronize();
   }
   void download(void* host_dst, const void* src, size_t bytes) override {
     const DeviceScope scope(device_.id);
+    refuse_capture("download", kWaits);
     SMLA_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, current_));
     synchronize();
   }
   void synchronize() override {
     const DeviceScope scope(device_.id);
+    refuse_capture("synchronize", kWaits);
     SMLA_CUDA_CHECK(cudaStreamSynchronize(current_));
   }
 
  private:
+  static constexpr const char* kWaits = "it waits for the stream, which would end the capture";
+
+  // Refused before any CUDA call, so that the caller's capture stays valid.
+  void refuse_capture(const char* operation, const char* why) const {
+    if (capturing(current_))
+      throw Error(ErrorKind::unsupported, operation,
+                  std::string("no CUDA-graph capture on the stream (") + why + ")",
+                  "a capturing stream");
+  }
+
   cudaEvent_t slot(int event) const {
     if (event < 0 || event >= static_cast<int>(events_.size()))
       throw Error(ErrorKind::value, "event",

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "case_gen.h"
@@ -472,6 +474,44 @@ TEST(GpuTables, StreamsMadeDuringACaptureAreRefused) {
   ASSERT_NE(graph, nullptr);
   CUDA_OK(cudaGraphDestroy(graph));
   EXPECT_NO_THROW(make_streams({DeviceKind::cuda, 0}, stream.get()));
+}
+
+// What a capture cannot hold (a memset rerun on every replay; a wait for the stream) is refused
+// by name before any CUDA call, and the capture stays valid; after it, each works.
+TEST(GpuTables, StreamsRefuseWaitsAndMemsetsDuringACapture) {
+  SKIP_WITHOUT_GPU();
+  TestStream stream;
+  const auto streams = make_streams({DeviceKind::cuda, 0}, stream.get());
+  const std::shared_ptr<void> device = streams->allocate(64);
+  std::vector<std::byte> host(64, std::byte{7});
+  ASSERT_CUDA(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+  const std::pair<const char*, std::function<void()>> calls[] = {
+      {"zero", [&] { streams->zero(device.get(), 64); }},
+      {"upload", [&] { streams->upload(device.get(), host.data(), 64); }},
+      {"download", [&] { streams->download(host.data(), device.get(), 64); }},
+      {"synchronize", [&] { streams->synchronize(); }}};
+  for (const auto& [name, call] : calls) {
+    SCOPED_TRACE(name);
+    try {
+      call();
+      ADD_FAILURE() << "ran during a capture";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+      EXPECT_EQ(e.argument(), name);
+      EXPECT_EQ(e.got(), "a capturing stream");
+    }
+  }
+  cudaGraph_t graph = nullptr;
+  ASSERT_CUDA(cudaStreamEndCapture(stream.get(), &graph));
+  ASSERT_NE(graph, nullptr);
+  CUDA_OK(cudaGraphDestroy(graph));
+  streams->zero(device.get(), 64);
+  streams->download(host.data(), device.get(), 64);
+  EXPECT_EQ(host, std::vector<std::byte>(64));
+  std::vector<std::byte> ones(64, std::byte{1});
+  streams->upload(device.get(), ones.data(), 64);
+  streams->download(host.data(), device.get(), 64);
+  EXPECT_EQ(host, ones);
 }
 
 // A step whose memory, streams and executor live on the second device, run while it is
