@@ -471,5 +471,26 @@ TEST(SparseIndexTables, UnknownLayerIsAnError) {
                           ErrorKind::value, "layer", "a layer these tables were made for", "99");
 }
 
+// num_tokens sizes the table's allocation: a negative count is refused by name before it (it
+// came back as std::bad_alloc, or a wrapped size).
+TEST(SparseIndexTables, NegativeTokenCountIsRefusedBeforeTheAllocation) {
+  LoggedStep logged(model_layers(model_preset("v4-flash"), 1), 1);
+  auto& [layers, seed, c, streams, tables] = logged;
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  const TableInputs inputs = [&](int layer) {
+    SparseIndexArgs a = c.args(layer);
+    a.step.num_tokens = -1;
+    return a;
+  };
+  try {
+    tables.lookup(layers[0].layer, inputs);
+    ADD_FAILURE() << "a negative num_tokens was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::value);
+    EXPECT_EQ(e.argument(), "num_tokens");
+  }
+  EXPECT_EQ(tables.stats().bytes, 0u);
+}
+
 }  // namespace
 }  // namespace smla

@@ -87,6 +87,9 @@ TEST(CheckHelpers, BoundsOfCountsViewsAndOverlaps) {
   EXPECT_THROW(check::view(f32(0, {-1}, {1}), "v"), Error);  // a size of -1
   // 2^64 elements: past int64 even where zero strides keep the byte extent at 0.
   EXPECT_THROW(check::view(f32(0, {int64_t(1) << 32, int64_t(1) << 32}, {0, 0}), "v"), Error);
+  // Extents past int64 in bytes though not in elements, and only once the dims are summed.
+  EXPECT_THROW(check::view(f32(0, {2}, {int64_t(1) << 62}), "v"), Error);
+  EXPECT_THROW(check::view(f32(0, {2, 2}, {int64_t(1) << 60, int64_t(1) << 60}), "v"), Error);
   // A last dim of size 1 is read at index 0 alone: its stride may be anything.
   EXPECT_NO_THROW(check::memory(f32(0, {4, 1}, {1, 7}), "v"));
   // f32[2] at bytes 0..7: one at bytes 8..15 is apart, one at 7..14 shares its last byte.
@@ -94,6 +97,13 @@ TEST(CheckHelpers, BoundsOfCountsViewsAndOverlaps) {
   EXPECT_NO_THROW(check::apart(f32(8, {2}, {1}), "b", f32(0, {2}, {1}), "a"));
   EXPECT_THROW(check::apart(f32(0, {2}, {1}), "a", f32(7, {2}, {1}), "b"), Error);
   EXPECT_THROW(check::apart(f32(7, {2}, {1}), "b", f32(0, {2}, {1}), "a"), Error);
+  // Interleaved rows (u8 [4, 4], row stride 8): at byte 4 the other view fills the gaps, at
+  // byte 3 it shares each row's last byte.
+  const auto u8 = [&](int64_t offset) {
+    return make_view(buf.data() + offset, DType::u8, Device{}, {4, 4}, {8, 1});
+  };
+  EXPECT_NO_THROW(check::apart(u8(0), "a", u8(4), "b"));
+  EXPECT_THROW(check::apart(u8(0), "a", u8(3), "b"), Error);
 }
 
 TEST_F(Validation, WrongDtypeOfEachTensor) {
@@ -307,8 +317,8 @@ TEST_F(Validation, MoreThan128Heads) {
 }
 
 TEST_F(Validation, OutHeadsBelowHeads) {
-  a.out = view(DType::bf16, {6, 4, 512});
-  expect_error(ErrorKind::value, "out", "H_out >= H = 8", "[6, 4, 512]");
+  a.out = view(DType::bf16, {6, 7, 512});  // one head short
+  expect_error(ErrorKind::value, "out", "H_out >= H = 8", "[6, 7, 512]");
 }
 
 TEST_F(Validation, OutShape) {
@@ -337,14 +347,21 @@ TEST_F(Validation, ColumnsNotAMultipleOf4) {
 
 // The CUDA kernels round a row's length up to whole 32-column tiles in int: K past 2^31 - 32
 // would overflow there (only the shape is read before the refusal).
+// Token indices are int in the kernels: T = 2^31 is refused by the query's shape alone.
+TEST_F(Validation, TokensFromInt32) {
+  a.query = view(DType::bf16, {int64_t(1) << 31, 8, 512}, {0, 512, 1});
+  expect_error(ErrorKind::unsupported, "query", "[T, H, 512] with T < 2^31",
+               "[2147483648, 8, 512]");
+}
+
 TEST_F(Validation, ColumnsPastWholeTilesOfInt) {
   a.sparse_indices = view(DType::i32, {6, int64_t(INT32_MAX) - 27}, {0, 1});
   expect_error(ErrorKind::unsupported, "sparse_indices", "K <= 2^31 - 32", "[6, 2147483620]");
 }
 
 TEST_F(Validation, ColumnsBelowWindow) {
-  a.window = 256;
-  expect_error(ErrorKind::value, "sparse_indices", "K >= window = 256", "[6, 192]");
+  a.window = 193;  // K = 192 = window - 1, whose P would be a multiple of 4 were it not negative
+  expect_error(ErrorKind::value, "sparse_indices", "K >= window = 193", "[6, 192]");
 }
 
 TEST_F(Validation, WindowBelowOne) {
@@ -448,6 +465,8 @@ TEST_F(Validation, NonIntegralSpan) {
 TEST_F(Validation, SpanBelowBlockSize) {
   a.compressed_kv_cache = view(DType::bf16, {4, 16, 1, 512}, {8 * 512, 512, 512, 1});
   expect_error(ErrorKind::value, "compressed_kv_cache", ">= block_size = 16", "span 8");
+  a.compressed_kv_cache = view(DType::bf16, {4, 16, 1, 512}, {15 * 512, 512, 512, 1});
+  expect_error(ErrorKind::value, "compressed_kv_cache", ">= block_size = 16", "span 15");
 }
 
 TEST_F(Validation, TokenStrideBelowRow) {
