@@ -164,13 +164,13 @@ std::string usage() {
          "  --model " +
          model_names() + "   model preset (default " + d.model +
          ")\n"
-         "  --requests N      requests in the batch (default " +
+         "  --requests N      requests in the batch, 1..2^30 (default " +
          std::to_string(d.requests) +
          ")\n"
-         "  --context N       KV length of each request, new tokens included (default " +
+         "  --context N       KV length of each request, new tokens included, 1..2^30 (default " +
          std::to_string(d.context) +
          ")\n"
-         "  --mtp N           query tokens per request (default " +
+         "  --mtp N           query tokens per request, 1..1024 and at most --context (default " +
          std::to_string(d.mtp) +
          ")\n"
          "  --kv bf16|fp8_e4m3|fp8_ds_mla   KV cache layout (default bf16; fp8 = fp8_e4m3, run\n"
@@ -179,8 +179,10 @@ std::string usage() {
          "  --check N         distinct (token, head) rows per layer checked against a float64\n"
          "                    oracle, at most all of them (default " +
          std::to_string(d.check) +
-         ", 0: no check; on CUDA a check keeps host copies of the pools)\n"
-         "  --groups N        interleaved SWA KV-cache groups (default " +
+         ", 0: no check;\n"
+         "                    on CUDA a check keeps host copies of the pools)\n"
+         "  --groups N        interleaved SWA KV-cache groups, 1..64 and at most the model's\n"
+         "                    layers (default " +
          std::to_string(d.groups) +
          ")\n"
          "  --seed N          seed of the synthetic step (default " +
@@ -190,7 +192,11 @@ std::string usage() {
          "                    decode, or from a table built per key (docs/sparse_index.md);\n"
          "                    auto (default): the top-k for a key whose table would serve one\n"
          "                    layer in some SWA group, unless it is wider than the decode\n"
-         "                    reads on the device (2048 columns on CUDA)\n";
+         "                    reads on the device (2048 columns on CUDA)\n"
+         "\n"
+         "exit status: 0 done (and checked); 1 a failed check, a step this machine cannot hold, "
+         "or\n"
+         "another failure; 2 a usage error\n";
 }
 
 }  // namespace smla::cli

@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <unordered_set>
 #include <vector>
+
+#include "cpu/parallel.h"
 
 namespace smla::cli {
 namespace {
@@ -153,12 +156,20 @@ CheckResult check_layer(const StepData& host, size_t index, const std::vector<Ro
   const AttentionLayer& layer = host.layers[index];
   const TensorView &query = host.queries[index], &out = host.outs[index];
   CheckResult result;
-  std::vector<std::vector<double>> keys;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const auto [t, h] = rows[i];
-    if (i == 0 || rows[i - 1].token != t) keys = attended_rows(host.inputs, layer, t);
-    merge(result, check_row(layer, query, out, t, h, keys));
-  }
+  std::mutex merging;
+  // Over the CPU backend's threads: a range decodes its tokens' rows once (a token whose rows
+  // two ranges share, twice).
+  cpu::parallel_ranges(static_cast<int64_t>(rows.size()), [&](int64_t begin, int64_t end) {
+    CheckResult part;
+    std::vector<std::vector<double>> keys;
+    for (int64_t i = begin; i < end; ++i) {
+      const auto [t, h] = rows[i];
+      if (i == begin || rows[i - 1].token != t) keys = attended_rows(host.inputs, layer, t);
+      merge(part, check_row(layer, query, out, t, h, keys));
+    }
+    const std::lock_guard lock(merging);
+    merge(result, part);
+  });
   return result;
 }
 

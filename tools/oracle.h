@@ -20,7 +20,8 @@ struct CheckResult {
 // count >= T * H.
 std::vector<Row> sample_rows(const TensorView& query, int count, std::mt19937_64& rng);
 
-// The rows of layer `index` of `host` (those rows of its out already on the host).
+// The rows of layer `index` of `host` (those rows of its out already on the host), over the
+// CPU backend's threads (SMLA_NUM_THREADS).
 CheckResult check_layer(const StepData& host, size_t index, const std::vector<Row>& rows);
 
 void merge(CheckResult& into, const CheckResult& more);

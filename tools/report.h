@@ -24,7 +24,7 @@ std::string layer_kind(const LayerSpec& layer);
 
 struct RunReport {
   RunOptions options{};
-  std::string device{};  // "cpu (2 threads)", "cuda:0"
+  std::string device{};  // "cpu (2 threads), no warm-up step", "cuda:0, after a warm-up step"
   int64_t num_tokens = 0;
   int64_t kv_bytes = 0;
   std::vector<LayerRun> layers{};

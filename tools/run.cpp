@@ -78,7 +78,10 @@ int run_step(const RunOptions& o) {
                    .tolerance = tolerance(o.kv, device)};
   if (device.kind == DeviceKind::cpu) {
     const int threads = cpu::num_threads();
-    report.device = "cpu (" + std::to_string(threads) + (threads > 1 ? " threads)" : " thread)");
+    // A CPU step can take minutes: its one pass is timed, cold (the threads' start and the
+    // first table build in its first layers), and the header says so.
+    report.device = "cpu (" + std::to_string(threads) + (threads > 1 ? " threads" : " thread") +
+                    "), no warm-up step";
   } else {
     // The first step loads the kernels and fills the streams' block cache: time the second.
     executor.run_step(step.device.inputs, step.device.queries, step.device.outs);

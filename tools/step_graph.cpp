@@ -11,6 +11,7 @@
 #include "cuda/check.h"
 #include "cuda/index.h"
 #include "graph_timing.h"
+#include "progress.h"
 #endif
 
 namespace smla::cli {
@@ -136,15 +137,19 @@ double saves(const StepGraph& g, const StepGraphs& graphs) {
 StepGraphs measure_step_graphs(const StepData& data, Streams& streams, int64_t max_tokens,
                                int64_t max_columns, int replays) {
 #if SMLA_WITH_CUDA
-  if (streams.device().kind == DeviceKind::cuda)
-    return {measure(data, streams, max_tokens, max_columns, TableSharing::shared,
-                    CompressedIndex::automatic, replays),
-            measure(data, streams, max_tokens, max_columns, TableSharing::shared,
-                    CompressedIndex::topk, replays),
-            measure(data, streams, max_tokens, max_columns, TableSharing::shared,
-                    CompressedIndex::table, replays),
-            measure(data, streams, max_tokens, max_columns, TableSharing::none,
-                    CompressedIndex::table, replays)};
+  if (streams.device().kind == DeviceKind::cuda) {
+    Progress progress("timing the step as graphs", 4);  // a large step takes minutes
+    const auto way = [&](TableSharing sharing, CompressedIndex compressed) {
+      StepGraph graph =
+          measure(data, streams, max_tokens, max_columns, sharing, compressed, replays);
+      progress.advance();
+      return graph;
+    };
+    return {way(TableSharing::shared, CompressedIndex::automatic),
+            way(TableSharing::shared, CompressedIndex::topk),
+            way(TableSharing::shared, CompressedIndex::table),
+            way(TableSharing::none, CompressedIndex::table)};
+  }
 #else
   (void)data, (void)max_tokens, (void)max_columns, (void)replays;
 #endif

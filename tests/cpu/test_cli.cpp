@@ -205,6 +205,10 @@ TEST(RunArgs, EveryFlagIsInTheUsage) {
                            "--check", "--groups", "--seed", "--compressed-index"}) {
     EXPECT_NE(text.find(std::string("\n  ") + flag + " "), std::string::npos) << flag;
   }
+  // The bounds a flag's refusal names, and what each exit status means.
+  for (const char* line : {"1..1024 and at most --context", "1..64 and at most the model's",
+                           "\nexit status: 0 done", "2 a usage error\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line;
 }
 
 TEST(RunArgs, NamesAndWordsRefused) {
@@ -334,7 +338,7 @@ TEST(RunStep, SmallCpuStepsCheckClean) {
                              (mtp > 1 ? " tokens" : " token") + ", context " +
                              std::to_string(context) + ", " + kv_layout_name(c.kv) + " KV (";
     EXPECT_EQ(p.out.substr(0, head.size()), head);
-    EXPECT_NE(p.out.find(", on cpu (1 thread)\n"), std::string::npos);
+    EXPECT_NE(p.out.find(", on cpu (1 thread), no warm-up step\n"), std::string::npos);
     EXPECT_NE(p.out.find("\ncheck: " + std::to_string(8 * c.layers) +
                          " (token, head) rows vs a float64 oracle: "),
               std::string::npos);
@@ -356,7 +360,7 @@ TEST(RunStep, CheckCountsEveryRowOrNone) {
   int status = -1;
   Printed p = run_printed(o, status);
   EXPECT_EQ(status, 0);
-  EXPECT_NE(p.out.find(", on cpu (2 threads)\n"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find(", on cpu (2 threads), no warm-up step\n"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("\ncheck: 2752 (token, head) rows (every row of each layer) vs "),
             std::string::npos)
       << p.out;
