@@ -23,6 +23,7 @@
 #include "cuda/decode_plan.h"
 #include "cuda/device.h"
 #include "smla/decode.h"
+#include "smla/error.h"
 #include "smla/streams.h"
 #include "timing.h"
 
@@ -153,19 +154,36 @@ struct Result {
 // Each launch of a replay reads its own indices; with `rotate_all` (the default) its own query
 // and output buffers too, so that none of them is in L2 from an earlier launch. Without it those
 // may be, so the bytes (and the floor) count the rows and indices alone.
+struct Replay {
+  int T, H, K, q_bytes;
+  double bytes;         // a launch moves
+  int sets;             // launches a replay
+  int io_sets;          // query and output buffers
+  double device_bytes;  // the replay's buffers hold, beside the pool
+
+  Replay(const Shape& shape, const Layout& layout, bool rotate_all)
+      : T(shape.requests * shape.tokens_per_request),
+        H(shape.heads),
+        K(kWindow + shape.topk),
+        q_bytes(int(dtype_size(layout.query))) {
+    const double io = double(T) * H * 512 * (q_bytes + 2), indices = double(T) * K * 4;
+    bytes = double(T) * K * layout.row_bytes + (rotate_all ? io : 0) + indices;
+    // At least 8 launches a replay: the event between replays ends the programmatic dependent
+    // launch chain, so each replay's first launch starts alone.
+    sets = int(std::clamp<double>(std::ceil(3.0 * kL2Bytes / bytes), 8, 512));
+    io_sets = rotate_all ? sets : 1;
+    device_bytes = sets * indices + io_sets * io;
+  }
+};
+
 Result run_shape(const Shape& shape, const Layout& layout, void* pool, double gather_bw,
                  MatmulRates matmul, bool rotate_all, std::mt19937& rng) {
-  const int T = shape.requests * shape.tokens_per_request, H = shape.heads;
-  const int K = kWindow + shape.topk;
+  const Replay replay(shape, layout, rotate_all);
+  const int T = replay.T, H = replay.H, K = replay.K, q_bytes = replay.q_bytes;
+  const int sets = replay.sets;
+  const double bytes = replay.bytes;
   const Device dev{DeviceKind::cuda, cuda::current_device()};
-  const int q_bytes = int(dtype_size(layout.query));
-  const double kv_bytes = double(T) * K * layout.row_bytes;
-  const double io_bytes = rotate_all ? double(T) * H * 512 * (q_bytes + 2) : 0;
-  const double bytes = kv_bytes + io_bytes + double(T) * K * 4;
   const double flops = 4.0 * T * K * H * 512;
-  // At least 8 launches a replay: the event between replays ends the programmatic dependent
-  // launch chain, so each replay's first launch starts alone.
-  const int sets = int(std::clamp<double>(std::ceil(3.0 * kL2Bytes / bytes), 8, 512));
 
   std::uniform_int_distribution<int32_t> row(0, int32_t(pool_rows(layout) - 1));
   std::vector<int32_t> cum(shape.requests + 1), seq(shape.requests, 100000), lens(T, K);
@@ -186,7 +204,7 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
       v.bf16(&q[i]);
   }
   const size_t out_bytes = size_t(T) * H * 512 * 2;
-  std::vector<uint8_t*> d_qs(rotate_all ? sets : 1);
+  std::vector<uint8_t*> d_qs(replay.io_sets);
   std::vector<void*> d_outs(d_qs.size());
   for (size_t i = 0; i < d_qs.size(); ++i) {
     d_qs[i] = device_copy(q);
@@ -319,6 +337,27 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// Throws, naming --shape, for the first shape whose replay would not fit the GPU's free memory
+// beside the pool (the host's copies are no larger).
+void require_memory(const std::vector<Shape>& shapes, const std::vector<Layout>& layouts,
+                    bool rotate_all) {
+  size_t free = 0, total = 0;
+  SMLA_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  const double room = double(free) - double(kPoolBytes);
+  for (const Shape& s : shapes)
+    for (const Layout& l : layouts)
+      if (const double need = Replay(s, l, rotate_all).device_bytes; need > room) {
+        char got[160];
+        std::snprintf(got, sizeof got, "%d:%d:%d:%d (%s) needs %.1f GiB", s.heads, s.requests,
+                      s.tokens_per_request, s.topk, l.name, need / double(1 << 30));
+        char expected[160];
+        std::snprintf(expected, sizeof expected,
+                      "a shape whose buffers fit the GPU's %.1f GiB free beside the %.0f GiB pool",
+                      free / double(1 << 30), kPoolBytes / double(1 << 30));
+        throw Error(ErrorKind::value, "--shape", expected, got);
+      }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -336,6 +375,10 @@ int main(int argc, char** argv) {
   const std::vector<Layout>& layouts = o.layouts;
   try {
     make_streams({DeviceKind::cuda, 0});  // throws, saying why, when no GPU can run the kernels
+    // What can fail for the asking fails before the ceilings are measured: the CSV's path, and
+    // a shape whose buffers the GPU cannot hold beside the pool.
+    cli::CsvFile csv_file(o.csv_path);
+    require_memory(shapes, layouts, o.rotate_all);
     MatmulRates matmul{bench::measure_bf16_matmul_rate(), 0};
     std::string e4m3_csv;  // empty where the rate is assumed, not measured
     try {
@@ -373,7 +416,6 @@ int main(int argc, char** argv) {
     SMLA_CUDA_CHECK(cudaMalloc(&pool, kPoolBytes));
     std::mt19937 rng(2026);
 
-    cli::CsvFile csv_file(o.csv_path);
     FILE* csv = csv_file.get();
     if (csv)
       std::fprintf(csv,
