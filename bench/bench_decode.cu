@@ -404,10 +404,12 @@ int main(int argc, char** argv) {
     for (int c = 2; c <= cuda::kMaxClusterSplits; ++c)
       std::printf(" %d: %d%s", c, occupancy.cluster_ctas[c],
                   c == cuda::kMaxClusterSplits ? "\n" : ",");
-    const size_t ws =
-        workspace_bytes(512, 128, kWindow + 1024, {DeviceKind::cuda, cuda::current_device()});
-    std::printf("workspace for 256 requests x 2 tokens x 128 heads, 128+1024: %.1f MiB\n",
-                ws / 1048576.0);
+    std::printf("workspace for 256 requests x 2 tokens, 128+1024, MiB:");
+    for (const int heads : {8, 16, 32, 64, 128}) {
+      const size_t ws = workspace_bytes(512, heads, kWindow + 1024,
+                                        {DeviceKind::cuda, cuda::current_device()});
+      std::printf(" H=%d %.1f%s", heads, ws / 1048576.0, heads == 128 ? "\n" : ",");
+    }
 
     std::printf("each launch of a replay has its own %s\n",
                 o.rotate_all ? "indices, query and output buffer"

@@ -30,7 +30,9 @@ class Streams {
   virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
   // Zeroes `bytes` at `dst` on the current stream; not inside a graph capture.
   virtual void zero(void* dst, size_t bytes) = 0;
-  // Host <-> device() copies on the current stream; each returns once the copy is done.
+  // Host <-> device() copies on the current stream; each returns once the copy is done. These
+  // three wait for the stream, so on CUDA a capturing stream refuses them (unsupported) and the
+  // capture goes on.
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;  // returns when the current stream's work is done
