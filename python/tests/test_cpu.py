@@ -1340,3 +1340,181 @@ def test_quantize_kv_errors_name_the_argument(change, error, argument):
     with pytest.raises(error) as info:
         smla.quantize_kv(**change(args))
     assert info.value.argument == argument
+
+
+def raises_named(error, argument, call):
+    """call() raises `error` naming `argument`, as the message's first words and .argument."""
+    with pytest.raises(error, match=f"^smla: {re.escape(argument)}: expected ") as info:
+        call()
+    assert info.value.argument == argument
+
+
+def test_decode_checks_every_writable_and_read_only_argument():
+    """workspace and kv_counters are written (on CUDA): read-only ones are refused on the CPU
+    too; sinks are only read, so a read-only sinks array is taken."""
+    args, pools = make_case(ref.fresh_rng())
+    for name in ("workspace", "kv_counters"):
+        raises_named(TypeError, name, lambda: smla.sparse_mla_decode(
+            **dict(args, **{name: read_only(np.zeros(64, np.uint8))})))
+    run_and_check(dict(args, sinks=read_only(args["sinks"])), pools)
+
+
+def test_decode_defaults_and_scale_bounds():
+    """bmm2_scale defaults to 1; a scale of 0 and float32's largest value are taken; a stream
+    handle of 2^64 is refused like 2^70."""
+    args, pools = make_case(ref.fresh_rng())
+    run_and_check(args, pools)
+    want = args["out"].copy()
+    default = {k: v for k, v in args.items() if k != "bmm2_scale"}
+    default["out"] = np.full_like(args["out"], np.nan)
+    smla.sparse_mla_decode(**default)
+    assert (default["out"].view(np.uint16) == want.view(np.uint16)).all()
+    zero = dict(args, bmm2_scale=0.0, out=np.full_like(args["out"], np.nan))
+    smla.sparse_mla_decode(**zero)
+    assert (zero["out"].astype(np.float32) == 0).all()
+    rows = np.zeros((2, D), np.float32).astype(BF16)
+    smla.quantize_kv(rows=rows, slots=np.array([0, 1], np.int32),
+                     pool=np.zeros((4, 16, D), np.float32).astype(E4M3),
+                     kv_scale=3.4028234663852886e38)
+    raises_named(ValueError, "stream", lambda: smla.sparse_mla_decode(**args, stream=2**64))
+
+
+def test_topk_columns_errors_name_the_field():
+    c = step_case(ref.fresh_rng())
+    s = c["step"]
+    query = np.zeros((4, 4, D), np.float32).astype(BF16)
+    common = dict(query=query, swa_kv_cache=c["swa_view"], compressed_kv_cache=c["comp_view"],
+                  seq_lens=s.seq_lens, cum_seq_lens_q=s.cum_seq_lens_q, max_q_len=s.max_q_len,
+                  bmm1_scale=D**-0.5, sparse_indices=np.zeros((4, W), np.int32),
+                  sparse_topk_lens=None, out=np.zeros((4, 4, D), np.float32).astype(BF16))
+    for field, value in (("block_table", c["comp_table"].astype(np.int64)),
+                         ("is_valid_token", np.ones(4, bool))):  # refused on import
+        topk = smla.TopkColumns(c["topk"], c["comp_table"], compress_ratio=4)
+        setattr(topk, field, value)
+        raises_named(TypeError, f"topk_columns.{field}",
+                     lambda: smla.sparse_mla_decode(**common, topk_columns=topk))
+
+
+def test_capability_defaults_to_the_cpu_and_checks_both_dtypes():
+    assert smla.query_capability(512, "bf16", "bf16", 64) == (True, "")
+    assert smla.max_topk_width() == 2**63 - 1
+    raises_named(TypeError, "kv_dtype", lambda: smla.query_capability(512, "bf16", None, 64))
+
+
+def test_engine_call_argument_checks():
+    args, pools = make_case(ref.fresh_rng(), q_lens=(2, 2), seq_lens=(2, 260))
+    common = {name: args[name] for name in (
+        "swa_kv_cache", "compressed_kv_cache", "sparse_indices", "sparse_topk_lens", "seq_lens",
+        "bmm1_scale", "sinks")}
+    query4 = args["query"].reshape(2, 2, 8, D)
+    # NumPy's False is no promise of offsets.
+    raises_named(ValueError, "sparse_indices_are_storage_offsets",
+                 lambda: trtllm_batch_decode_sparse_mla_dsv4(
+                     query=query4, **common, sparse_indices_are_storage_offsets=np.False_))
+    # A given max_q_len is the op's to check, for a [B, q, H, D] query too.
+    raises_named(ValueError, "max_q_len", lambda: trtllm_batch_decode_sparse_mla_dsv4(
+        query=query4, **common, max_q_len=1))
+    # workspace_buffer reaches the op.
+    raises_named(TypeError, "workspace", lambda: trtllm_batch_decode_sparse_mla_dsv4(
+        query=query4, **common, workspace_buffer=np.zeros(64, np.float32)))
+    # No query, no output to allocate: the named error, not an AttributeError.
+    raises_named(ValueError, "query", lambda: trtllm_batch_decode_sparse_mla_dsv4(
+        query=None, **common))
+    # Device offsets cannot give max_q_len without a synchronisation.
+    raises_named(ValueError, "max_q_len", lambda: trtllm_batch_decode_sparse_mla_dsv4(
+        query=args["query"], **common, cum_seq_lens_q=_DlpackScalar(2, 0)))
+    # Offsets NumPy cannot subtract: the op names them, not NumPy.
+    raises_named(TypeError, "cum_seq_lens_q", lambda: trtllm_batch_decode_sparse_mla_dsv4(
+        query=args["query"], **common, cum_seq_lens_q=np.array(["0", "2", "4"])))
+
+
+def test_step_executor_argument_checks():
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    specs, pools = layers_and_pools(rng)
+    layers = [smla.AttentionLayer(spec=s, swa_kv_cache=pools[i][0], bmm1_scale=D**-0.5,
+                                  compressed_kv_cache=c["comp_view"] if s.compress_ratio else None)
+              for i, s in enumerate(specs)]
+    raises_named(ValueError, "layers[0].swa_kv_cache", lambda: smla.StepExecutor(
+        [dataclasses.replace(layers[0], swa_kv_cache=None)], 4, W + 12))
+    raises_named(TypeError, "layers[1].bmm2_scale", lambda: smla.StepExecutor(
+        [layers[0], dataclasses.replace(layers[1], bmm2_scale="x")], 4, W + 12))
+    executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12)
+    inputs = smla.StepInputs(metadata=c["step"],
+                             block_tables=[c["block_table"], c["block_table"]],
+                             compressed_block_tables={2: c["comp_table"]},
+                             topk_indices={2: c["topk"]})
+    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
+    outs = [np.zeros((4, 4, D), np.float32).astype(BF16) for _ in specs]
+    raises_named(TypeError, "inputs", lambda: executor.begin_step(None))
+    raises_named(TypeError, "compressed_block_tables key", lambda: executor.begin_step(
+        dataclasses.replace(inputs, compressed_block_tables={"2": c["comp_table"]})))
+    raises_named(ValueError, "queries[0]",
+                 lambda: executor.run_step(inputs, [None] + queries[1:], outs))
+    raises_named(TypeError, "outs[0]",
+                 lambda: executor.run_step(inputs, queries, [read_only(outs[0])] + outs[1:]))
+    executor.begin_step(inputs)
+    raises_named(TypeError, "out", lambda: executor.run_layer(specs[0].layer, queries[0],
+                                                              read_only(outs[0])))
+    executor.end_step()
+
+
+def test_index_builder_argument_checks():
+    c = step_case(ref.fresh_rng())
+    args = index_args(c, 4)
+    k = W + 12
+    raises_named(TypeError, "step", lambda: smla.build_sparse_indices(
+        dataclasses.replace(args, step=None)))
+    raises_named(TypeError, "out", lambda: smla.build_sparse_indices(dataclasses.replace(
+        args, out=(np.zeros((4, k), np.int32), np.zeros(4, np.int32)))))
+    for name in ("sparse_indices", "sparse_topk_lens"):
+        out = smla.SparseIndexTable(np.zeros((4, k), np.int32), np.zeros(4, np.int32))
+        setattr(out, name, read_only(getattr(out, name)))
+        raises_named(TypeError, name, lambda: smla.build_sparse_indices(
+            dataclasses.replace(args, out=out)))
+    # DSpark writes out.seq_lens: a read-only one is refused before anything is written.
+    d = step_case(ref.fresh_rng(), q_lens=(1, 3, 2), seq_lens=(5, 200, 131))
+    d["step"].decode_swa_width = width = smla.dspark_swa_width(W, 3)
+    seq_lens = read_only(np.full(6, -9, np.int32))
+    out = smla.SparseIndexTable(np.zeros((6, width), np.int32), np.zeros(6, np.int32), seq_lens)
+    raises_named(TypeError, "out.seq_lens", lambda: smla.build_sparse_indices(smla.SparseIndexArgs(
+        step=d["step"], swa=smla.SwaGroup(d["block_table"], d["swa_view"]), out=out)))
+    assert (seq_lens == -9).all()
+    comp = dataclasses.replace(args.compressed, block_table=c["comp_table"].astype(np.int64))
+    raises_named(TypeError, "compressed.block_table", lambda: smla.build_sparse_indices(
+        dataclasses.replace(args, compressed=comp, out=smla.SparseIndexTable(
+            np.zeros((4, k), np.int32), np.zeros(4, np.int32)))))
+
+
+def test_sparse_index_tables_argument_checks():
+    c = step_case(ref.fresh_rng())
+    specs = four_layers(4)
+    tables = smla.SparseIndexTables(specs)  # the CPU by default
+    table = tables.lookup(0, lambda layer: index_args(c, specs[layer].compress_ratio))
+    np.testing.assert_array_equal(table.sparse_indices, expected_table(c, 0)[0])
+    tables.reset()
+    raises_named(TypeError, "layer", lambda: tables.lookup(True, lambda layer: index_args(c, 0)))
+    raises_named(TypeError, "layers", lambda: smla.SparseIndexTables("v4-flash"))
+
+
+def test_quantize_kv_defaults_and_names():
+    rng = ref.fresh_rng()
+    rows = (rng.standard_normal((8, D)) * 20).astype(BF16)
+    pool = np.full((4, 16, D), np.nan, np.float32).astype(E4M3)
+    slots = np.arange(8, dtype=np.int32)
+    smla.quantize_kv(rows=rows, slots=slots, pool=pool)  # kv_scale 1: a plain e4m3 cast
+    expected = rows.astype(np.float32).astype(E4M3)
+    assert (pool.reshape(64, D)[:8].view(np.uint8) == expected.view(np.uint8)).all()
+    raises_named(ValueError, "rows", lambda: smla.quantize_kv(rows=None, slots=slots, pool=pool))
+    raises_named(TypeError, "slots", lambda: smla.quantize_kv(
+        rows=rows, slots=slots.astype(np.int64), pool=pool))
+
+
+def test_stream_objects_use_cuda_stream_first():
+    """A stream object's .cuda_stream is its handle (PyTorch's), .ptr only without one (CuPy's)."""
+    args, _ = make_case(ref.fresh_rng())
+
+    class Both:
+        cuda_stream, ptr = 0, "not read"
+
+    smla.sparse_mla_decode(**args, stream=Both())
