@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "bindings.h"
+#include "busy.h"
 #include "index_args.h"
 #include "smla/error.h"
 #include "smla/executor.h"
@@ -63,33 +64,55 @@ class Executor {
   }
 
   void begin_step(nb::handle inputs) {
+    idle("begin_step");
     const Inputs& in = nb::cast<const Inputs&>(inputs);
     executor_->begin_step(in.inputs);
     step_ = nb::borrow(inputs);  // the previous step's arrays may go now: its tables were reset
   }
   void run_layer(int layer, nb::handle query, nb::handle out) {
+    idle("run_layer");
     const TensorView q = take(query), o = take(out);
+    const Busy::Hold hold = busy_.hold();
     nb::gil_scoped_release release;
     executor_->run_layer(layer, q, o);
   }
-  void end_step() { executor_->end_step(); }
+  void end_step() {
+    idle("end_step");
+    executor_->end_step();
+  }
   void run_step(nb::handle inputs, const std::vector<nb::handle>& queries,
                 const std::vector<nb::handle>& outs) {
+    idle("run_step");
     const Inputs& in = nb::cast<const Inputs&>(inputs);
     std::vector<TensorView> q, o;
     for (nb::handle t : queries) q.push_back(take(t));
     for (nb::handle t : outs) o.push_back(take(t));
     step_ = nb::borrow(inputs);
+    const Busy::Hold hold = busy_.hold();
     nb::gil_scoped_release release;
     executor_->run_step(in.inputs, q, o);
   }
-  nb::dict stats() const { return stats_dict(executor_->tables().stats()); }
+  nb::dict stats() const {
+    idle("stats");
+    return stats_dict(executor_->tables().stats());
+  }
 
  private:
+  // run_layer and run_step run without the GIL: another thread's call meanwhile would reset
+  // the tables they read or free the step's arrays (begin_step), or interleave its layers.
+  void idle(const char* call) const {
+    if (busy_)
+      throw Error(ErrorKind::value, call,
+                  "no call on this StepExecutor while another thread's run_layer or run_step "
+                  "runs on it",
+                  "a call meanwhile");
+  }
+
   std::unique_ptr<Streams> streams_;  // declared first: outlives the executor
   std::vector<nb::object> keep_;
   std::unique_ptr<StepExecutor> executor_;
   nb::object step_;
+  Busy busy_;  // inside run_layer or run_step
 };
 
 }  // namespace

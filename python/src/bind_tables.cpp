@@ -8,6 +8,7 @@
 #include <string>
 
 #include "bindings.h"
+#include "busy.h"
 #include "index_args.h"
 #include "smla/error.h"
 #include "smla/streams.h"
@@ -51,10 +52,7 @@ class Tables {
 
   nb::tuple lookup(nb::handle self, int layer, nb::callable inputs) {
     idle("lookup");
-    struct Busy {
-      bool& flag;
-      ~Busy() { flag = false; }
-    } busy{busy_ = true};
+    const Busy::Hold hold = busy_.hold();
     SparseIndexTable t;
     {
       // A build on the CPU runs for milliseconds: other Python threads run meanwhile (a second
@@ -100,7 +98,7 @@ class Tables {
   std::unique_ptr<Streams> streams_;            // declared first: outlives the tables
   std::unique_ptr<SparseIndexTables> tables_;
   std::vector<nb::object> keep_;
-  bool busy_ = false;  // inside lookup (read and written under the GIL)
+  Busy busy_;  // inside lookup
 };
 
 }  // namespace

@@ -1179,6 +1179,55 @@ def test_step_executor_matches_the_reference():
         smla.StepExecutor(odd, max_tokens=8, max_columns=W + 12)
 
 
+def test_step_executor_refuses_other_threads_while_it_runs():
+    """run_step runs without the GIL: another thread's calls on the executor meanwhile (a
+    begin_step would free the step's arrays under it) are refused by name, and every step a
+    thread ran gives the one-thread outputs."""
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    specs, pools = layers_and_pools(rng)
+    layers = [smla.AttentionLayer(spec=s, swa_kv_cache=pools[i][0], bmm1_scale=D**-0.5,
+                                  compressed_kv_cache=c["comp_view"] if s.compress_ratio else None)
+              for i, s in enumerate(specs)]
+    executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12)
+    inputs = smla.StepInputs(metadata=c["step"], block_tables=[c["block_table"]] * 2,
+                             compressed_block_tables={2: c["comp_table"]},
+                             topk_indices={2: c["topk"]})
+    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
+    want = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
+    executor.run_step(inputs, queries, want)
+    got = [np.full_like(o, np.nan) for o in want]
+    done = threading.Event()
+    errors = []
+
+    def steps():
+        try:
+            for _ in range(200):
+                executor.run_step(inputs, queries, got)
+                if not all((a.view(np.uint16) == b.view(np.uint16)).all()
+                           for a, b in zip(got, want)):
+                    errors.append("a step's outputs differ")
+        except Exception as e:  # any error of the runner's own calls fails the test
+            errors.append(repr(e))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=steps)
+    thread.start()
+    refused = []
+    while not done.is_set():
+        for call in (lambda: executor.stats, lambda: executor.begin_step(inputs)):
+            try:
+                call()  # between two steps: answered (a begin_step the next run_step replaces)
+            except ValueError as e:
+                refused.append(e)
+    thread.join()
+    assert not errors, errors[:3]
+    assert refused, "no call was made while a step ran"
+    assert all("while another thread's run_layer or run_step runs" in str(e) for e in refused)
+    assert {e.argument for e in refused} <= {"stats", "begin_step"}
+
+
 def test_step_executor_holds_layer_arrays_and_the_step_inputs():
     """The executor holds its layers' pools and sinks for its life, and a step's inputs until
     the next step begins, though the caller keeps neither: runs read them after the Python
