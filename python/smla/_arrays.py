@@ -166,11 +166,14 @@ def _stream_value(stream) -> int:
         attr = next((a for a in ("cuda_stream", "ptr") if hasattr(stream, a)), None)
         if attr is None:
             raise type_error("stream", what, type(stream).__name__) from None
+        handle = getattr(stream, attr)
         try:
-            value = operator.index(getattr(stream, attr))
+            if isinstance(handle, bool):  # an int to operator.index, but no handle
+                raise TypeError
+            value = operator.index(handle)
         except TypeError:
             raise type_error("stream", f"a stream object whose .{attr} is an int",
-                             repr(getattr(stream, attr))) from None
+                             repr(handle)) from None
     if not 0 <= value < 1 << 64:
         raise value_error("stream", "a cudaStream_t in 0 .. 2^64 - 1", str(value))
     return value
@@ -268,7 +271,8 @@ def scale(x, name: str) -> float:
                          f"a tensor on {getattr(x, 'device', 'a device')}")
     expected = "a value float32 can hold (0, or 1.4e-45 to 3.4e38 in magnitude)"
     try:  # item(): NumPy 2 no longer converts a one-element array by float()
-        value = float(x.item() if hasattr(x, "item") else x)
+        raw = x.item() if hasattr(x, "item") else x
+        value = float(raw)
     except (TypeError, ValueError, RuntimeError):  # torch's item() of many elements: Runtime
         raise type_error(name, "a float", type(x).__name__) from None
     except OverflowError:
@@ -276,5 +280,7 @@ def scale(x, name: str) -> float:
     # The library takes float32: a finite value past its range is refused, not made inf or 0.
     if math.isfinite(value) and value != 0 and not _FLT_TRUE_MIN <= abs(value) <= _FLT_MAX:
         raise value_error(name, expected, repr(value))
+    if value == 0 and raw != 0:  # a Decimal, Fraction or long double below float64's range
+        raise value_error(name, expected, f"{type(raw).__name__} below float64's range")
     return value
 

@@ -4,6 +4,8 @@ every pool row that no attended column points to poisoned too."""
 
 import ctypes
 import dataclasses
+import decimal
+import fractions
 import gc
 import math
 import re
@@ -390,6 +392,8 @@ def bad(args, **changes):
     (lambda a: bad(a, bmm1_scale=1e39), ValueError, "bmm1_scale"),  # not made inf
     (lambda a: bad(a, bmm2_scale=1e-50), ValueError, "bmm2_scale"),  # nor 0
     (lambda a: bad(a, bmm1_scale=10**400), ValueError, "bmm1_scale"),
+    (lambda a: bad(a, bmm1_scale=fractions.Fraction(1, 10**400)), ValueError, "bmm1_scale"),
+    (lambda a: bad(a, bmm2_scale=decimal.Decimal("-1e-400")), ValueError, "bmm2_scale"),
     (lambda a: bad(a, query=None), ValueError, "query"),
     (lambda a: bad(a, max_q_len=2**31), ValueError, "max_q_len"),  # never wrapped
     (lambda a: bad(a, seq_lens=np.zeros(0, np.int32), cum_seq_lens_q=np.zeros(1, np.int32)),
@@ -499,8 +503,12 @@ def test_stream_values_are_checked_on_every_device():
     class Odd:
         cuda_stream = "abc"
 
+    class Flag:  # a bool is an int to operator.index, and no handle
+        cuda_stream = True
+
     for stream, error, got in ((True, TypeError, "a bool"), (-1, ValueError, "-1"),
-                               (2**70, ValueError, str(2**70)), (Odd(), TypeError, "'abc'")):
+                               (2**70, ValueError, str(2**70)), (Odd(), TypeError, "'abc'"),
+                               (Flag(), TypeError, "True")):
         with pytest.raises(error, match="smla: stream: expected .*, got " + re.escape(got)):
             smla.sparse_mla_decode(**args, stream=stream)
 
