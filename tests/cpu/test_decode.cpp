@@ -286,6 +286,72 @@ TEST(Decode, AllMaskedRowsGiveZero) {
     check({.layout = layout, .heads = 8, .sinks = SinkKind::mixed, .all_masked = true});
 }
 
+// SPEC §2: a +inf sink gives its head output 0 whatever the head attends, a row holding a NaN
+// too (the formula's bmm2 * acc / inf would be 0 * NaN); the other heads of a token attending
+// that row carry the NaN. One NaN value in one attended row of every token, +inf sinks on a
+// random half of the heads (at least one).
+TEST(Decode, PosInfSinkZeroesAHeadAttendingANanRow) {
+  for (KvLayout layout : kKvLayouts) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+    DecodeCase c =
+        make_case({.layout = layout, .heads = 8, .sinks = SinkKind::mixed, .masked = 0.1}, seed);
+    Rng rng(seed + 1);
+    const int H = static_cast<int>(c.query.size(1));
+    std::vector<bool> pos_inf(H);
+    const int always = static_cast<int>(rng.uniform(0, H - 1));
+    for (int h = 0; h < H; ++h) {
+      if (h == always || rng.chance(0.5))
+        c.sinks.set<float>(h, std::numeric_limits<float>::infinity());
+      pos_inf[h] = c.sinks.get<float>(h) == std::numeric_limits<float>::infinity();
+    }
+    const auto rows = attended_rows(c);
+    std::vector<bool> attends_nan(rows.size());
+    for (size_t t = 0; t < rows.size(); ++t) {
+      if (rows[t].empty()) continue;
+      const AttendedRow& r =
+          rows[t][static_cast<size_t>(rng.uniform(0, static_cast<int64_t>(rows[t].size()) - 1))];
+      HostTensor& pool =
+          r.compressed && c.compressed_kv_cache.defined() ? c.compressed_kv_cache : c.swa_kv_cache;
+      const RefPool ref(pool);
+      const int d = static_cast<int>(rng.uniform(0, kNopeDim - 1));
+      if (layout == KvLayout::bf16)
+        pool.store<uint16_t>(ref.record(r.offset) + 2 * d, 0x7fc0);
+      else
+        pool.store<uint8_t>(ref.record(r.offset) + d, 0x7f);  // e4m3 NaN
+    }
+    for (size_t t = 0; t < rows.size(); ++t)  // a row may serve several tokens
+      for (const AttendedRow& r : rows[t]) {
+        const HostTensor& pool = r.compressed && c.compressed_kv_cache.defined()
+                                     ? c.compressed_kv_cache
+                                     : c.swa_kv_cache;
+        for (double v : RefPool(pool).row(r.offset))
+          attends_nan[t] = attends_nan[t] || std::isnan(v);
+      }
+    ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
+    int64_t zeroed = 0;
+    for (int64_t t = 0; t < c.out.size(0); ++t)
+      for (int h = 0; h < H; ++h) {
+        bool zero = true, finite = true;
+        for (int d = 0; d < kHeadDim; ++d) {
+          const double x =
+              ref_bf16(c.out.get<uint16_t>(t * c.out.stride(0) + h * c.out.stride(1) + d));
+          zero = zero && x == 0;
+          finite = finite && std::isfinite(x);
+        }
+        if (pos_inf[h]) {
+          ASSERT_TRUE(zero) << "token " << t << ", head " << h << " (+inf sink"
+                            << (attends_nan[t] ? ", attending a NaN row" : "")
+                            << "): " << c.summary;
+          zeroed += attends_nan[t];
+        } else if (attends_nan[t]) {
+          ASSERT_FALSE(finite) << "token " << t << ", head " << h << ": " << c.summary;
+        }
+      }
+    EXPECT_GT(zeroed, 0) << c.summary;
+  }
+}
+
 // NaN/Inf in rows no attended column points to (poisoned by check(); here most columns point
 // at padding, past the pool or packed slots) never reaches the output.
 TEST(Decode, UnattendedNanRowsDoNotLeak) {

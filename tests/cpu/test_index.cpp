@@ -129,6 +129,17 @@ TEST(IndexDecode, NegativeSlotsStay) {
   EXPECT_EQ(build(a).indices, (Rows{{-2, -1, 18, 19}}));
 }
 
+// A page id far below 0 (INT32_MIN): page * 4 + i lies below INT32_MIN, where int32 would wrap
+// it to i, a real row; it stays negative (INT32_MIN), padding. Positions 2..5, pages of 4 rows.
+TEST(IndexDecode, NegativeSlotsBelowInt32StayNegative) {
+  std::vector<int32_t> seq_lens{6}, block_table{INT32_MIN, 3};
+  SparseIndexArgs a;
+  a.window = 4;
+  a.step = {.num_tokens = 1, .seq_lens = i32(seq_lens, {1}), .num_decodes = 1};
+  a.swa = {i32(block_table, {1, 2}), pool_view(4, 4, 6)};
+  EXPECT_EQ(build(a).indices, (Rows{{INT32_MIN, INT32_MIN, 18, 19}}));
+}
+
 // An offset past INT32_MAX addresses no pool: -1, not the int32 it wraps to. Pages of 64 rows:
 // page 2^25 - 1 ends at offset 2^31 - 1, page 2^26 starts at 2^32 (which wraps to 0).
 TEST(IndexDecode, OffsetPastInt32IsPadding) {

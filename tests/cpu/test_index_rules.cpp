@@ -86,6 +86,37 @@ TEST(IndexRules, OffsetsPastInt32ArePadding) {
   EXPECT_GT(past, 0);
 }
 
+// A negative slot (a page id below 0: evicted, or any negative int32) stays negative however
+// far below INT32_MIN page * block_size falls: INT32_MIN there, never the int32 it would wrap to
+// (INT32_MIN * 64 + 5 wraps to 5, a real row). Pages drawn near INT32_MIN / block_size, where
+// the slot crosses INT32_MIN, or anywhere below 0.
+TEST(IndexRules, NegativeSlotsStayNegative) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  Rng rng(seed);
+  int within = 0, below = 0;
+  for (int round = 0; round < 2000; ++round) {
+    const int64_t block_size = rng.uniform(1, 512);
+    const int64_t span = block_size + (rng.chance(0.5) ? rng.uniform(1, 64) : 0);
+    const int64_t edge = INT32_MIN / block_size;
+    const int64_t page = rng.chance(0.5) ? rng.uniform(std::max<int64_t>(edge - 2, INT32_MIN),
+                                                       std::min<int64_t>(edge + 2, -1))
+                                         : rng.uniform(INT32_MIN, -1);
+    const int64_t in_page = rng.uniform(0, block_size - 1);
+    const int64_t pos = in_page + block_size * rng.uniform(0, 1000);
+    const int64_t slot = page * block_size + in_page;
+    const int32_t want = slot < INT32_MIN ? INT32_MIN : static_cast<int32_t>(slot);
+    ++(slot < INT32_MIN ? below : within);
+    const int32_t id = static_cast<int32_t>(page);
+    SCOPED_TRACE("page " + std::to_string(page) + ", block_size " + std::to_string(block_size) +
+                 ", span " + std::to_string(span) + ", pos " + std::to_string(pos));
+    ASSERT_EQ(rules::storage_offset(rules::slot(id, block_size, pos), block_size, span), want);
+    ASSERT_EQ(rules::page_offset(id, in_page, block_size, span), want);
+  }
+  EXPECT_GT(within, 0);
+  EXPECT_GT(below, 0);
+}
+
 // A negative top-k entry is copied as it is, whatever its page (-1 padding or another value).
 TEST(IndexRules, NegativeTopkEntryIsCopied) {
   const uint64_t seed = fresh_seed();
