@@ -251,7 +251,7 @@ void widen_every_entry_topk(GpuStep& g, int64_t width) {
 // A top-k wider than the decode reads (2048 columns: V4's ratio-128 layers past ~262K tokens,
 // here padded with -1): in such a step automatic mode reads those layers' columns from built
 // tables, bit for bit their direct calls, switching plans with the step on one executor; topk
-// mode refuses the step before any launch.
+// mode refuses the step before any launch. One exactly 2048 wide the decode still reads.
 TEST(GpuExecutorWideTopk, StepsPastTheDecodesWidthReadTables) {
   SKIP_WITHOUT_GPU();
   const Pattern p{"v4-flash", 1, 0, 6, decode_shape(1)};  // two ratio-128 layers: 3 and 5
@@ -280,6 +280,10 @@ TEST(GpuExecutorWideTopk, StepsPastTheDecodesWidthReadTables) {
   g.inputs = narrow, g.c.inputs = narrow_host;
   on.eager_step(g);  // and back
   EXPECT_EQ(builds(), narrow_builds);
+  widen_every_entry_topk(g, max_topk_width(current_gpu()));
+  on.eager_step(g);  // the widest the decode reads: no table more than the narrow step's
+  EXPECT_EQ(builds(), narrow_builds);
+  g.inputs = narrow, g.c.inputs = narrow_host;
   widen_every_entry_topk(g, width);
   StepOnStream topk(g, CompressedIndex::topk);
   test::expect_smla_error([&] { topk.executor.run_step(g.inputs, g.queries, g.outs); },
