@@ -118,8 +118,9 @@ Invocation parse_args(int argc, const char* const* argv) {
   if (args.empty()) throw UsageError("no command");
   const auto is_help = [](std::string_view a) { return a == "--help" || a == "-h"; };
   Invocation inv;
-  if (is_help(args[0]) || args[0] == "help") {  // `help run` too: one text covers all
-    if (args.size() > 2 || (args.size() == 2 && args[1] != "run" && args[1] != "info"))
+  if (is_help(args[0]) || args[0] == "help") {  // `help run`, `help -h` too: one text covers all
+    const auto topic = [&](std::string_view a) { return a == "run" || a == "info" || is_help(a); };
+    if (args.size() > 2 || (args.size() == 2 && !topic(args[1])))
       throw UsageError("help takes a command or nothing, got '" +
                        std::string(args[args.size() > 2 ? 2 : 1]) + "'");
     return inv;

@@ -56,6 +56,8 @@ TEST(RunArgs, HelpOnlyForKnownCommands) {
   expect_usage_error({"bogus", "--help"}, "unknown command 'bogus'");
   EXPECT_EQ(parse({"help", "run"}).command, Command::help);
   EXPECT_EQ(parse({"--help", "info"}).command, Command::help);
+  EXPECT_EQ(parse({"help", "--help"}).command, Command::help);
+  EXPECT_EQ(parse({"--help", "-h"}).command, Command::help);
   expect_usage_error({"help", "extra"}, "help takes a command or nothing, got 'extra'");
   expect_usage_error({"help", "run", "extra"}, "help takes a command or nothing, got 'extra'");
   expect_usage_error({}, "no command");
