@@ -10,6 +10,7 @@ import gc
 import math
 import re
 import threading
+import time
 import weakref
 
 import ml_dtypes
@@ -1187,55 +1188,6 @@ def test_step_executor_matches_the_reference():
         smla.StepExecutor(odd, max_tokens=8, max_columns=W + 12)
 
 
-def test_step_executor_refuses_other_threads_while_it_runs():
-    """run_step runs without the GIL: another thread's calls on the executor meanwhile (a
-    begin_step would free the step's arrays under it) are refused by name, and every step a
-    thread ran gives the one-thread outputs."""
-    rng = ref.fresh_rng()
-    c = step_case(rng)
-    specs, pools = layers_and_pools(rng)
-    layers = [smla.AttentionLayer(spec=s, swa_kv_cache=pools[i][0], bmm1_scale=D**-0.5,
-                                  compressed_kv_cache=c["comp_view"] if s.compress_ratio else None)
-              for i, s in enumerate(specs)]
-    executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12)
-    inputs = smla.StepInputs(metadata=c["step"], block_tables=[c["block_table"]] * 2,
-                             compressed_block_tables={2: c["comp_table"]},
-                             topk_indices={2: c["topk"]})
-    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
-    want = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
-    executor.run_step(inputs, queries, want)
-    got = [np.full_like(o, np.nan) for o in want]
-    done = threading.Event()
-    errors = []
-
-    def steps():
-        try:
-            for _ in range(200):
-                executor.run_step(inputs, queries, got)
-                if not all((a.view(np.uint16) == b.view(np.uint16)).all()
-                           for a, b in zip(got, want)):
-                    errors.append("a step's outputs differ")
-        except Exception as e:  # any error of the runner's own calls fails the test
-            errors.append(repr(e))
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=steps)
-    thread.start()
-    refused = []
-    while not done.is_set():
-        for call in (lambda: executor.stats, lambda: executor.begin_step(inputs)):
-            try:
-                call()  # between two steps: answered (a begin_step the next run_step replaces)
-            except ValueError as e:
-                refused.append(e)
-    thread.join()
-    assert not errors, errors[:3]
-    assert refused, "no call was made while a step ran"
-    assert all("while another thread's run_layer or run_step runs" in str(e) for e in refused)
-    assert {e.argument for e in refused} <= {"stats", "begin_step"}
-
-
 def test_step_executor_holds_layer_arrays_and_the_step_inputs():
     """The executor holds its layers' pools and sinks for its life, and a step's inputs until
     the next step begins, though the caller keeps neither: runs read them after the Python
@@ -1575,3 +1527,337 @@ def test_stream_objects_use_cuda_stream_first():
         cuda_stream, ptr = 0, "not read"
 
     smla.sparse_mla_decode(**args, stream=Both())
+
+
+def test_dtype_errors_name_the_conversion_for_other_widths():
+    """uint32/int16 indices get the int32 conversion, a float16 query the float32/bf16 one."""
+    args, _ = make_case(ref.fresh_rng())
+    for name, dtype in (("seq_lens", np.uint32), ("sparse_indices", np.uint64),
+                        ("sparse_topk_lens", np.int16)):
+        with pytest.raises(TypeError) as info:
+            smla.sparse_mla_decode(**bad(args, **{name: args[name].astype(dtype)}))
+        assert info.value.argument == name
+        assert info.value.got.startswith(
+            f"{np.dtype(dtype).name}: indices, lengths and offsets are int32"), info.value.got
+    with pytest.raises(TypeError) as info:
+        smla.sparse_mla_decode(**bad(args, query=args["query"].astype(np.float16)))
+    assert info.value.argument == "query"
+    assert info.value.got.startswith("float16: sinks and lse are float32") and \
+        info.value.got.endswith("rows bf16"), info.value.got
+
+
+@pytest.mark.parametrize("output", ["out", "lse", "workspace", "kv_counters"])
+def test_read_only_outputs_are_named_as_such(output):
+    args, _ = make_case(ref.fresh_rng())
+    array = np.zeros(64, np.uint8) if output in ("workspace", "kv_counters") else args[output]
+    with pytest.raises(TypeError) as info:
+        smla.sparse_mla_decode(**dict(args, **{output: read_only(array)}))
+    assert (info.value.argument, info.value.got) == (output, "a read-only array")
+    assert info.value.expected.startswith("a writable array")
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_DLTENSOR = b"dltensor"
+# DLPack device types and type codes
+CPU, CUDA, CUDA_HOST, OPENCL, CUDA_MANAGED = 1, 2, 3, 4, 13
+INT, UINT, FLOAT, BFLOAT, FLOAT8_E4M3FN = 0, 1, 2, 4, 10
+
+
+class DlpackExport:
+    """A NumPy array's host memory exported by DLPack (an unversioned capsule, no deleter) as
+    memory of DLPack device type `device_type`, its elements of type code `code` (as a GPU
+    framework's pinned or managed memory, or a dtype NumPy lacks, would cross). The capsules'
+    structs live as long as this object."""
+
+    def __init__(self, array, device_type, code):
+        self.array, self.device_type, self.code, self._held = array, device_type, code, []
+
+    def __dlpack_device__(self):
+        return (self.device_type, 0)
+
+    def __dlpack__(self, **kwargs):
+        a = self.array
+        shape = (ctypes.c_int64 * a.ndim)(*a.shape)
+        strides = (ctypes.c_int64 * a.ndim)(*(s // a.itemsize for s in a.strides))
+        managed = _DLManagedTensor()
+        managed.dl_tensor = _DLTensor(a.ctypes.data, _DLDevice(self.device_type, 0), a.ndim,
+                                      _DLDataType(self.code, a.itemsize * 8, 1), shape, strides,
+                                      0)
+        self._held.append((shape, strides, managed))
+        return _capsule_new(ctypes.addressof(managed), _DLTENSOR, None)
+
+
+def test_pinned_host_memory_runs_on_the_cpu():
+    """DLPack's CUDA host (pinned) memory is host memory: read and written by the CPU call."""
+    args, pools = make_case(ref.fresh_rng())
+    expected_out, expected_lse = reference(args, pools)
+    poison_unread(args, pools)
+    smla.sparse_mla_decode(**dict(
+        args, query=DlpackExport(args["query"].view(np.uint16), CUDA_HOST, BFLOAT),
+        out=DlpackExport(args["out"].view(np.uint16), CUDA_HOST, BFLOAT),
+        sinks=DlpackExport(args["sinks"], CUDA_HOST, FLOAT)))
+    check(args, expected_out, expected_lse, args["query"].shape[1])
+
+
+@pytest.mark.parametrize("device_type", [CUDA, CUDA_MANAGED])
+def test_managed_memory_is_a_cuda_array(device_type):
+    """A CUDA or CUDA managed query makes it a call on cuda:0, which CPU pools are not on (a
+    CPU call would read memory the GPU may still be writing)."""
+    args, _ = make_case(ref.fresh_rng())
+    query = DlpackExport(args["query"].view(np.uint16), device_type, BFLOAT)
+    with pytest.raises(TypeError, match=r"^smla: swa_kv_cache: expected cuda:0 \(the device "
+                       r"of the call\), got cpu") as info:
+        smla.sparse_mla_decode(**dict(args, query=query))
+    assert info.value.argument == "swa_kv_cache"
+
+
+def test_arrays_on_other_devices_are_refused():
+    args, _ = make_case(ref.fresh_rng())
+    query = DlpackExport(args["query"].view(np.uint16), OPENCL, BFLOAT)
+    with pytest.raises(TypeError, match="^smla: query: expected an array on the CPU or a CUDA "
+                       "device, got DLPack device type 4$") as info:
+        smla.sparse_mla_decode(**dict(args, query=query))
+    assert info.value.argument == "query"
+
+
+def test_dlpack_float8_e4m3fn_reads_as_fp8():
+    """An array exported with DLPack's float8_e4m3fn code (JAX, newer frameworks) is an fp8
+    array, read as the same bits with_dtype(..., "f8e4m3") names."""
+    rng = ref.fresh_rng()
+    args, _ = make_case(rng, separate_pools=False, sinks=None)
+    view, _ = bf16_pool(rng, 12, 16, 20, dtype=E4M3)
+    query = (rng.standard_normal(args["query"].shape) * 4).astype(E4M3)
+    args.update(query=query, swa_kv_cache=view, bmm1_scale=D**-0.5 / 8, bmm2_scale=0.5)
+    smla.sparse_mla_decode(**args)
+    want = args["out"].copy()
+    assert np.isfinite(want.astype(np.float32)).all()
+    for name in ("query", "swa_kv_cache"):
+        args["out"][:] = np.nan
+        export = DlpackExport(args[name].view(np.uint8), CPU, FLOAT8_E4M3FN)
+        smla.sparse_mla_decode(**dict(args, **{name: export}))
+        assert (args["out"].view(np.uint16) == want.view(np.uint16)).all(), name
+
+
+@pytest.mark.parametrize("ndim", [5, 8, 32])
+def test_arrays_of_too_many_dims_are_refused(ndim):
+    """Past 4 dims an array is refused on import (the view holds 4: a wider one would write
+    past it)."""
+    args, _ = make_case(ref.fresh_rng())
+    for name in ("query", "sparse_indices", "out"):
+        wide = args[name].reshape((1,) * (ndim - args[name].ndim) + args[name].shape)
+        with pytest.raises(ValueError) as info:
+            smla.sparse_mla_decode(**dict(args, **{name: wide}))
+        assert (info.value.argument, info.value.got) == (name, f"{ndim} dims")
+
+
+def _executor_case(rng):
+    c = step_case(rng)
+    specs, pools = layers_and_pools(rng)
+    layers = [smla.AttentionLayer(spec=s, swa_kv_cache=pools[i][0], bmm1_scale=D**-0.5,
+                                  compressed_kv_cache=c["comp_view"] if s.compress_ratio else None)
+              for i, s in enumerate(specs)]
+    inputs = smla.StepInputs(metadata=c["step"], block_tables=[c["block_table"]] * 2,
+                             compressed_block_tables={2: c["comp_table"]},
+                             topk_indices={2: c["topk"]})
+    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
+    return specs, layers, inputs, queries
+
+
+@pytest.mark.parametrize("by_layer", [False, True])
+def test_step_executor_refuses_every_call_while_a_thread_runs_it(by_layer):
+    """While another thread's run_step, or run_layer, runs without the GIL, run_step, run_layer,
+    end_step and stats from this thread are refused by name (they would interleave layers or
+    reset the tables read); the running thread's steps give the one-thread bits."""
+    rng = ref.fresh_rng()
+    specs, layers, inputs, queries = _executor_case(rng)
+    executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12)
+    want = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
+    executor.run_step(inputs, queries, want)
+    got = [np.full_like(o, np.nan) for o in want]
+    mine = [np.full_like(o, np.nan) for o in want]
+    stop, errors = threading.Event(), []
+    busy = "while another thread's run_layer or run_step runs"
+
+    def one_step():
+        if not by_layer:
+            return executor.run_step(inputs, queries, got)
+        executor.begin_step(inputs)
+        for spec, q, o in zip(specs, queries, got):
+            executor.run_layer(spec.layer, q, o)
+        executor.end_step()
+
+    def steps():
+        try:
+            for _ in range(20000):
+                if stop.is_set():
+                    break
+                try:
+                    one_step()
+                except ValueError as e:  # refused while this thread's own call ran
+                    if busy not in str(e):
+                        raise
+                    continue
+                if not all((a.view(np.uint16) == b.view(np.uint16)).all()
+                           for a, b in zip(got, want)):
+                    errors.append("a step's outputs differ")
+        except Exception as e:
+            errors.append(repr(e))
+        finally:
+            stop.set()
+
+    calls = {"stats": lambda: executor.stats}
+    if not by_layer:  # between two steps these run (a run_layer of the ended step: its error)
+        calls.update(run_step=lambda: executor.run_step(inputs, queries, mine),
+                     run_layer=lambda: executor.run_layer(specs[0].layer, queries[0], mine[0]),
+                     end_step=executor.end_step,
+                     begin_step=lambda: executor.begin_step(inputs))
+    refused = set()
+    thread = threading.Thread(target=steps)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not stop.is_set() and refused != set(calls) and time.monotonic() < deadline:
+        for name, call in calls.items():
+            try:
+                call()
+            except ValueError as e:
+                if busy in str(e):
+                    assert e.argument == name
+                    refused.add(name)
+    stop.set()
+    thread.join()
+    assert not errors, errors[:3]
+    assert refused == set(calls)
+
+
+def test_sparse_index_tables_hold_every_build_input_until_reset():
+    """Every array `inputs` gives is held until reset though only the returned args reference
+    it: the step's metadata, the top-k and the compressed table and pool, not only the block
+    table."""
+    rng = ref.fresh_rng()
+    c = step_case(rng, invalid=[1])
+    specs, _ = layers_and_pools(rng)
+    given = []
+
+    def inputs(layer):
+        s = c["step"]
+        step = dataclasses.replace(s, seq_lens=s.seq_lens.copy(),
+                                   cum_seq_lens_q=s.cum_seq_lens_q.copy(),
+                                   is_valid_token=s.is_valid_token.copy())
+        fresh = dict(c, step=step, block_table=c["block_table"].copy(), topk=c["topk"].copy(),
+                     comp_table=c["comp_table"].copy(), comp_view=c["comp_view"].copy(),
+                     swa_view=c["swa_view"].copy())
+        args = index_args(fresh, specs[layer].compress_ratio)
+        arrays = [step.seq_lens, step.cum_seq_lens_q, step.is_valid_token,
+                  args.swa.block_table, args.swa.swa_kv_cache]
+        if specs[layer].compress_ratio:
+            arrays += [args.compressed.topk_indices, args.compressed.block_table,
+                       args.compressed.compressed_kv_cache]
+        given.extend(weakref.ref(a) for a in arrays)
+        return args
+
+    tables = smla.SparseIndexTables(specs, "cpu")
+    for spec in specs:
+        tables.lookup(spec.layer, inputs)
+    gc.collect()
+    assert len(given) == 2 * 5 + 2 * 8
+    assert all(alive() is not None for alive in given)
+    tables.reset()
+    gc.collect()
+    assert all(alive() is None for alive in given)
+
+
+def test_step_executor_holds_every_array_of_its_layers_and_step():
+    """The executor holds every layer array (compressed pools and sinks too) for its life, and
+    every array of a step's inputs (metadata, top-k, compressed block tables) until the next
+    step begins, though the caller keeps none; a step over them gives the same bits."""
+    rng = ref.fresh_rng()
+    c = step_case(rng, invalid=[1])
+    specs, pools = layers_and_pools(rng)
+    sinks = rng.standard_normal(4).astype(np.float32)
+    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
+
+    def make(fresh):
+        copy = (lambda a: a.copy()) if fresh else (lambda a: a)
+        swa = [copy(p[0].base)[:, :64] for p in pools]
+        comp, held_sinks = copy(c["comp_view"].base)[:, :16], copy(sinks)
+        layers = [smla.AttentionLayer(spec=s, swa_kv_cache=swa[i], bmm1_scale=D**-0.5,
+                                      compressed_kv_cache=comp if s.compress_ratio else None,
+                                      sinks=held_sinks)
+                  for i, s in enumerate(specs)]
+        return (smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12),
+                [weakref.ref(a) for a in [comp.base, held_sinks] + [v.base for v in swa]])
+
+    def step_inputs(fresh):
+        copy = (lambda a: a.copy()) if fresh else (lambda a: a)
+        s = c["step"]
+        metadata = dataclasses.replace(s, seq_lens=copy(s.seq_lens),
+                                       cum_seq_lens_q=copy(s.cum_seq_lens_q),
+                                       is_valid_token=copy(s.is_valid_token))
+        inputs = smla.StepInputs(metadata=metadata,
+                                 block_tables=[copy(c["block_table"]), copy(c["block_table"])],
+                                 compressed_block_tables={2: copy(c["comp_table"])},
+                                 topk_indices={2: copy(c["topk"])})
+        arrays = [metadata.seq_lens, metadata.cum_seq_lens_q, metadata.is_valid_token,
+                  inputs.compressed_block_tables[2], inputs.topk_indices[2]]
+        return inputs, [weakref.ref(a) for a in arrays]
+
+    def run(executor, inputs):
+        outs = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
+        executor.begin_step(inputs)
+        del inputs
+        gc.collect()
+        for spec, q, o in zip(specs, queries, outs):
+            executor.run_layer(spec.layer, q, o)
+        executor.end_step()
+        return outs
+
+    plain, _ = make(False)
+    expected = run(plain, step_inputs(False)[0])
+    executor, layer_arrays = make(True)
+    gc.collect()
+    assert all(alive() is not None for alive in layer_arrays)
+    inputs, input_arrays = step_inputs(True)
+    outs = run(executor, inputs)
+    del inputs
+    gc.collect()
+    for got, want in zip(outs, expected):
+        assert (got.view(np.uint16) == want.view(np.uint16)).all()
+    assert all(alive() is not None for alive in input_arrays)
+    executor.begin_step(step_inputs(True)[0])  # the previous step's inputs go
+    gc.collect()
+    assert all(alive() is None for alive in input_arrays)
+    assert all(alive() is not None for alive in layer_arrays)
+    del executor
+    gc.collect()
+    assert all(alive() is None for alive in layer_arrays)
+
+
+def test_layer_spec_defaults_are_the_libraries():
+    """A LayerSpec's defaults are smla::LayerSpec's: no kv or index source, every compressed
+    entry (index_topk 0), window W; they pick the table key."""
+    spec = smla.LayerSpec()
+    assert repr(spec) == ("LayerSpec(layer=0, swa_group=0, compress_ratio=0, kv_source=-1, "
+                          "index_source=-1, index_topk=0, num_heads=0, window=128, mtp=False)")
+    compressed = smla.LayerSpec(layer=3, compress_ratio=4, index_source=3, num_heads=4)
+    assert smla.sparse_index_key(compressed) == "-1:3:4"
