@@ -2,15 +2,19 @@
 // and a failure for any output value that is not finite; `smla run` on the CPU and its report;
 // the synthetic step it runs; the host clock; the benchmarks' CSV file.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -18,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "args.h"
 #include "../tools/oracle.h"  // not tests/oracle.h
+#include "args.h"
 #include "clock.h"
 #include "csv_file.h"
 #include "report.h"
@@ -89,6 +93,43 @@ TEST(RunArgs, NumbersAreParsedStrictly) {
                      "--requests: missing value (--requests VALUE or --requests=VALUE)");
 }
 
+// A value below a flag's least is refused naming that flag and its range, not a later rule's
+// (--context 0 is not "--mtp: at most --context", --groups 0 never reaches `l % groups`).
+TEST(RunArgs, BelowTheLeastNamesTheFlag) {
+  for (const auto& [flag, most] :
+       {std::pair{"--requests", "1073741824"}, {"--context", "1073741824"}, {"--mtp", "1024"}})
+    expect_usage_error({"run", flag, "0"},
+                       std::string(flag) + ": expected an integer in [1, " + most + "], got '0'");
+  expect_usage_error({"run", "--groups", "0"}, "--groups: expected an integer in [1, 64], got '0'");
+  expect_usage_error({"run", "--check", "-1"},
+                     "--check: expected an integer in [0, 1073741824], got '-1'");
+}
+
+// A switch (smla_step_bench's --quick) stands alone: `--quick=1` is refused, not read as --quick,
+// and a word after it is not its value.
+TEST(RunArgs, SwitchesTakeNoValue) {
+  const std::string_view valued[] = {"--csv"}, switches[] = {"--quick"};
+  const auto flags = [&](std::vector<std::string_view> words) {
+    std::vector<std::pair<std::string, std::string>> set;  // (flag, value) in order
+    parse_flags(words, valued, switches, [&](std::string_view flag, std::string_view value) {
+      set.emplace_back(flag, value);
+    });
+    return set;
+  };
+  using Set = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(flags({"--quick", "--csv=a.csv"}), (Set{{"--quick", ""}, {"--csv", "a.csv"}}));
+  for (const auto& [words, message] :
+       {std::pair{std::vector<std::string_view>{"--quick=1"}, "--quick: takes no value, got '1'"},
+        {{"--quick", "1"}, "unexpected argument '1' (flags start with --)"}}) {
+    try {
+      flags(words);
+      ADD_FAILURE() << "taken; expected: " << message;
+    } catch (const UsageError& e) {
+      EXPECT_STREQ(e.what(), message);
+    }
+  }
+}
+
 std::vector<Row> sample(int64_t tokens, int64_t heads, int count, uint64_t seed) {
   std::vector<float> storage(1);  // sample_rows reads the shape alone
   const TensorView query = make_view(storage.data(), DType::f32, Device{}, {tokens, heads, 512},
@@ -113,6 +154,54 @@ TEST(CheckRows, DistinctSortedAndAllWhenAskedForMore) {
   const std::vector<Row> all = sample(3, 5, 1000, seed);
   ASSERT_EQ(all.size(), 15u);
   EXPECT_EQ(std::set<Row>(all.begin(), all.end()).size(), 15u);
+}
+
+// Floyd's sampling reaches every row: over many draws of one row of six, each is picked (a draw
+// below j alone never picks the last row while there is no collision).
+TEST(CheckRows, EveryRowCanBePicked) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (int count : {1, 3}) {
+    std::set<Row> seen;
+    for (uint64_t k = 0; k < 300; ++k) {
+      const std::vector<Row> rows = sample(2, 3, count, seed + k);
+      seen.insert(rows.begin(), rows.end());
+    }
+    EXPECT_EQ(seen.size(), 6u) << count;
+  }
+}
+
+// The oracle decodes e4m3 subnormals (m * 2^-9) by their definition: a swa-only layer whose
+// every key code is subnormal checks clean against the CPU decode (their bytes random).
+TEST(CheckRows, SubnormalFp8KeysDecoded) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const RunOptions o{.requests = 2,
+                     .context = 1 + static_cast<int>(rng() % 300),
+                     .mtp = 1,
+                     .kv = KvLayout::fp8_e4m3,
+                     .check = 0,
+                     .seed = rng()};
+  const auto specs = model_layers(model_preset(o.model), o.groups);
+  const auto swa_only = [](const LayerSpec& s) { return s.compress_ratio == 0; };
+  const size_t i =
+      static_cast<size_t>(std::find_if(specs.begin(), specs.end(), swa_only) - specs.begin());
+  ASSERT_LT(i, specs.size());
+  const auto streams = make_streams(Device{});
+  SynthStep step(o, specs, *streams);
+  const TensorView& pool = step.host.layers[i].swa_kv_cache;
+  auto* bytes = static_cast<uint8_t*>(pool.data);
+  for (int64_t j = 0; j < pool.size(0) * pool.strides[0]; ++j)
+    bytes[j] = static_cast<uint8_t>((rng() & 0x80) | (1 + rng() % 7));  // exponent 0, m 1..7
+  StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
+                        TableSharing::shared, o.compressed_index);
+  executor.run_step(step.device.inputs, step.device.queries, step.device.outs);
+  std::mt19937_64 rows_rng(seed);
+  const CheckResult c =
+      check_layer(step.host, i, sample_rows(step.host.queries[i], 1 << 20, rows_rng));
+  EXPECT_EQ(c.rows, step.num_tokens * specs[i].num_heads);
+  EXPECT_LT(c.max_relative_error, 1e-2);
 }
 
 // NaN compares false with every number, so it must not drop out of the check's error: a CPU
@@ -434,6 +523,83 @@ TEST(SynthStep, WindowsTopKAndColumnsFollowTheOptions) {
       }
       EXPECT_EQ(step.attended[i], columns) << "layer " << i;
     }
+  }
+}
+
+// The block tables' live pages are a shuffled permutation of the pool's pages, not each request's
+// pages in order: a decode that read pages by position instead of through its table would
+// otherwise check clean.
+TEST(SynthStep, BlockTablesAreShuffled) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const RunOptions o{.requests = 16, .context = 2000, .check = 0, .seed = seed};
+  const auto specs = model_layers(model_preset(o.model), 1);
+  const auto streams = make_streams(Device{});
+  const SynthStep step(o, specs, *streams);
+  std::vector<const TensorView*> tables{&step.host.inputs.block_tables[0]};
+  for (const auto& [source, table] : step.host.inputs.compressed_block_tables)
+    tables.push_back(&table);
+  for (const TensorView* table : tables) {
+    std::vector<int32_t> live;
+    for (int64_t j = 0; j < table->size(0) * table->size(1); ++j)
+      if (const int32_t id = table->ptr<int32_t>()[j]; id >= 0) live.push_back(id);
+    ASSERT_GE(live.size(), 16u);
+    EXPECT_FALSE(std::is_sorted(live.begin(), live.end()));
+    std::vector<int32_t> ids(live.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    std::sort(live.begin(), live.end());
+    EXPECT_EQ(live, ids);
+  }
+}
+
+// The host limit is two thirds of the machine's memory, or of its container's limit when lower;
+// the refusal says what it is.
+TEST(SynthStep, HostLimitIsTwoThirdsOfMemory) {
+  double bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"})
+    if (std::ifstream file(path); file)
+      if (double limit = 0; file >> limit && limit > 0) bytes = std::min(bytes, limit);
+  const RunOptions o{.requests = 1 << 30, .context = 1 << 30, .check = 0};
+  const auto streams = make_streams(Device{});
+  try {
+    const SynthStep step(o, model_layers(model_preset(o.model), 1), *streams);
+    ADD_FAILURE() << "made";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a step whose host memory fits in " +
+                                         std::to_string(int64_t(bytes * 2 / 3 / 1048576)) +
+                                         " MiB (two thirds of "),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A step past the host limit, far below int64 bytes (a request of 2^30 tokens: TiBs of pools),
+// is refused by its flags before anything is allocated: under an address-space limit of 4 GiB
+// more than the process has, an allocation would throw std::bad_alloc instead.
+TEST(SynthStep, PastTheHostLimitRefusedBeforeAllocating) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer maps more than an address-space limit leaves";
+#endif
+  const RunOptions o{.requests = 256, .context = 1 << 30, .check = 0};
+  const auto specs = model_layers(model_preset(o.model), 1);
+  const auto streams = make_streams(Device{});
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &old), 0);
+  long pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  const rlim_t mapped = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGE_SIZE));
+  const std::shared_ptr<void> restore(nullptr, [&](void*) { setrlimit(RLIMIT_AS, &old); });
+  rlimit capped = old;
+  capped.rlim_cur = std::min<rlim_t>(old.rlim_cur, mapped + (rlim_t{4} << 30));
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &capped), 0);
+  try {
+    const SynthStep step(o, specs, *streams);
+    ADD_FAILURE() << "made";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "--requests, --context, --mtp (with --model and --kv)");
+  } catch (const std::bad_alloc&) {
+    ADD_FAILURE() << "allocated before refusing";
   }
 }
 

@@ -299,6 +299,34 @@ TEST(SynthStep, UncheckedDeviceStepTilesItsPools) {
   EXPECT_NE(std::memcmp(bytes, bytes + page, page), 0);
 }
 
+// A checked step on a device downloads the sampled rows of a layer's out, each (token, head)
+// row's 512 values and no other, into its host copy.
+TEST(SynthStep, DownloadRowsCopiesThoseRows) {
+  const RunOptions o{.model = "v4-flash", .requests = 2, .context = 100, .mtp = 3, .check = 8};
+  const auto specs = model_layers(model_preset(o.model), 1);
+  DeviceLikeStreams streams;
+  SynthStep step(o, specs, streams);
+  const size_t layer = specs.size() - 1;
+  const TensorView &host = step.host.outs[layer], &device = step.device.outs[layer];
+  ASSERT_NE(host.data, device.data);
+  const int64_t tokens = host.size(0), heads = host.size(1);
+  const auto at = [](const TensorView& v, int64_t t, int64_t h, int64_t d) {
+    return static_cast<uint16_t*>(v.data) + t * v.strides[0] + h * v.strides[1] + d * v.strides[2];
+  };
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = 0; d < kHeadDim; ++d)
+        *at(device, t, h, d) = static_cast<uint16_t>(t * heads + h + 1);
+  const std::vector<Row> rows{{0, 1}, {2, heads - 1}, {tokens - 1, 0}, {tokens - 1, 5}};
+  step.download_rows(layer, rows);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      const bool asked = std::find(rows.begin(), rows.end(), Row{t, h}) != rows.end();
+      for (int64_t d = 0; d < kHeadDim; ++d)
+        ASSERT_EQ(*at(host, t, h, d), asked ? t * heads + h + 1 : 0) << t << ", " << h << ", " << d;
+    }
+}
+
 // Past 512 x 128 tokens a ratio-128 layer's table (context / 128 entries) is wider than the
 // indexers' 512 entries: max_columns, which sizes the executor's workspace on CUDA, is the widest
 // layer's, not the last one's.
