@@ -1188,61 +1188,6 @@ def test_step_executor_matches_the_reference():
         smla.StepExecutor(odd, max_tokens=8, max_columns=W + 12)
 
 
-def test_step_executor_holds_layer_arrays_and_the_step_inputs():
-    """The executor holds its layers' pools and sinks for its life, and a step's inputs until
-    the next step begins, though the caller keeps neither: runs read them after the Python
-    objects that named them are gone (on a GPU, a fork reads the inputs later still)."""
-    rng = ref.fresh_rng()
-    c = step_case(rng)
-    specs, pools = layers_and_pools(rng)
-    sinks = rng.standard_normal(4).astype(np.float32)
-    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
-    other_table = rng.permutation(40)[:16].reshape(4, 4).astype(np.int32)
-
-    def executor_over(copy):
-        fresh = [p[0].base.copy() if copy else p[0].base for p in pools]
-        held = fresh + [sinks.copy() if copy else sinks]
-        layers = [smla.AttentionLayer(spec=s, swa_kv_cache=fresh[i][:, :64], bmm1_scale=D**-0.5,
-                                      compressed_kv_cache=c["comp_view"] if s.compress_ratio
-                                      else None, sinks=held[-1])
-                  for i, s in enumerate(specs)]
-        return (smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12),
-                [weakref.ref(a) for a in held])
-
-    def step_inputs():
-        return smla.StepInputs(metadata=c["step"],
-                               block_tables=[c["block_table"].copy(), other_table.copy()],
-                               compressed_block_tables={2: c["comp_table"].copy()},
-                               topk_indices={2: c["topk"].copy()})
-
-    def run(executor, begin):
-        outs = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
-        begin()
-        gc.collect()
-        for spec, q, o in zip(specs, queries, outs):
-            executor.run_layer(spec.layer, q, o)
-        executor.end_step()
-        return outs
-
-    plain, _ = executor_over(False)
-    expected = run(plain, lambda: plain.begin_step(step_inputs()))
-    executor, layer_arrays = executor_over(True)
-    inputs = step_inputs()
-    input_arrays = [weakref.ref(a) for a in inputs.block_tables]
-    outs = run(executor, lambda: executor.begin_step(inputs))
-    for got, want in zip(outs, expected):
-        assert (got.view(np.uint16) == want.view(np.uint16)).all()
-    del inputs
-    gc.collect()
-    assert all(alive() is not None for alive in layer_arrays + input_arrays)
-    run(executor, lambda: executor.begin_step(step_inputs()))  # the previous step's inputs go
-    assert all(alive() is None for alive in input_arrays)
-    assert all(alive() is not None for alive in layer_arrays)
-    del executor
-    gc.collect()
-    assert all(alive() is None for alive in layer_arrays)
-
-
 def test_model_presets():
     names = [p.name for p in smla.model_presets()]
     assert names == ["v4-flash", "v4-pro", "v41-flash"]
@@ -1788,14 +1733,16 @@ def test_sparse_index_tables_hold_every_build_input_until_reset():
 
 
 def test_step_executor_holds_every_array_of_its_layers_and_step():
-    """The executor holds every layer array (compressed pools and sinks too) for its life, and
-    every array of a step's inputs (metadata, top-k, compressed block tables) until the next
-    step begins, though the caller keeps none; a step over them gives the same bits."""
+    """The executor holds every layer array (pools and sinks) for its life, and every array of
+    a step's inputs (metadata, block tables, top-k, compressed block tables) until the next step
+    begins, though the caller keeps none: runs read them after the Python objects that named
+    them are gone (on a GPU, a fork reads the inputs later still); they give the same bits."""
     rng = ref.fresh_rng()
     c = step_case(rng, invalid=[1])
     specs, pools = layers_and_pools(rng)
     sinks = rng.standard_normal(4).astype(np.float32)
     queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
+    other_table = rng.permutation(40)[:16].reshape(4, 4).astype(np.int32)  # group 1's
 
     def make(fresh):
         copy = (lambda a: a.copy()) if fresh else (lambda a: a)
@@ -1815,11 +1762,11 @@ def test_step_executor_holds_every_array_of_its_layers_and_step():
                                        cum_seq_lens_q=copy(s.cum_seq_lens_q),
                                        is_valid_token=copy(s.is_valid_token))
         inputs = smla.StepInputs(metadata=metadata,
-                                 block_tables=[copy(c["block_table"]), copy(c["block_table"])],
+                                 block_tables=[copy(c["block_table"]), copy(other_table)],
                                  compressed_block_tables={2: copy(c["comp_table"])},
                                  topk_indices={2: copy(c["topk"])})
         arrays = [metadata.seq_lens, metadata.cum_seq_lens_q, metadata.is_valid_token,
-                  inputs.compressed_block_tables[2], inputs.topk_indices[2]]
+                  *inputs.block_tables, inputs.compressed_block_tables[2], inputs.topk_indices[2]]
         return inputs, [weakref.ref(a) for a in arrays]
 
     def run(executor, inputs):
