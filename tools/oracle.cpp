@@ -155,17 +155,30 @@ std::vector<Row> sample_rows(const TensorView& query, int count, std::mt19937_64
 CheckResult check_layer(const StepData& host, size_t index, const std::vector<Row>& rows) {
   const AttentionLayer& layer = host.layers[index];
   const TensorView &query = host.queries[index], &out = host.outs[index];
+  std::vector<size_t> first;  // each token's first row, then the end
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (i == 0 || rows[i - 1].token != rows[i].token) first.push_back(i);
+  first.push_back(rows.size());
+  const int64_t tokens = static_cast<int64_t>(first.size()) - 1;
+  // Over the CPU backend's threads, a token at a time each: a token's rows are decoded once, and
+  // the threads at work hold at most kKeyBytes of them (4 KiB a row; 34 MiB at 1M tokens of
+  // context), which the host limit of the step leaves room for.
+  constexpr int64_t kKeyBytes = int64_t(1) << 30;
+  const int64_t widest =
+      layer.spec.window + (layer.spec.compress_ratio > 0
+                               ? host.inputs.topk_indices.at(layer.spec.index_source).shape[1]
+                               : 0);
+  const int64_t parts = std::min(
+      tokens, std::max<int64_t>(1, kKeyBytes / (widest * kHeadDim * int64_t(sizeof(double)))));
   CheckResult result;
   std::mutex merging;
-  // Over the CPU backend's threads: a range decodes its tokens' rows once (a token whose rows
-  // two ranges share, twice).
-  cpu::parallel_ranges(static_cast<int64_t>(rows.size()), [&](int64_t begin, int64_t end) {
+  cpu::parallel_ranges(parts, [&](int64_t begin, int64_t end) {
     CheckResult part;
-    std::vector<std::vector<double>> keys;
-    for (int64_t i = begin; i < end; ++i) {
-      const auto [t, h] = rows[i];
-      if (i == begin || rows[i - 1].token != t) keys = attended_rows(host.inputs, layer, t);
-      merge(part, check_row(layer, query, out, t, h, keys));
+    for (int64_t k = begin * tokens / parts; k < end * tokens / parts; ++k) {
+      const std::vector<std::vector<double>> keys =
+          attended_rows(host.inputs, layer, rows[first[k]].token);
+      for (size_t i = first[k]; i < first[k + 1]; ++i)
+        merge(part, check_row(layer, query, out, rows[i].token, rows[i].head, keys));
     }
     const std::lock_guard lock(merging);
     merge(result, part);

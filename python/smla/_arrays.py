@@ -7,6 +7,7 @@ a NumPy caller never imports torch.
 """
 
 import math
+import numbers
 import operator
 import re
 import sys
@@ -280,7 +281,9 @@ def scale(x, name: str) -> float:
     # The library takes float32: a finite value past its range is refused, not made inf or 0.
     if math.isfinite(value) and value != 0 and not _FLT_TRUE_MIN <= abs(value) <= _FLT_MAX:
         raise value_error(name, expected, repr(value))
-    if value == 0 and raw != 0:  # a Decimal, Fraction or long double below float64's range
+    # A Decimal, Fraction or long double below float64's range (an object that only converts
+    # by __float__ compares by identity: it is taken as what it converts to).
+    if value == 0 and isinstance(raw, numbers.Number) and raw != 0:
         raise value_error(name, expected, f"{type(raw).__name__} below float64's range")
     return value
 

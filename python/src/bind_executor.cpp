@@ -71,8 +71,8 @@ class Executor {
   }
   void run_layer(int layer, nb::handle query, nb::handle out) {
     idle("run_layer");
-    const TensorView q = take(query), o = take(out);
     const Busy::Hold hold = busy_.hold();
+    const TensorView q = take(query), o = take(out);
     nb::gil_scoped_release release;
     executor_->run_layer(layer, q, o);
   }
@@ -83,12 +83,14 @@ class Executor {
   void run_step(nb::handle inputs, const std::vector<nb::handle>& queries,
                 const std::vector<nb::handle>& outs) {
     idle("run_step");
+    // Held from here: dropping the previous step (step_) may run Python code, and with it
+    // another thread.
+    const Busy::Hold hold = busy_.hold();
     const Inputs& in = nb::cast<const Inputs&>(inputs);
     std::vector<TensorView> q, o;
     for (nb::handle t : queries) q.push_back(take(t));
     for (nb::handle t : outs) o.push_back(take(t));
     step_ = nb::borrow(inputs);
-    const Busy::Hold hold = busy_.hold();
     nb::gil_scoped_release release;
     executor_->run_step(in.inputs, q, o);
   }

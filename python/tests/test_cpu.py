@@ -1323,9 +1323,14 @@ def test_decode_defaults_and_scale_bounds():
     default["out"] = np.full_like(args["out"], np.nan)
     smla.sparse_mla_decode(**default)
     assert (default["out"].view(np.uint16) == want.view(np.uint16)).all()
-    zero = dict(args, bmm2_scale=0.0, out=np.full_like(args["out"], np.nan))
-    smla.sparse_mla_decode(**zero)
-    assert (zero["out"].astype(np.float32) == 0).all()
+    class Zero:  # converts by __float__ alone (no ==): taken as the 0.0 it converts to
+        def __float__(self):
+            return 0.0
+
+    for value in (0.0, Zero()):
+        zero = dict(args, bmm2_scale=value, out=np.full_like(args["out"], np.nan))
+        smla.sparse_mla_decode(**zero)
+        assert (zero["out"].astype(np.float32) == 0).all()
     rows = np.zeros((2, D), np.float32).astype(BF16)
     smla.quantize_kv(rows=rows, slots=np.array([0, 1], np.int32),
                      pool=np.zeros((4, 16, D), np.float32).astype(E4M3),
