@@ -195,9 +195,8 @@ std::string usage() {
          "                    layer in some SWA group, unless it is wider than the decode\n"
          "                    reads on the device (2048 columns on CUDA)\n"
          "\n"
-         "exit status: 0 done (and checked); 1 a failed check, a step this machine cannot hold, "
-         "or\n"
-         "another failure; 2 a usage error\n";
+         "exit status: 0 done (and checked); 1 a failed check, a step this machine cannot\n"
+         "hold, or another failure; 2 a usage error\n";
 }
 
 }  // namespace smla::cli

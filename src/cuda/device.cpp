@@ -79,7 +79,7 @@ void require_supported(int device, const char* argument) {
   require_device_id(device, argument);
   // A fact of the hardware: asked once a device (three runtime calls), then read from here.
   static PerDevice<std::atomic<bool>> supported;
-  const bool cacheable = device >= 0 && device < decltype(supported)::kDevices;
+  const bool cacheable = device < decltype(supported)::kDevices;
   if (cacheable && supported.at(device).load(std::memory_order_relaxed)) return;
   const std::string why = unsupported_reason(device);
   require(why.empty(), argument, "a Hopper GPU that this build runs on",
