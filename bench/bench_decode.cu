@@ -133,8 +133,6 @@ void fill_pool(void* pool, const Layout& l, std::mt19937& rng) {
                                cudaMemcpyHostToDevice));
 }
 
-constexpr size_t kL2Bytes = 60u << 20;
-
 template <class T>
 T* device_copy(const std::vector<T>& host) {
   T* p;
@@ -161,24 +159,41 @@ struct Replay {
   int io_sets;          // query and output buffers
   double device_bytes;  // the replay's buffers hold, beside the pool
 
-  Replay(const Shape& shape, const Layout& layout, bool rotate_all)
+  Replay(const Shape& shape, const Layout& layout, bool rotate_all, size_t l2_bytes)
       : T(shape.requests * shape.tokens_per_request),
         H(shape.heads),
         K(kWindow + shape.topk),
         q_bytes(int(dtype_size(layout.query))) {
     const double io = double(T) * H * 512 * (q_bytes + 2), indices = double(T) * K * 4;
     bytes = double(T) * K * layout.row_bytes + (rotate_all ? io : 0) + indices;
-    // At least 8 launches a replay: the event between replays ends the programmatic dependent
-    // launch chain, so each replay's first launch starts alone.
-    sets = int(std::clamp<double>(std::ceil(3.0 * kL2Bytes / bytes), 8, 512));
+    // Three times the L2 a replay, and at least 8 launches: the event between replays ends the
+    // programmatic dependent launch chain, so each replay's first launch starts alone. A launch
+    // moves at least 129 rows of 512 B, so a 50-100 MB L2 takes a few thousand at most.
+    sets = int(std::max<double>(std::ceil(3.0 * double(l2_bytes) / bytes), 8));
     io_sets = rotate_all ? sets : 1;
     device_bytes = sets * indices + io_sets * io;
   }
 };
 
+// The GPU the numbers come from. FlashMLA's anchors were measured on an H200 and are shown
+// only beside an H200's times.
+struct Gpu {
+  std::string name;
+  int sms = 0;
+  size_t l2_bytes = 0;
+  bool h200 = false;
+};
+
+Gpu current_gpu() {
+  cudaDeviceProp prop{};
+  SMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, cuda::current_device()));
+  return {prop.name, prop.multiProcessorCount, size_t(prop.l2CacheSize),
+          std::strstr(prop.name, "H200") != nullptr};
+}
+
 Result run_shape(const Shape& shape, const Layout& layout, void* pool, double gather_bw,
-                 MatmulRates matmul, bool rotate_all, std::mt19937& rng) {
-  const Replay replay(shape, layout, rotate_all);
+                 MatmulRates matmul, bool rotate_all, const Gpu& gpu, std::mt19937& rng) {
+  const Replay replay(shape, layout, rotate_all, gpu.l2_bytes);
   const int T = replay.T, H = replay.H, K = replay.K, q_bytes = replay.q_bytes;
   const int sets = replay.sets;
   const double bytes = replay.bytes;
@@ -240,7 +255,7 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
       T, H, K, layout.kv, cuda::decode_occupancy(dev.id), ws_bytes, counter_bytes);
 
   Result r{shape, plan.num_splits, plan.cluster, plan.ctas, 0, 0, 0, 0,
-           flashmla_anchor_us(shape)};
+           gpu.h200 ? flashmla_anchor_us(shape) : 0};
   r.us = ms * 1e3 / sets;
   r.tflops = flops / (r.us * 1e-6) / 1e12;
   r.gbps = bytes / (r.us * 1e-6) / 1e9;
@@ -337,16 +352,21 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Throws, naming --shape, for the first shape whose replay would not fit the GPU's free memory
-// beside the pool (the host's copies are no larger).
+// Throws, naming --shape, for the first shape whose replay, workspace and counters would not fit
+// the GPU's free memory beside the pool (the host's copies are no larger).
 void require_memory(const std::vector<Shape>& shapes, const std::vector<Layout>& layouts,
-                    bool rotate_all) {
+                    bool rotate_all, size_t l2_bytes) {
   size_t free = 0, total = 0;
   SMLA_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   const double room = double(free) - double(kPoolBytes);
+  const Device dev{DeviceKind::cuda, cuda::current_device()};
   for (const Shape& s : shapes)
-    for (const Layout& l : layouts)
-      if (const double need = Replay(s, l, rotate_all).device_bytes; need > room) {
+    for (const Layout& l : layouts) {
+      const Replay replay(s, l, rotate_all, l2_bytes);
+      const double need = replay.device_bytes +
+                          double(workspace_bytes(replay.T, replay.H, replay.K, dev)) +
+                          double(kv_counter_bytes(replay.T, replay.H));
+      if (need > room) {
         char got[160];
         std::snprintf(got, sizeof got, "%d:%d:%d:%d (%s) needs %.1f GiB", s.heads, s.requests,
                       s.tokens_per_request, s.topk, l.name, need / double(1 << 30));
@@ -356,6 +376,7 @@ void require_memory(const std::vector<Shape>& shapes, const std::vector<Layout>&
                       free / double(1 << 30), kPoolBytes / double(1 << 30));
         throw Error(ErrorKind::value, "--shape", expected, got);
       }
+    }
 }
 
 }  // namespace
@@ -378,7 +399,8 @@ int main(int argc, char** argv) {
     // What can fail for the asking fails before the ceilings are measured: the CSV's path, and
     // a shape whose buffers the GPU cannot hold beside the pool.
     cli::CsvFile csv_file(o.csv_path);
-    require_memory(shapes, layouts, o.rotate_all);
+    const Gpu gpu = current_gpu();
+    require_memory(shapes, layouts, o.rotate_all, gpu.l2_bytes);
     MatmulRates matmul{bench::measure_bf16_matmul_rate(), 0};
     std::string e4m3_csv;  // empty where the rate is assumed, not measured
     try {
@@ -390,6 +412,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "smla_bench: no e4m3 matmul rate (%s); 2x bf16's assumed\n", e.what());
       matmul.e4m3 = 2 * matmul.bf16;
     }
+    std::printf("device: %s, %d SMs, L2 %.1f MiB%s\n", gpu.name.c_str(), gpu.sms,
+                gpu.l2_bytes / 1048576.0,
+                gpu.h200 ? "" : " (FlashMLA's anchors are an H200's: not shown)");
     std::printf("ceilings: matmul bf16 %.0f, e4m3 %.0f%s TFLOP/s; random row gather",
                 matmul.bf16 / 1e12, matmul.e4m3 / 1e12,
                 e4m3_csv.empty() ? " (2x bf16 assumed)" : "");
@@ -423,7 +448,7 @@ int main(int argc, char** argv) {
       std::fprintf(csv,
                    "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,tflops,gbps,floor_us,"
                    "floor_fraction,flashmla_us,columns,cluster,rotate,gather_tbps,matmul_tflops,"
-                   "e4m3_matmul_tflops\n");
+                   "e4m3_matmul_tflops,device\n");
     std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %8s %8s %9s %6s %9s\n", "kv", "H", "req", "q",
                 "topk", "splits", "ctas", "us", "TFLOP/s", "GB/s", "floor_us", "floor%",
                 "FlashMLA");
@@ -431,22 +456,24 @@ int main(int argc, char** argv) {
       fill_pool(pool, layouts[li], rng);
       for (const Shape& s : shapes) {
         const Layout& l = layouts[li];
-        const Result r = run_shape(s, l, pool, gather_bw[li], matmul, o.rotate_all, rng);
+        const Result r = run_shape(s, l, pool, gather_bw[li], matmul, o.rotate_all, gpu, rng);
         const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
         std::printf("%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n",
                     l.name, s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
                     r.cluster ? 'c' : ' ', (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us,
                     100 * r.floor_us / r.us, anchor.c_str());
         std::fflush(stdout);
-        if (csv)
+        if (csv) {
           std::fprintf(csv,
                        "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.1f,%.0f,%.2f,%.3f,%s,%d,%d,%s,%.3f,%.1f,"
-                       "%s\n",
+                       "%s,\"%s\"\n",
                        l.name, s.heads, s.requests, s.tokens_per_request, s.topk, r.splits,
                        (long long)r.ctas, r.us, r.tflops, r.gbps, r.floor_us, r.floor_us / r.us,
                        r.anchor_us > 0 ? anchor.c_str() : "", kWindow + s.topk, int(r.cluster),
                        o.rotate_all ? "all" : "indices", gather_bw[li] / 1e12,
-                       matmul.bf16 / 1e12, e4m3_csv.c_str());
+                       matmul.bf16 / 1e12, e4m3_csv.c_str(), gpu.name.c_str());
+          std::fflush(csv);  // the rows so far survive a run killed at its time limit
+        }
       }
     }
     csv_file.close();
