@@ -330,6 +330,15 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
         qm.add(ref_e4m3(code));
       }
     }
+  if (spec.all_masked)  // an empty row's output is 0 whatever its query holds (SPEC §2)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t at = t * q_token_stride + rng.uniform(0, H * kHeadDim - 1);
+      const uint16_t bf16_bits[] = {0x7f80, 0xff80, 0x7fc0};  // +inf, -inf, NaN
+      if (spec.query_dtype == DType::bf16)
+        c.query.set(at, bf16_bits[rng.uniform(0, 2)]);
+      else
+        c.query.set(at, static_cast<uint8_t>(rng.chance(0.5) ? 0x7f : 0xff));  // e4m3 NaNs
+    }
 
   c.seq_lens = HostTensor::make(DType::i32, {B});
   if (spec.varlen) c.cum_seq_lens_q = HostTensor::make(DType::i32, {B + 1});

@@ -176,7 +176,8 @@ std::string usage() {
          ")\n"
          "  --kv bf16|fp8_e4m3|fp8_ds_mla   KV cache layout (default bf16; fp8 = fp8_e4m3, run\n"
          "                    with an e4m3 query; the others with a bf16 query)\n"
-         "  --device auto|cpu|cuda     where to run (default auto: the GPU when there is one)\n"
+         "  --device auto|cpu|cuda     where to run (default auto: the GPU when it can run the\n"
+         "                    step, else the CPU, with a note saying why)\n"
          "  --check N         distinct (token, head) rows per layer checked against a float64\n"
          "                    oracle, at most all of them (default " +
          std::to_string(d.check) +

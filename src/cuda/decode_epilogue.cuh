@@ -30,6 +30,13 @@ __device__ __forceinline__ float finish_row(const DecodeParams& p, const Work& w
   return p.bmm2_scale * scale / (l * scale + exp2f(sink - top));
 }
 
+// An output value: o times its row's factor. A row with nothing attended has factor 0, and its o
+// is NaN where the query holds a NaN or an inf (scored against the zero rows that stand for
+// columns not attended): its output is 0 (SPEC §2), not 0 x NaN.
+__device__ __forceinline__ float times_factor(float o, float factor) {
+  return factor == 0.f ? 0.f : o * factor;
+}
+
 __device__ __forceinline__ __nv_bfloat16* out_row(const DecodeParams& p, int token, int head) {
   return static_cast<__nv_bfloat16*>(p.out) + token * p.out_token_stride + head * p.out_head_stride;
 }
@@ -37,8 +44,9 @@ __device__ __forceinline__ __nv_bfloat16* out_row(const DecodeParams& p, int tok
 // Heads H..H_out-1 are zeros, written once per token. The last head block's rows past H are
 // not written from their sums: a zero query's scores are 0 x k, NaN where a row holds an inf.
 __device__ __forceinline__ void zero_tail_heads(const DecodeParams& p, int token, int thread) {
-  for (int i = thread; i < (p.out_heads - p.num_heads) * kRowChunks; i += 256) {
-    const int head = p.num_heads + i / kRowChunks, unit = i % kRowChunks;
+  // 64-bit: (H_out - H) x 64 chunks may end within 256 of 2^31.
+  for (int64_t i = thread; i < int64_t(p.out_heads - p.num_heads) * kRowChunks; i += 256) {
+    const int head = p.num_heads + int(i / kRowChunks), unit = int(i % kRowChunks);
     reinterpret_cast<uint4*>(out_row(p, token, head))[unit] = make_uint4(0, 0, 0, 0);
   }
 }
@@ -63,15 +71,14 @@ __device__ __forceinline__ void write_staged(const DecodeParams& p, const Work& 
   if (w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
 }
 
-// Stages this thread's part of fragment row r (row_of(r) < heads_per_cta) times `factor`.
-// Fragment `o` element i sits at row row_of((i >> 1) & 1) and column 8 (i / 4) + 2 (lane % 4)
+// Stages this thread's part of fragment row r (row_of(r) < heads_per_cta). Fragment `o` element i sits at row row_of((i >> 1) & 1) and column 8 (i / 4) + 2 (lane % 4)
 // + (i & 1) of this warpgroup's half.
 template <class Consumer>
-__device__ __forceinline__ void stage_o(const Consumer& c, uint8_t* smem, int r, float factor) {
+__device__ __forceinline__ void stage_o(const Consumer& c, uint8_t* smem, int r) {
 #pragma unroll
   for (int j = 0; j < 32; ++j)
     stage_pair(smem, c.row_of(r), c.half * 256 + 8 * j + 2 * (c.lane % 4),
-               c.o[4 * j + 2 * r] * factor, c.o[4 * j + 2 * r + 1] * factor);
+               c.o[4 * j + 2 * r], c.o[4 * j + 2 * r + 1]);
 }
 
 // An unsplit row's output straight from the fragments, 16 bytes a store: a quad's 4 x 4 words
@@ -98,7 +105,8 @@ __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& 
 #pragma unroll
       for (int k = 0; k < 4; ++k) {  // fragment columns 8 (4g + k) + 2 (lane % 4), + 1
         const int i = 4 * (4 * g + k) + 2 * r;
-        const __nv_bfloat162 h = __floats2bfloat162_rn(c.o[i] * factor, c.o[i + 1] * factor);
+        const __nv_bfloat162 h =
+            __floats2bfloat162_rn(times_factor(c.o[i], factor), times_factor(c.o[i + 1], factor));
         a[k] = *reinterpret_cast<const uint32_t*>(&h);
       }
       const uint32_t r0 = __shfl_xor_sync(~0u, hi ? a[0] : a[2], 2);
@@ -147,8 +155,8 @@ __device__ __forceinline__ void combine_rows(const DecodeParams& p, const float*
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int col = 4 * (part + k * kThreadsPerRow);
-    stage_pair(smem, row, col, acc[k].x * factor, acc[k].y * factor);
-    stage_pair(smem, row, col + 2, acc[k].z * factor, acc[k].w * factor);
+    stage_pair(smem, row, col, times_factor(acc[k].x, factor), times_factor(acc[k].y, factor));
+    stage_pair(smem, row, col + 2, times_factor(acc[k].z, factor), times_factor(acc[k].w, factor));
   }
 }
 
@@ -242,7 +250,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
   for (int r = 0; r < 2; ++r) {
     const int row = c.row_of(r);
     if (row >= heads) continue;
-    stage_o(c, smem, r, 1.f);
+    stage_o(c, smem, r);
     if (c.half == 0 && c.lane % 4 == 0) ml[row] = make_float2(c.row_max[r], c.row_sum[r]);
   }
   ptx::cluster_sync();
@@ -307,7 +315,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
     auto* o = reinterpret_cast<__nv_bfloat162*>(&out);
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-      o[k] = __floats2bfloat162_rn(acc[k].x * factor, acc[k].y * factor);
+      o[k] = __floats2bfloat162_rn(times_factor(acc[k].x, factor), times_factor(acc[k].y, factor));
     reinterpret_cast<uint4*>(out_row(p, w.token, w.head0 + row))[unit] = out;
   }
   if (w.split == 0 && w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);

@@ -213,7 +213,7 @@ __device__ __forceinline__ Work locate_work(const DecodeParams& p) {
     seq_len = __shfl_sync(~0u, len, request);
   } else if (p.cum_seq_lens_q) {  // the token's request = how many requests end at or before it
     int ended = 0;
-    for (int b = threadIdx.x % 32; b < p.num_requests; b += 32)
+    for (int64_t b = threadIdx.x % 32; b < p.num_requests; b += 32)  // B may be near 2^31
       ended += __ldg(p.cum_seq_lens_q + b + 1) <= w.token;
     for (int d = 16; d > 0; d /= 2) ended += __shfl_xor_sync(~0u, ended, d);
     request = min(ended, p.num_requests - 1);  // a token past cum[B]: read the last request
