@@ -15,8 +15,11 @@ namespace smla::test {
 // An fp8_ds_mla case without sinks (a +inf sink makes a head's output 0 whatever it attends)
 // whose columns are all real rows, and the bf16 row with a NaN that goes to the slot of one of
 // the first attending token's rows (fp8_ds_mla offsets are slots). Output heads past `heads`
-// are padding, which stays zero.
+// are padding, which stays zero. The output is poisoned with a finite value no output reaches
+// (the NaN poison of make_case would pass for a NaN never written).
 struct NanRowCase {
+  static constexpr uint16_t kPoison = 0x4b4b;  // 1.3e7 in bf16; the pools' values are below 4e3
+
   DecodeCase c;
   HostTensor row = HostTensor::make(DType::bf16, {1, kHeadDim});
   HostTensor slots = HostTensor::make(DType::i32, {1});
@@ -40,6 +43,7 @@ struct NanRowCase {
         break;
       }
     slots.set<int32_t>(0, static_cast<int32_t>(slot));  // -1 (padding) where none attends
+    for (size_t i = 0; i < c.out.bytes.size() / 2; ++i) c.out.set<uint16_t>(int64_t(i), kPoison);
     for (int d = 0; d < kHeadDim; ++d) row.set<uint16_t>(d, to_bf16(rng.normal()));
     row.set<uint16_t>(rng.uniform(0, kNopeDim - 1), rng.chance(0.5) ? 0x7fc0 : 0xffc1);
   }
@@ -58,13 +62,17 @@ inline ::testing::AssertionResult nan_reaches_its_tokens_only(const NanRowCase& 
     for (const AttendedRow& a : rows[t]) attends = attends || a.offset == n.slot;
     attending += attends;
     for (int h = 0; h < c.out.size(1); ++h) {
-      bool finite = true, zero = true;
+      bool finite = true, zero = true, written = true;
       for (int d = 0; d < kHeadDim; ++d) {
-        const double x =
-            ref_bf16(c.out.get<uint16_t>(t * c.out.stride(0) + h * c.out.stride(1) + d));
+        const uint16_t bits = c.out.get<uint16_t>(t * c.out.stride(0) + h * c.out.stride(1) + d);
+        const double x = ref_bf16(bits);
         finite = finite && std::isfinite(x);
         zero = zero && x == 0;
+        written = written && bits != NanRowCase::kPoison;
       }
+      if (!written)
+        return ::testing::AssertionFailure()
+               << "token " << t << ", head " << h << ": output not written; " << c.summary;
       if (h >= heads && !zero)
         return ::testing::AssertionFailure()
                << "token " << t << ", padding head " << h << ": output not zero; " << c.summary;

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <stdexcept>
@@ -141,6 +142,14 @@ struct DeviceCase {
     if (c.lse.defined())
       CUDA_THROW(cudaMemcpy(c.lse.bytes.data(), device_ptr(c.lse), c.lse.bytes.size(),
                             cudaMemcpyDeviceToHost));
+  }
+
+  // Whether the launch stored split partials (the workspace starts as 0xff bytes): what the
+  // counter-reduced plans alone do.
+  bool workspace_written() const {
+    std::vector<uint8_t> bytes(workspace->bytes());
+    CUDA_THROW(cudaMemcpy(bytes.data(), workspace->get(), bytes.size(), cudaMemcpyDeviceToHost));
+    return std::any_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b != 0xff; });
   }
 
   std::vector<int32_t> counter_values() const {
