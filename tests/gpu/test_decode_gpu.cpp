@@ -201,7 +201,8 @@ TEST(GpuDecode, ClusterSplitsOfEverySize) {
         if (HasFailure()) return;
       }
   EXPECT_GE(sizes.size(), 6u) << "cluster sizes covered: " << sizes.size();
-  if (gpu.cluster_ctas[cuda::kMaxClusterSplits] > 0)  // the non-portable sizes too
+  // The non-portable sizes too, which H100 and H200 run (SMLA_REQUIRE_GPU: the GPU machine).
+  if (gpu.cluster_ctas[cuda::kMaxClusterSplits] > 0 || gpu_required())
     EXPECT_GT(*sizes.rbegin(), cuda::kPortableClusterCtas) << "largest cluster covered";
   EXPECT_GE(plans.size(), 12u) << "(cluster size, heads a CTA) pairs covered: " << plans.size();
 }
@@ -209,8 +210,11 @@ TEST(GpuDecode, ClusterSplitsOfEverySize) {
 // One split row over a cluster past the portable size, small enough for the sanitizers.
 TEST(GpuDecode, WideClusterSplits) {
   SKIP_WITHOUT_GPU();
-  if (cuda::decode_occupancy(0).cluster_ctas[cuda::kMaxClusterSplits] == 0)
+  if (cuda::decode_occupancy(0).cluster_ctas[cuda::kMaxClusterSplits] == 0) {
+    // H100 and H200 run them: on the GPU machine (SMLA_REQUIRE_GPU=1) none is a regression.
+    if (gpu_required()) FAIL() << "SMLA_REQUIRE_GPU=1 and no clusters past 8 CTAs";
     GTEST_SKIP() << "this device runs no clusters past " << cuda::kPortableClusterCtas << " CTAs";
+  }
   const CaseSpec spec{.heads = 16, .q_lens = {1, 1}, .compressed_width = 1024};
   const cuda::DecodePlan plan = check_against_oracle_and_cpu(spec);
   EXPECT_TRUE(plan.cluster && plan.num_splits > cuda::kPortableClusterCtas) << plan.num_splits;
