@@ -72,6 +72,10 @@ TEST(IndexColumns, WidthRules) {
   EXPECT_EQ(dspark_swa_width(128, 0), 128);
   test::expect_smla_error([] { dspark_swa_width(-500, 1); }, ErrorKind::value, "window", ">= 1",
                     "-500");
+  // 0 is the first window refused, by both rules.
+  test::expect_smla_error([] { dspark_swa_width(0, 1); }, ErrorKind::value, "window", ">= 1", "0");
+  test::expect_smla_error([] { sparse_index_columns(0, 4, 0); }, ErrorKind::value, "window", ">= 1",
+                          "0");
   test::expect_smla_error([] { dspark_swa_width(INT32_MAX - 10, 100); }, ErrorKind::value,
                     "num_draft_tokens", "2^31", "100");
   test::expect_smla_error([] { sparse_index_columns(-128, 4, 0); }, ErrorKind::value, "window",
@@ -82,6 +86,26 @@ TEST(IndexColumns, WidthRules) {
                           ErrorKind::value, "top_k", "0..2^31 - 1", "2147483648");
   test::expect_smla_error([] { sparse_index_columns(128, 4, -4); }, ErrorKind::value,
                           "decode_swa_width", "0..2^31 - 1", "-4");
+}
+
+// K from a layer's topk_indices view (only its shape is read): up to 2^31 - 1 columns, W + top_k
+// rounded up to 4 past it refused by name, and no compressed columns without a ratio.
+TEST(IndexColumns, WidthOfTheTableTheArgsDescribe) {
+  SparseIndexArgs a;
+  a.window = 3;
+  a.compressed.compress_ratio = 4;
+  a.compressed.topk_indices = make_view(nullptr, DType::i32, Device{}, {1, INT32_MAX - 3});
+  EXPECT_EQ(sparse_index_columns(a), INT32_MAX);  // 3 + (2^31 - 4): the widest table
+  a.compressed.compress_ratio = 0;  // an SWA-only layer ignores its compressed columns
+  EXPECT_EQ(sparse_index_columns(a), 3);
+  a.compressed.compress_ratio = 4;
+  a.window = 128;
+  for (const auto& [top_k, got] : {std::pair<int64_t, const char*>{INT32_MAX, "2147483776 columns"},
+                                   {int64_t(1) << 31, "2147483648 columns"}}) {
+    a.compressed.topk_indices.shape[1] = top_k;
+    test::expect_smla_error([&] { sparse_index_columns(a); }, ErrorKind::value, "topk_indices",
+                            "W + top_k < 2^31", got);
+  }
 }
 
 // W = 4, SWA pages of 4 rows packed with a stride of 6 rows.
@@ -111,12 +135,17 @@ TEST(IndexDecode, SwaWindowOnPackedPages) {
   EXPECT_EQ(b.lens, (std::vector<int32_t>{4, 4, 4}));
 }
 
+// The mask read at its stride too (2: every other byte, those between saying the opposite).
 TEST(IndexDecode, InvalidTokenIsPadding) {
-  SwaOnlyCase c;
-  c.valid = {1, 0, 1};
-  const Built b = build(c.args());
-  EXPECT_EQ(b.indices, (Rows{{30, 31, 32, -1}, {-1, -1, -1, -1}, {14, 15, 42, 43}}));
-  EXPECT_EQ(b.lens, (std::vector<int32_t>{4, 4, 4}));
+  for (const int64_t stride : {1, 2}) {
+    SwaOnlyCase c;
+    c.valid = stride == 1 ? std::vector<uint8_t>{1, 0, 1} : std::vector<uint8_t>{1, 0, 0, 1, 1, 0};
+    SparseIndexArgs a = c.args();
+    a.step.is_valid_token = make_view(c.valid.data(), DType::u8, Device{}, {3}, {stride});
+    const Built b = build(a);
+    EXPECT_EQ(b.indices, (Rows{{30, 31, 32, -1}, {-1, -1, -1, -1}, {14, 15, 42, 43}})) << stride;
+    EXPECT_EQ(b.lens, (std::vector<int32_t>{4, 4, 4})) << stride;
+  }
 }
 
 TEST(IndexDecode, NegativeSlotsStay) {
@@ -250,18 +279,24 @@ TEST(IndexMixed, TopkOffsetPastInt32IsPadding) {
   EXPECT_EQ(b.lens, (std::vector<int32_t>{7}));
 }
 
+// Ratio 0 is SWA-only whatever the compressed columns hold (CompressedColumns: ignored).
 TEST(IndexMixed, SwaOnlyLayerOfTheSameStep) {
-  MixedCase c;
-  SparseIndexArgs a = c.args();
-  a.compressed = {};
-  const Built b = build(a);
-  EXPECT_EQ(b.indices, (Rows{{1, 2, 3, 4},
-                             {8, -1, -1, -1},
-                             {8, 9, -1, -1},
-                             {8, 9, 10, -1},
-                             {8, 9, 10, 11},
-                             {9, 10, 11, 24}}));
-  EXPECT_EQ(b.lens, (std::vector<int32_t>(6, 4)));
+  for (const bool stray_columns : {false, true}) {
+    MixedCase c;
+    SparseIndexArgs a = c.args();
+    if (stray_columns)
+      a.compressed.compress_ratio = 0;
+    else
+      a.compressed = {};
+    const Built b = build(a);
+    EXPECT_EQ(b.indices, (Rows{{1, 2, 3, 4},
+                               {8, -1, -1, -1},
+                               {8, 9, -1, -1},
+                               {8, 9, 10, -1},
+                               {8, 9, 10, 11},
+                               {9, 10, 11, 24}}));
+    EXPECT_EQ(b.lens, (std::vector<int32_t>(6, 4)));
+  }
 }
 
 TEST(IndexDspark, NonCausalWindowPerToken) {
@@ -451,6 +486,98 @@ TEST(IndexErrors, StepAndOutputViewsNameTheArgument) {
   EXPECT_EQ(error_argument([&] { build_sparse_indices(a); }), "out.seq_lens");
 }
 
+// The same errors' kinds and messages: a pool on another device is a type error (as for every
+// tensor), cum_seq_lens_q has B + 1 entries, and a page past a block table says what it needed.
+TEST(IndexErrors, KindsAndMessages) {
+  struct Case {
+    const char* name;
+    void (*spoil)(SwaOnlyCase&, MixedCase&, SparseIndexArgs&);
+    bool mixed;
+    ErrorKind kind;
+    const char *argument, *expected, *got;
+  };
+  const Case cases[] = {
+      {"swa pool device",
+       [](SwaOnlyCase&, MixedCase&, SparseIndexArgs& a) {
+         a.swa.swa_kv_cache.device = {DeviceKind::cuda, 0};
+       },
+       false, ErrorKind::type, "swa_kv_cache", "cpu (the device of the call)", "cuda:0"},
+      {"compressed pool device",
+       [](SwaOnlyCase&, MixedCase&, SparseIndexArgs& a) {
+         a.compressed.compressed_kv_cache.device = {DeviceKind::cuda, 1};
+       },
+       true, ErrorKind::type, "compressed_kv_cache", "cpu (the device of the call)", "cuda:1"},
+      {"cum_seq_lens_q of B + 2",
+       [](SwaOnlyCase& c, MixedCase&, SparseIndexArgs& a) {
+         c.cum.push_back(3);
+         a.step.cum_seq_lens_q = i32(c.cum, {4});
+       },
+       false, ErrorKind::value, "cum_seq_lens_q", "[B+1 = 3]", "[4]"},
+      {"swa page",
+       [](SwaOnlyCase& c, MixedCase&, SparseIndexArgs&) {
+         c.seq_lens[1] = 9;  // position 8 on a third page (a's view reads c's vector)
+       },
+       false, ErrorKind::value, "block_table", "a page for position 8 of request 1 (>= 3 pages)",
+       "[2, 2]"},
+      {"compressed page", [](SwaOnlyCase&, MixedCase& m, SparseIndexArgs&) { m.topk[1] = 4; }, true,
+       ErrorKind::value, "topk_indices", "below compressed.block_table pages * E = 4",
+       "topk_indices[0][1] = 4"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    SwaOnlyCase swa;
+    MixedCase mixed;
+    SparseIndexArgs a = k.mixed ? mixed.args() : swa.args();
+    k.spoil(swa, mixed, a);
+    test::expect_smla_error([&] { build(a); }, k.kind, k.argument, k.expected, k.got);
+  }
+}
+
+// An fp8_ds_mla pool's pages hold block_size * 584 B of records and scales whatever its token
+// stride (here 1000 B): an output between its rows (its own rows 8000 B apart) overlaps it in
+// page 0's first 2336 B (SWA or compressed pool), and is apart from it past them.
+TEST(IndexErrors, OutputsApartFromDsMlaRecordsBetweenTokenStrides) {
+  static std::vector<std::byte> pool(8 * 125 * 576);
+  const TensorView ds_mla =
+      make_view(pool.data(), DType::u8, Device{}, {8, 4, 584}, {125 * 576, 1000, 1});
+  for (const bool compressed : {false, true}) {
+    MixedCase c;
+    SparseIndexArgs a = c.args();
+    (compressed ? a.compressed.compressed_kv_cache : a.swa.swa_kv_cache) = ds_mla;
+    const char* name = compressed ? "compressed_kv_cache" : "swa_kv_cache";
+    std::vector<int32_t> lens(6);
+    for (const int64_t at : {600, 2600}) {
+      a.out = {
+          make_view(pool.data() + at, DType::i32, Device{}, {6, 8}, {2000, 1}), i32(lens, {6}), {}};
+      if (at == 2600) {
+        EXPECT_NO_THROW(build_sparse_indices(a)) << name;
+        continue;
+      }
+      test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "sparse_indices",
+                              std::string("memory apart from ") + name,
+                              std::string("an overlap with ") + name);
+    }
+  }
+}
+
+#if !SMLA_WITH_CUDA
+// A build without CUDA refuses a valid call on a GPU's tensors as unsupported.
+TEST(IndexErrors, DeviceCallWithoutCudaIsUnsupported) {
+  MixedCase c;
+  SparseIndexArgs a = c.args();
+  std::vector<int32_t> indices(6 * 8), lens(6);
+  a.out = {i32(indices, {6, 8}), i32(lens, {6}), {}};
+  for (TensorView* v :
+       {&a.step.seq_lens, &a.step.cum_seq_lens_q, &a.swa.block_table, &a.swa.swa_kv_cache,
+        &a.compressed.topk_indices, &a.compressed.block_table, &a.compressed.compressed_kv_cache,
+        &a.out.sparse_indices, &a.out.sparse_topk_lens})
+    v->device = {DeviceKind::cuda, 0};
+  test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::unsupported,
+                          "sparse_indices", "a cpu tensor (this build has no CUDA backend)",
+                          "cuda:0");
+}
+#endif
+
 // num_decodes counts requests: 0..B.
 TEST(IndexErrors, NumDecodesWithinTheRequests) {
   for (const int num_decodes : {3, -1}) {
@@ -478,8 +605,10 @@ TEST(IndexErrors, DsparkIsDecodeOnlyInAWidthOfFours) {
   a.step.decode_swa_width = 10;  // W + 6
   test::expect_smla_error([&] { build(a); }, ErrorKind::value, "decode_swa_width",
                           "a multiple of 4", "10");
-  a.step.decode_swa_width = 8;
-  EXPECT_EQ(build(a).seq_lens, (std::vector<int32_t>{3, 6, 6}));
+  for (const int width : {8, 12}) {  // W + 4, W + 8: any multiple of 4
+    a.step.decode_swa_width = width;
+    EXPECT_EQ(build(a).seq_lens, (std::vector<int32_t>{3, 6, 6})) << width;
+  }
 }
 
 // A draft block of q_len tokens sees up to W + q_len positions, all in one row of

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "error_check.h"
@@ -124,9 +125,15 @@ TEST_F(QuantizeValidation, SlotOutOfAPackedPool) {
   expect_error(ErrorKind::value, "slots", "num_blocks * block_size = 4", "slots[4] = 4");
 }
 
+// Any slot twice, the smallest (0 here) too.
 TEST_F(QuantizeValidation, SlotWrittenTwice) {
-  slot_values[3] = 11;
-  expect_error(ErrorKind::value, "slots", "distinct slots", "slots[1] = 11 and slots[3] = 11");
+  const std::vector<int32_t> valid = slot_values;
+  for (const auto& [i, slot, got] : {std::tuple{3, 11, "slots[1] = 11 and slots[3] = 11"},
+                                     {4, 0, "slots[0] = 0 and slots[4] = 0"}}) {
+    slot_values = valid;
+    slot_values[i] = slot;
+    expect_error(ErrorKind::value, "slots", "distinct slots", got);
+  }
 }
 
 // The pool must not share bytes with the rows or slots it is written from: the result would
@@ -198,6 +205,15 @@ TEST_F(QuantizeValidation, KvScaleNotFiniteOrNotPositive) {
   for (const auto& [value, text] : bad) {
     kv_scale = value;
     expect_error(ErrorKind::value, "kv_scale", "finite float > 0", text);
+  }
+}
+
+// The finite floats > 0 at both ends are taken: the largest and the smallest subnormal.
+TEST_F(QuantizeValidation, KvScaleEdgesAreTaken) {
+  for (const float value :
+       {std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min()}) {
+    kv_scale = value;
+    EXPECT_NO_THROW(quantize_kv(rows, slots, pool, kv_scale)) << value;
   }
 }
 

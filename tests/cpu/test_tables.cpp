@@ -5,15 +5,16 @@
 #include <cstring>
 #include <map>
 #include <ostream>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "smla/error.h"
-#include "smla/tables.h"
 #include "case_gen.h"
 #include "error_check.h"
 #include "recording_streams.h"
+#include "smla/error.h"
+#include "smla/tables.h"
 #include "step_case.h"
 
 namespace smla {
@@ -403,6 +404,8 @@ TEST(SparseIndexTables, ErrorInAForkJoinsBeforePropagating) {
     FAIL() << "the fork's error did not propagate";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "block_table");
+    // Raised in layer 2's lookup, it names the forked table's layer and group.
+    EXPECT_NE(e.got().find("(the table of layer 3, SWA group 1)"), std::string::npos) << e.what();
   }
   EXPECT_EQ(streams.log, (std::vector<std::string>{"fork", "join"}));
   EXPECT_EQ(tables.stats().builds.at({0, "2:2:2"}), 1);
@@ -447,6 +450,26 @@ TEST(SparseIndexTables, PeakBytesOutlastADrop) {
   }
   // Each ratio-128 table (top-k as wide as the step's entries) replaces a wider ratio-4 one.
   EXPECT_GT(drops, 0);
+}
+
+// decode_swa_width up to W is causal (DSpark is > W): each table is its layer's direct build,
+// with no seq_lens, W included.
+TEST(SparseIndexTables, WidthUpToTheWindowIsCausal) {
+  const auto layers = model_layers(model_preset("v4-flash"), 2, true);
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  for (const int width : {kWindow, std::uniform_int_distribution<int>(1, kWindow)(rng)}) {
+    test::CaseShape shape = small_step(2);
+    shape.decode_swa_width = width;
+    const test::StepCase c(layers, shape, rng());
+    test::RecordingStreams streams;
+    SparseIndexTables tables(layers, streams);
+    run_step(tables, c, layers);
+    for (const LayerSpec& s : layers)
+      EXPECT_FALSE(tables.lookup(s.layer, [&](int l) { return c.args(l); }).seq_lens.defined())
+          << "layer " << s.layer << " width " << width;
+  }
 }
 
 // Layer ids strictly increase (runs and lookups go by them): a repeated or falling id is refused.

@@ -24,6 +24,7 @@ TEST(TensorView, RowMajorStridesAndNegativeDims) {
   EXPECT_EQ(v.numel(), 105);
   EXPECT_TRUE(v.is_contiguous());
   EXPECT_TRUE(v.defined());
+  EXPECT_EQ(make_view(nullptr, DType::bf16, Device{}, {2, 3, 5, 7}).numel(), 210);  // all 4 dims
   EXPECT_FALSE(TensorView{}.defined());
   EXPECT_EQ(TensorView{}.numel(), 0);  // absent: no elements, though the empty product is 1
 }
@@ -35,6 +36,9 @@ TEST(TensorView, ContiguityIgnoresSizeOneDims) {
   EXPECT_FALSE(make_view(nullptr, DType::f32, Device{}, {4, 8}, {16, 1}).is_contiguous());
   EXPECT_FALSE(make_view(nullptr, DType::f32, Device{}, {4, 8}, {8, 2}).is_contiguous());
   EXPECT_FALSE(make_view(nullptr, DType::f32, Device{}, {2, 2}, {1, 2}).is_contiguous());
+  // The 4th dim counts: contiguous dims 0..2 over a last dim of stride 2.
+  EXPECT_FALSE(
+      make_view(nullptr, DType::f32, Device{}, {2, 3, 5, 7}, {15, 5, 1, 2}).is_contiguous());
   EXPECT_EQ(make_view(nullptr, DType::f32, Device{}, {4, 0}).numel(), 0);
 }
 
@@ -52,9 +56,9 @@ TEST(TensorView, RefusesWhatCannotBeAView) {
                           ErrorKind::value, "shape", "1..4 dims", "5 dims");
   test::expect_smla_error([] { make_view(nullptr, DType::u8, Device{}, {2, 3}, {3}); },
                           ErrorKind::value, "strides", "2 strides", "1");
-  TensorView wide = make_view(nullptr, DType::i32, Device{}, {2, 3, 1, 1});
-  wide.ndim = 9;  // a caller's field: numel and describe stay inside the arrays
-  EXPECT_EQ(wide.numel(), 6);
+  TensorView wide = make_view(nullptr, DType::i32, Device{}, {2, 3, 1, 4});
+  wide.ndim = 9;  // a caller's field: numel and describe stay inside the arrays (all 4 of them)
+  EXPECT_EQ(wide.numel(), 24);
   EXPECT_EQ(describe(wide), "i32 of 9 dims cpu");
 }
 

@@ -585,6 +585,15 @@ TEST_F(Validation, PublicCallValidates) {
   test::expect_smla_error([&] { sparse_mla_decode(a); }, ErrorKind::type, "query", "bf16", "f32");
 }
 
+#if !SMLA_WITH_CUDA
+// A build without CUDA refuses a valid call on a GPU's tensors as unsupported, naming query.
+TEST_F(Validation, DeviceCallWithoutCudaIsUnsupported) {
+  for (const Field& f : kTensorFields) (a.*f.member).device = kCuda;
+  test::expect_smla_error([&] { sparse_mla_decode(a); }, ErrorKind::unsupported, "query",
+                          "a cpu tensor (this build has no CUDA backend)", "cuda:0");
+}
+#endif
+
 // The capability query answers each refusal with its reason, before it asks any device; the
 // CPU takes every supported pairing of dtypes.
 TEST(Capability, EveryRefusalSaysWhy) {
