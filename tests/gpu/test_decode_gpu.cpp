@@ -26,6 +26,12 @@
 namespace smla::test {
 namespace {
 
+// Each cache layout with each query dtype it takes.
+constexpr std::pair<KvLayout, DType> kEveryKind[] = {{KvLayout::bf16, DType::bf16},
+                                                     {KvLayout::fp8_ds_mla, DType::bf16},
+                                                     {KvLayout::fp8_e4m3, DType::f8e4m3},
+                                                     {KvLayout::fp8_e4m3, DType::bf16}};
+
 // A CPU-backend result as a Reference, to hold the GPU to it with the device tolerance.
 Reference reference_of(const DecodeCase& c) {
   Reference r;
@@ -256,12 +262,8 @@ TEST(GpuDecode, UnsplitPlansAgainstOracleAndCpu) {
 // into NaN scores: unsplit, counter and cluster plans, each layout and query.
 TEST(GpuDecode, EmptyRowsGiveZeroWhateverTheQuery) {
   SKIP_WITHOUT_GPU();
-  const std::pair<KvLayout, DType> kinds[] = {{KvLayout::bf16, DType::bf16},
-                                              {KvLayout::fp8_ds_mla, DType::bf16},
-                                              {KvLayout::fp8_e4m3, DType::f8e4m3},
-                                              {KvLayout::fp8_e4m3, DType::bf16}};
   std::set<std::string> reductions;
-  for (const auto& [layout, query] : kinds)
+  for (const auto& [layout, query] : kEveryKind)
     for (int h : {16, 64, 128})
       for (int reduction = 0; reduction < 3; ++reduction) {  // cluster, counters, unsplit
         std::optional<CountersOnly> counters;
@@ -646,11 +648,7 @@ TEST(GpuDecode, Fp8CachesAgainstOracleAndCpu) {
 // scores would otherwise be off by 0.2 nats near 190, which moves a near tie's output by 10%.
 TEST(GpuDecode, WideScoresRescaleAgainstOracleAndCpu) {
   SKIP_WITHOUT_GPU();
-  const std::pair<KvLayout, DType> kinds[] = {{KvLayout::bf16, DType::bf16},
-                                              {KvLayout::fp8_ds_mla, DType::bf16},
-                                              {KvLayout::fp8_e4m3, DType::f8e4m3},
-                                              {KvLayout::fp8_e4m3, DType::bf16}};
-  for (const auto& [layout, query] : kinds)
+  for (const auto& [layout, query] : kEveryKind)
     for (int h : {16, 64, 128})
       for (bool split : {true, false}) {
         const CaseSpec spec{.layout = layout, .query_dtype = query, .heads = h, .requests = 3,
