@@ -26,6 +26,11 @@ class RecordingStreams final : public Streams {
     std::memset(memory.get(), 0xa5, bytes);
     return memory;
   }
+  std::shared_ptr<void> allocate_persistent(size_t bytes) override {
+    std::shared_ptr<void> memory = inner_->allocate_persistent(bytes);
+    std::memset(memory.get(), 0xa5, bytes);
+    return memory;
+  }
   void zero(void* d, size_t n) override { inner_->zero(d, n); }
   void upload(void* d, const void* s, size_t n) override { inner_->upload(d, s, n); }
   void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }

@@ -28,6 +28,10 @@ class Streams {
   // eager step has released can be served: a capture must follow one eager step of its shape,
   // and its graph, which keeps using the blocks it was served, replays on the current stream.
   virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
+  // As allocate, for state kept from launch to launch (the split counters): memory no earlier
+  // owner held, so that no graph captured with it (and replayed since) writes there. Not inside
+  // a graph capture on CUDA.
+  virtual std::shared_ptr<void> allocate_persistent(size_t bytes) = 0;
   // Zeroes `bytes` at `dst` on the current stream; not inside a graph capture.
   virtual void zero(void* dst, size_t bytes) = 0;
   // Host <-> device() copies on the current stream; each returns once the copy is done. These

@@ -17,13 +17,13 @@ BlockCache::~BlockCache() {
     for (void* block : bucket.free) memory_.release(block);
 }
 
-std::shared_ptr<void> BlockCache::allocate(size_t bytes) {
+std::shared_ptr<void> BlockCache::allocate(size_t bytes, bool fresh) {
   const size_t size = (std::max<size_t>(bytes, 1) + kGranule - 1) / kGranule * kGranule;
   void* block = nullptr;
   {
     const std::lock_guard lock(mutex_);
     Bucket& bucket = buckets_[size];
-    if (!bucket.free.empty()) {
+    if (!fresh && !bucket.free.empty()) {
       block = bucket.free.back();
       bucket.free.pop_back();
     } else {

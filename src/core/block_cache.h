@@ -30,8 +30,9 @@ class BlockCache : public std::enable_shared_from_this<BlockCache> {
   BlockCache& operator=(const BlockCache&) = delete;
 
   // A free block of round_up(bytes) or a new one; the block keeps the cache alive. During a
-  // capture a missing block throws smla::Error (run one eager step first).
-  std::shared_ptr<void> allocate(size_t bytes);
+  // capture a missing block throws smla::Error (run one eager step first). `fresh`: always a
+  // new block, never one an earlier owner (and a graph it was captured into) wrote.
+  std::shared_ptr<void> allocate(size_t bytes, bool fresh = false);
 
   size_t blocks() const;  // blocks taken from the device so far
   size_t bytes() const;   // their bytes

@@ -22,9 +22,10 @@ std::vector<LayerSpec> specs_of(const std::vector<AttentionLayer>& layers) {
 }
 
 // A zeroed u8 buffer of `bytes` on the streams' device; absent when nothing is needed.
-TensorView zeroed(Streams& streams, size_t bytes, std::shared_ptr<void>& owner) {
+// `persistent`: state kept across launches (counters), in memory no graph was captured with.
+TensorView zeroed(Streams& streams, size_t bytes, std::shared_ptr<void>& owner, bool persistent) {
   if (bytes == 0) return {};
-  owner = streams.allocate(bytes);
+  owner = persistent ? streams.allocate_persistent(bytes) : streams.allocate(bytes);
   streams.zero(owner.get(), bytes);
   return make_view(owner.get(), DType::u8, streams.device(), {static_cast<int64_t>(bytes)});
 }
@@ -240,10 +241,11 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
   int max_heads = 1;
   for (const AttentionLayer& l : layers_) max_heads = std::max(max_heads, l.spec.num_heads);
   const bool gpu = streams_.device().kind != DeviceKind::cpu;  // the CPU needs no counters
-  counters_view_ = zeroed(streams_, gpu ? kv_counter_bytes(max_tokens, max_heads) : 0, counters_);
+  counters_view_ =
+      zeroed(streams_, gpu ? kv_counter_bytes(max_tokens, max_heads) : 0, counters_, true);
   workspace_view_ =
       zeroed(streams_, step_workspace_bytes(layers_, max_tokens, max_columns, streams_.device()),
-             workspace_);
+             workspace_, false);
 }
 
 size_t StepExecutor::position(int layer) const {

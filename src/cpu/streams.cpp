@@ -12,6 +12,10 @@ std::shared_ptr<void> HostStreams::allocate(size_t bytes) {
   return {memory, std::free};
 }
 
+std::shared_ptr<void> HostStreams::allocate_persistent(size_t bytes) {
+  return HostStreams::allocate(bytes);  // new memory (not a derived class's cache)
+}
+
 void HostStreams::zero(void* dst, size_t bytes) { std::memset(dst, 0, bytes); }
 void HostStreams::upload(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void HostStreams::download(void* dst, const void* src, size_t bytes) {

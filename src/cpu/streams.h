@@ -18,6 +18,7 @@ class HostStreams : public Streams {
   void wait(int) override {}
   void join() override {}
   std::shared_ptr<void> allocate(size_t bytes) override;
+  std::shared_ptr<void> allocate_persistent(size_t bytes) override;  // HostStreams::allocate's
   void zero(void* dst, size_t bytes) override;
   void upload(void* dst, const void* src, size_t bytes) override;
   void download(void* dst, const void* src, size_t bytes) override;

@@ -103,6 +103,9 @@ class CudaStreams final : public Streams {
   }
 
   std::shared_ptr<void> allocate(size_t bytes) override { return cache_->allocate(bytes); }
+  std::shared_ptr<void> allocate_persistent(size_t bytes) override {
+    return cache_->allocate(bytes, true);
+  }
   void zero(void* dst, size_t bytes) override {
     const DeviceScope scope(device_.id);
     refuse_capture("zero", "a memset node would rerun on every replay");

@@ -78,6 +78,24 @@ TEST(BlockCache, ACaptureIsServedOnlyFromTheCache) {
   EXPECT_EQ(device.allocations, 1);
 }
 
+// A fresh block is a new one while blocks of its size are free (a graph captured with one of
+// those may write it on every replay); once dropped it serves others.
+TEST(BlockCache, AFreshBlockIsNoReleasedOne) {
+  FakeDevice device;
+  const auto cache = BlockCache::create(device.memory());
+  void* released = cache->allocate(1000).get();
+  std::shared_ptr<void> fresh = cache->allocate(1000, true);
+  EXPECT_NE(fresh.get(), released);
+  EXPECT_EQ(device.allocations, 2);
+  void* fresh_block = fresh.get();
+  fresh.reset();
+  const std::shared_ptr<void> a = cache->allocate(1000), b = cache->allocate(1000);
+  EXPECT_EQ(std::set<void*>({a.get(), b.get()}), std::set<void*>({released, fresh_block}));
+  device.capturing = true;  // a capture takes no new block, fresh or not
+  EXPECT_THROW(cache->allocate(1000, true), Error);
+  EXPECT_EQ(device.allocations, 2);
+}
+
 TEST(BlockCache, ABlockKeepsTheCacheAlive) {
   FakeDevice device;
   auto cache = BlockCache::create(device.memory());
@@ -93,6 +111,9 @@ class CachedStreams final : public cpu::HostStreams {
  public:
   explicit CachedStreams(FakeDevice& device) : cache_(BlockCache::create(device.memory())) {}
   std::shared_ptr<void> allocate(size_t bytes) override { return cache_->allocate(bytes); }
+  std::shared_ptr<void> allocate_persistent(size_t bytes) override {
+    return cache_->allocate(bytes, true);
+  }
   const BlockCache& cache() const { return *cache_; }
 
  private:
