@@ -37,6 +37,7 @@ Graph capture_graph(cudaStream_t stream, const std::function<void()>& enqueue) {
   } catch (...) {
     cudaStreamEndCapture(stream, &graph);
     if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();  // the error thrown is the one to report, not the capture's end
     throw;
   }
   SMLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));

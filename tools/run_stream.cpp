@@ -16,8 +16,10 @@ RunStream::RunStream(Device device) {
   SMLA_CUDA_CHECK(cudaSetDevice(device.id));  // streams belong to the current device
   cudaStream_t stream = nullptr;
   const cudaError_t made = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  SMLA_CUDA_CHECK(cudaSetDevice(previous));
+  const cudaError_t restored = cudaSetDevice(previous);
+  if (made == cudaSuccess && restored != cudaSuccess) cudaStreamDestroy(stream);  // not ours yet
   SMLA_CUDA_CHECK(made);
+  SMLA_CUDA_CHECK(restored);
   stream_ = stream;
 #else
   (void)device;
