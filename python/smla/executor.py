@@ -53,7 +53,8 @@ class StepExecutor:
     (default for CUDA: the current stream of the pools' framework, PyTorch or CuPy), fixed
     here: to capture a step in a CUDA graph, make the executor on the stream the capture uses
     (torch.cuda.graph(g, stream=s)) and run one eager step of the same shape first (its
-    memory serves the capture).
+    memory serves the capture); replay on s too, or ordered with it (its blocks are reused in
+    s's order).
     Allocates zeroed counters and workspace for steps of up to `max_tokens` tokens and
     `max_columns` table columns. `compressed_index`: "topk" lets the decode read a compressed
     layer's columns from its top-k (the layer shares its group's SWA table); "table" builds each
