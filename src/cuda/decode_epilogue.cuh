@@ -71,8 +71,9 @@ __device__ __forceinline__ void write_staged(const DecodeParams& p, const Work& 
   if (w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);
 }
 
-// Stages this thread's part of fragment row r (row_of(r) < heads_per_cta). Fragment `o` element i sits at row row_of((i >> 1) & 1) and column 8 (i / 4) + 2 (lane % 4)
-// + (i & 1) of this warpgroup's half.
+// Stages this thread's part of fragment row r (row_of(r) < heads_per_cta). Fragment `o`
+// element i sits at row row_of((i >> 1) & 1) and column 8 (i / 4) + 2 (lane % 4) + (i & 1) of
+// this warpgroup's half.
 template <class Consumer>
 __device__ __forceinline__ void stage_o(const Consumer& c, uint8_t* smem, int r) {
 #pragma unroll
