@@ -4,6 +4,7 @@ the process. Launches that use them must not overlap (one stream, as a model's l
 launches on streams that may overlap need buffers of their own."""
 
 import sys
+import threading
 
 from . import _smla
 from ._arrays import parse_device
@@ -13,6 +14,9 @@ from .decode import kv_counter_bytes, workspace_bytes
 _buffers = {}  # (kind, torch.device) -> uint8 tensor
 # Replaced buffers stay alive: a captured graph keeps their addresses, not a reference.
 _retired = []
+# Held while a buffer is looked up and grown: torch.zeros and the synchronisation let another
+# thread run, whose buffer this one's would otherwise replace without retiring it.
+_lock = threading.Lock()
 
 
 def _device(device):
@@ -25,21 +29,25 @@ def _device(device):
 def _zeroed(kind: str, nbytes: int, device):
     device = _device(device)  # imports torch
     torch = sys.modules["torch"]
-    buffer = _buffers.get((kind, device))
-    if buffer is not None and buffer.numel() >= nbytes:
-        return buffer
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise runtime_error(kind, f"a buffer of {nbytes} B made before graph capture "
-                            f"(call {kind} once with the largest shape first)",
-                            "a call during capture")
-    fresh = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device=device)
-    if device.type == "cuda":
-        # Launches may come on another stream than the one that zeroed it.
-        torch.cuda.current_stream(device).synchronize()
-    if buffer is not None:
-        _retired.append(buffer)
-    _buffers[(kind, device)] = fresh
-    return fresh
+    with _lock:
+        buffer = _buffers.get((kind, device))
+        if buffer is not None and buffer.numel() >= nbytes:
+            return buffer
+        if device.type == "cuda":
+            with torch.cuda.device(device):  # the buffer's device's current stream
+                capturing = torch.cuda.is_current_stream_capturing()
+            if capturing:
+                raise runtime_error(kind, f"a buffer of {nbytes} B made before graph capture "
+                                    f"(call {kind} once with the largest shape first)",
+                                    "a call during capture")
+        fresh = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device=device)
+        if device.type == "cuda":
+            # Launches may come on another stream than the one that zeroed it.
+            torch.cuda.current_stream(device).synchronize()
+        if buffer is not None:
+            _retired.append(buffer)
+        _buffers[(kind, device)] = fresh
+        return fresh
 
 
 def kv_counter_buffer(max_tokens: int, num_heads: int = _smla.MAX_HEADS, device=None):

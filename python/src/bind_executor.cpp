@@ -90,9 +90,13 @@ class Executor {
     std::vector<TensorView> q, o;
     for (nb::handle t : queries) q.push_back(take(t));
     for (nb::handle t : outs) o.push_back(take(t));
+    {  // `inputs` is the caller's during the call
+      nb::gil_scoped_release release;
+      executor_->run_step(in.inputs, q, o);
+    }
+    // Only now: a refused call leaves the open step's arrays (its layers may run yet), and a
+    // step run has reset (joined) the tables that read the previous step's.
     step_ = nb::borrow(inputs);
-    nb::gil_scoped_release release;
-    executor_->run_step(in.inputs, q, o);
   }
   nb::dict stats() const {
     idle("stats");

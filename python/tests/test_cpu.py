@@ -1800,6 +1800,20 @@ def test_step_executor_holds_every_array_of_its_layers_and_step():
     gc.collect()
     assert all(alive() is None for alive in input_arrays)
     assert all(alive() is not None for alive in layer_arrays)
+    # A refused run_step keeps the open step's inputs, which its layers still read.
+    inputs, input_arrays = step_inputs(True)
+    executor.begin_step(inputs)
+    del inputs
+    with pytest.raises(ValueError, match="one query and one out per layer"):
+        executor.run_step(step_inputs(True)[0], queries[:1], [np.zeros((4, 4, D), BF16)])
+    gc.collect()
+    assert all(alive() is not None for alive in input_arrays)
+    outs = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
+    for spec, q, o in zip(specs, queries, outs):
+        executor.run_layer(spec.layer, q, o)
+    executor.end_step()
+    for got, want in zip(outs, expected):
+        assert (got.view(np.uint16) == want.view(np.uint16)).all()
     del executor
     gc.collect()
     assert all(alive() is None for alive in layer_arrays)

@@ -356,6 +356,24 @@ def test_kv_counter_buffer_is_cached_and_grown_only():
     assert smla.kv_counter_buffer(64, 64) is b
 
 
+def test_buffers_grown_by_threads_at_once_all_stay_alive():
+    """Threads growing one buffer at once (to sizes no earlier test asked for): the one kept
+    is the largest a thread was given, and every buffer a thread was given is still held (a
+    graph captured with one keeps only its address)."""
+    import threading
+    from smla import buffers as held
+    given, sizes = [], [(8192 + 97 * i, 128) for i in range(16)]
+    threads = [threading.Thread(target=lambda s=s: given.append(smla.kv_counter_buffer(*s)))
+               for s in sizes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    alive = {b.data_ptr() for b in [*held._buffers.values(), *held._retired]}
+    assert all(b.data_ptr() in alive for b in given)
+    assert smla.kv_counter_buffer(*sizes[-1]) is max(given, key=lambda b: b.numel())
+
+
 def test_kv_counter_bytes_takes_tokens_then_heads():
     """kv_counter_bytes(max_tokens, num_heads) is the library's for those arguments in that
     order (counters go per token and head block: 8 tokens of 128 heads and 128 tokens of 8
