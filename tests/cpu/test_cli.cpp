@@ -1,6 +1,7 @@
 // `smla`'s command line (tools/args.cpp) and its check (tools/oracle.cpp): the rows it samples,
 // and a failure for any output value that is not finite; `smla run` on the CPU and its report;
-// the synthetic step it runs; the host clock; the benchmarks' CSV file.
+// the synthetic step it runs; the host clock; progress on stderr; the benchmarks' CSV file.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -26,6 +28,7 @@
 #include "args.h"
 #include "clock.h"
 #include "csv_file.h"
+#include "progress.h"
 #include "report.h"
 #include "run.h"
 #include "smla/error.h"
@@ -250,7 +253,29 @@ TEST(CheckRows, InfiniteSinkWantsZeros) {
   EXPECT_EQ(zeros.rows, 1);
   EXPECT_EQ(zeros.max_error, 0.0);
   values[7 * out.strides[2]] = 0x3f80;  // 1.0
-  EXPECT_EQ(check_layer(step.host, 0, {row}).max_error, 1.0);
+  const CheckResult one = check_layer(step.host, 0, {row});
+  EXPECT_EQ(one.max_error, 1.0);
+  EXPECT_EQ(one.max_relative_error, 1.0);  // over no magnitude: the error itself, which fails
+}
+
+// The relative error is over the row's largest |oracle| value, whichever its sign: an out left
+// zero (a step made, not run) is off by exactly that in every row, 1.0 relative, in each layout.
+TEST(CheckRows, ZeroOutIsOffByTheRowsLargestMagnitude) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (KvLayout kv : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla}) {
+    const RunOptions o{.requests = 2, .context = 300, .mtp = 2, .kv = kv, .check = 0, .seed = seed};
+    const auto specs = model_layers(model_preset(o.model), o.groups);
+    const auto streams = make_streams(Device{});
+    const SynthStep step(o, specs, *streams);
+    for (size_t i : {size_t{0}, specs.size() - 1}) {
+      std::mt19937_64 rng(seed);
+      const CheckResult c =
+          check_layer(step.host, i, sample_rows(step.host.queries[i], 1 << 20, rng));
+      EXPECT_GT(c.max_error, 0);
+      EXPECT_EQ(c.max_relative_error, 1.0) << kv_layout_name(kv) << ", layer " << i;
+    }
+  }
 }
 
 // Each flag's bounds are inclusive: the least and the most are taken, one past either refused.
@@ -469,9 +494,40 @@ TEST(RunStep, CheckCountsEveryRowOrNone) {
   EXPECT_EQ(p.err, "");
 }
 
-#if !SMLA_WITH_CUDA
-// --device cuda is a demand: a build without CUDA refuses it rather than run on the CPU.
+// Each layer's row of the table is its own: per kind, GB/s x time gives back the bytes of the
+// columns its layers attend (the same step made again), and kinds of different widths (128
+// columns a token against 640) take different times a layer.
+TEST(RunStep, FiguresAreEachLayersOwn) {
+  const test::ThreadsEnv threads("2");
+  const RunOptions o{
+      .requests = 2, .context = 3000, .mtp = 2, .device = DeviceChoice::cpu, .check = 0, .seed = 5};
+  int status = -1;
+  const Printed p = run_printed(o, status);
+  ASSERT_EQ(status, 0);
+  const auto specs = model_layers(model_preset(o.model), o.groups);
+  const auto streams = make_streams(Device{});
+  const SynthStep step(o, specs, *streams);
+  std::map<std::string, double> bytes, ms_per_layer;
+  for (size_t i = 0; i < specs.size(); ++i)
+    bytes[layer_kind(specs[i])] += double(step.attended[i]) * kv_row_bytes(o.kv);
+  for (const auto& [kind, want] : bytes) {
+    const size_t at = p.out.find("\n" + kind + " ");
+    ASSERT_NE(at, std::string::npos) << kind << "\n" << p.out;
+    std::istringstream row(p.out.substr(at + 1 + kind.size()));
+    double count = 0, ms = 0, gb_per_s = 0;
+    row >> count >> ms >> ms_per_layer[kind] >> gb_per_s;
+    const double printed_want = want / (ms * 1e-3) / 1e9;  // ms and GB/s as rounded
+    EXPECT_NEAR(gb_per_s, printed_want, 0.006 + 0.01 * printed_want) << kind << "\n" << p.out;
+  }
+  EXPECT_NE(ms_per_layer["swa-only"], ms_per_layer["ratio 4"]) << p.out;
+}
+
+// --device cuda is a demand: where no CUDA device can run the step (a build without CUDA, or a
+// machine without a Hopper GPU) it is refused rather than run on the CPU.
 TEST(RunStep, CudaAskedForWithoutIt) {
+  if (query_capability(kHeadDim, DType::bf16, DType::bf16, kSwaBlockSize, {DeviceKind::cuda, 0})
+          .supported)
+    GTEST_SKIP() << "a CUDA device here runs the step";
   const RunOptions o{.requests = 1, .context = 64, .device = DeviceChoice::cuda, .check = 0};
   try {
     printed([&] { run_step(o); });
@@ -480,13 +536,13 @@ TEST(RunStep, CudaAskedForWithoutIt) {
     EXPECT_EQ(e.argument(), "--device");
   }
 }
-#endif
 
 // What a synthetic step attends, from its options alone: each token's causal window of W rows
 // (all of them visible in its block table), and its top-k: distinct entries already compressed,
-// min(width, visible) of them, -1 padded; an indexer's a random pick, not the first ones. The
-// contexts: short of the window; a first visible row at the end of a page (SPEC's page 63 of
-// 64 left in the table); past the indexer's 512 entries of ratio 4.
+// min(width, visible) of them, -1 padded; an indexer's a random pick, not the first ones; a
+// layer without one every entry in order. The contexts: short of the window; a first visible
+// row at the end of a page (SPEC's page 63 of 64 left in the table); past the indexer's 512
+// entries of ratio 4.
 TEST(SynthStep, WindowsTopKAndColumnsFollowTheOptions) {
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -519,6 +575,8 @@ TEST(SynthStep, WindowsTopKAndColumnsFollowTheOptions) {
         EXPECT_TRUE(std::all_of(row + valid, row + width, [](int32_t x) { return x == -1; }));
         if (s.index_topk > 0 && visible > width)
           EXPECT_FALSE(std::is_sorted(row, row + valid)) << i << ", " << t;
+        if (s.index_topk == 0)  // every entry, in order
+          EXPECT_TRUE(std::is_sorted(row, row + valid)) << i << ", " << t;
         columns += valid;
       }
       EXPECT_EQ(step.attended[i], columns) << "layer " << i;
@@ -603,6 +661,40 @@ TEST(SynthStep, PastTheHostLimitRefusedBeforeAllocating) {
   }
 }
 
+// Each request's compressed pool holds its context / ratio entries in pages of 64: no page more,
+// and at least one (a context short of the ratio still has a pool and a table). Contexts short
+// of ratio 128, of exactly 32 pages of ratio 4 and one of ratio 128, and one entry past.
+TEST(SynthStep, CompressedPagesHoldTheEntries) {
+  const auto specs = model_layers(model_preset("v4-flash"), 1);
+  const auto streams = make_streams(Device{});
+  for (const int context : {100, 4 * 64 * 32, 4 * 64 * 32 + 4}) {
+    const RunOptions o{.requests = 2, .context = context, .check = 0};
+    const SynthStep step(o, specs, *streams);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].compress_ratio == 0) continue;
+      const int64_t pages = std::max<int64_t>(1, (context / specs[i].compress_ratio + 63) / 64);
+      EXPECT_EQ(step.host.layers[i].compressed_kv_cache.size(0), 2 * pages) << context << ", " << i;
+      EXPECT_EQ(step.host.inputs.compressed_block_tables.at(specs[i].kv_source).size(1), pages);
+    }
+  }
+}
+
+// SPEC §2's scales: bmm1_scale = D^-0.5 * q_scale * kv_scale and bmm2_scale = kv_scale for the
+// per-tensor fp8 cache (kv_scale 0.5, q_scale 1); 1 for bf16 and fp8_ds_mla (its own scales).
+TEST(SynthStep, ScalesFollowTheLayout) {
+  const auto specs = model_layers(model_preset("v4-flash"), 1);
+  const auto streams = make_streams(Device{});
+  for (const auto& [kv, kv_scale] : {std::pair{KvLayout::bf16, 1.0f},
+                                     {KvLayout::fp8_e4m3, 0.5f},
+                                     {KvLayout::fp8_ds_mla, 1.0f}}) {
+    const SynthStep step({.requests = 1, .context = 100, .kv = kv, .check = 0}, specs, *streams);
+    for (const AttentionLayer& l : step.host.layers) {
+      EXPECT_FLOAT_EQ(l.bmm1_scale, kv_scale / std::sqrt(512.0f)) << kv_layout_name(kv);
+      EXPECT_EQ(l.bmm2_scale, kv_scale) << kv_layout_name(kv);
+    }
+  }
+}
+
 // kv_bytes, the report's KV size, is the pools' bytes: each pool once (V4.1's compressed layers
 // share theirs), fp8_ds_mla's pages padded to 576 B.
 TEST(SynthStep, KvBytesArePoolBytes) {
@@ -678,6 +770,39 @@ TEST(StepClock, HostIntervalsAreBetweenConsecutiveMarks) {
   EXPECT_GE(seconds[0], 0.05);
   EXPECT_GE(seconds[1], 0);
   EXPECT_LT(seconds[1], seconds[0]);
+}
+
+// Progress on a terminal (a pseudo-terminal on stderr): nothing in the first second, then a bar
+// of done / total redrawn in place, cleared when the work ends.
+TEST(Progress, BarOnATerminalAfterASecond) {
+  const int master = posix_openpt(O_RDWR | O_NOCTTY);
+  ASSERT_GE(master, 0);
+  ASSERT_TRUE(grantpt(master) == 0 && unlockpt(master) == 0);
+  const int terminal = open(ptsname(master), O_RDWR | O_NOCTTY);
+  ASSERT_GE(terminal, 0);
+  std::fflush(stderr);
+  const int saved = dup(2);
+  dup2(terminal, 2);
+  {
+    Progress progress("work", 4);
+    progress.advance();
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    progress.advance();
+  }
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  fcntl(master, F_SETFL, O_NONBLOCK);
+  std::string drawn;
+  char buffer[4096];
+  for (ssize_t n; (n = read(master, buffer, sizeof buffer)) > 0;) drawn.append(buffer, n);
+  close(terminal);
+  close(master);
+  const std::string bar = "\rwork [" + std::string(15, '#') + std::string(15, '.') + "] 2/4 ";
+  EXPECT_EQ(drawn.substr(0, bar.size()), bar);
+  const std::string cleared = "\r" + std::string(30 + 4 + 40, ' ') + "\r";
+  EXPECT_TRUE(drawn.ends_with("s" + cleared)) << drawn;
 }
 
 // The check's figures are maxima over every row merged, and rows add up.

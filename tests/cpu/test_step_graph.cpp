@@ -135,7 +135,17 @@ TEST(StepGraph, ProblemsNameEachDifference) {
   EXPECT_EQ(graph_problems(g), want);
   g = right_graph(TableSharing::shared);
   g.tables.forks = {{1, "2:2:2"}};  // forks are what sharing does
+  g.nodes.events += 5;              // what joins leave
   EXPECT_TRUE(graph_problems(g).empty());
+  // Each count one off either way (builds and decodes too few as well as too many; a single
+  // node of a kind there should be none of) is one problem.
+  for (int GraphNodes::*count :
+       {&GraphNodes::table_builds, &GraphNodes::decodes, &GraphNodes::other_kernels,
+        &GraphNodes::memsets, &GraphNodes::memcpys, &GraphNodes::others})
+    for (int delta : {-1, 1}) {
+      g = right_graph(TableSharing::shared);
+      if ((g.nodes.*count += delta) >= 0) EXPECT_EQ(graph_problems(g).size(), 1u) << g.nodes.*count;
+    }
 }
 
 StepGraphs right_graphs() {
@@ -216,32 +226,74 @@ TEST(GraphTable, RowsLineUpWithTheirHeader) {
   for (const std::string& row : measured) EXPECT_NE(fields(row)[0], "topk") << row;
 }
 
-// Each count in its own column of the table and the CSV; a step not timed has no build share.
+// Each figure in its own column of the table and the CSV, where its header names it; a step not
+// timed has no build share.
 TEST(GraphTable, EachCountInItsColumn) {
   StepGraphs graphs = right_graphs();
-  graphs.shared.nodes.memsets = 1;
-  graphs.shared.nodes.memcpys = 2;
-  graphs.shared.tables.forks = {{0, "a"}};
-  graphs.shared.tables.waits = {5, 6, 7};
-  graphs.none.step_ms = 0;  // not measured
-  EXPECT_EQ(build_share(graphs.none), 0);
+  StepGraph& g = graphs.shared;  // step 2 ms, 20% saved against none
+  g.builds_ms = 0.3;
+  g.nodes = {.table_builds = 27,
+             .decodes = 40,
+             .other_kernels = 3,
+             .memsets = 1,
+             .memcpys = 2,
+             .events = 5,
+             .others = 4};  // of 26 distinct tables
+  g.tables.forks = {{0, "a"}};
+  g.tables.waits = {5, 6, 7};
   const std::vector<std::string> names = fields(graph_csv_header());
-  const std::vector<std::string> csv = fields(graph_csv_rows(graphs)[2]);
-  const auto column = [&](const std::vector<std::string>& row, const char* name) {
+  const auto column = [&](const std::vector<std::string>& row, const std::string& name) {
     return row.at(std::find(names.begin(), names.end(), name) - names.begin());
   };
-  EXPECT_EQ(column(csv, "memsets"), "1");
-  EXPECT_EQ(column(csv, "memcpys"), "2");
-  EXPECT_EQ(column(csv, "forks"), "1");
-  EXPECT_EQ(column(csv, "waits"), "3");
-  EXPECT_EQ(column(fields(graph_csv_rows(graphs)[3]), "build_share"), "0.0000");
+  const std::vector<std::string> csv = fields(graph_csv_rows(graphs)[2]);
+  ASSERT_EQ(csv.size(), names.size());
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, std::string>>{{"tables", "shared"},
+                                                        {"step_us", "2000.00"},
+                                                        {"builds_us", "300.00"},
+                                                        {"build_share", "0.1500"},
+                                                        {"saves", "0.2000"},
+                                                        {"table_builds", "27"},
+                                                        {"distinct_tables", "26"},
+                                                        {"decodes", "40"},
+                                                        {"other_kernels", "3"},
+                                                        {"memsets", "1"},
+                                                        {"memcpys", "2"},
+                                                        {"event_nodes", "5"},
+                                                        {"other_nodes", "4"},
+                                                        {"forks", "1"},
+                                                        {"waits", "3"},
+                                                        {"graph_ok", "0"}})
+    EXPECT_EQ(column(csv, name), value) << name;
   // The table's columns: tables, step us, builds us, build%, saves, builds, distinct, decodes,
-  // otherkern, memset, memcpy, ...
+  // otherkern, memset, memcpy, events, othernode, forks, graph.
   std::istringstream row(graph_table_rows(graphs)[2]);
-  std::vector<std::string> words{std::istream_iterator<std::string>(row), {}};
-  ASSERT_GT(words.size(), 10u);
-  EXPECT_EQ(words[9], "1");
-  EXPECT_EQ(words[10], "2");
+  EXPECT_EQ((std::vector<std::string>{std::istream_iterator<std::string>(row), {}}),
+            (std::vector<std::string>{"shared", "2000.0", "300.0", "15.0%", "20.0%", "27", "26",
+                                      "40", "3", "1", "2", "5", "4", "1", "WRONG"}));
+  graphs.none.step_ms = 0;  // not measured
+  EXPECT_EQ(build_share(graphs.none), 0);
+  EXPECT_EQ(column(fields(graph_csv_rows(graphs)[3]), "build_share"), "0.0000");
+}
+
+// On CUDA the report prints the graphs after the tables: the replays, the graph table's header
+// and rows, then a line for each problem.
+TEST(Report, GraphsAfterTheTables) {
+  RunReport r{.device = "cuda:0, after a warm-up step",
+              .layers = {{"swa-only", 64, 1e-3, 1000}},
+              .graphs = right_graphs(),
+              .graph_replays = 7};
+  r.graphs->none.nodes.decodes = 41;
+  testing::internal::CaptureStdout();
+  print_report(r);
+  const std::string out = testing::internal::GetCapturedStdout();
+  std::string want =
+      "\ngraph: the step captured as one CUDA graph after an eager step, median of 7 replays; "
+      "builds: its table builds captured alone\n" +
+      graph_table_header() + "\n";
+  for (const std::string& line : graph_table_rows(*r.graphs)) want += line + "\n";
+  want += "graph WRONG (tables none): 41 decodes, expected 40 (one per layer)\n";
+  EXPECT_TRUE(out.ends_with(want)) << out;  // no check: the graphs end it
 }
 
 // `smla run` exits 1 when its check fails (past the tolerance, or NaN) or a graph is wrong, and
@@ -297,6 +349,7 @@ TEST(SynthStep, UncheckedDeviceStepTilesItsPools) {
   const auto* bytes = static_cast<const std::byte*>(pool.data);
   EXPECT_EQ(std::memcmp(bytes, bytes + tile, pool.size(0) * page - tile), 0);
   EXPECT_NE(std::memcmp(bytes, bytes + page, page), 0);
+  EXPECT_NE(std::memcmp(bytes, bytes + tile / 2, tile / 2), 0);  // 256 pages, not fewer
 }
 
 // A checked step on a device downloads the sampled rows of a layer's out, each (token, head)
