@@ -90,13 +90,18 @@ class Executor {
     std::vector<TensorView> q, o;
     for (nb::handle t : queries) q.push_back(take(t));
     for (nb::handle t : outs) o.push_back(take(t));
-    {  // `inputs` is the caller's during the call
+    nb::object previous = std::move(step_);
+    step_ = nb::borrow(inputs);
+    try {
       nb::gil_scoped_release release;
       executor_->run_step(in.inputs, q, o);
+    } catch (...) {
+      // Refused, the open step (previous) may run its layers yet; failed past its start, the
+      // step's work queued so far reads `inputs`: both held until the next step.
+      if (previous.is_valid()) step_ = nb::make_tuple(previous, step_);
+      throw;
     }
-    // Only now: a refused call leaves the open step's arrays (its layers may run yet), and a
-    // step run has reset (joined) the tables that read the previous step's.
-    step_ = nb::borrow(inputs);
+    // `previous` goes now, the tables that read it reset (joined) by the step.
   }
   nb::dict stats() const {
     idle("stats");

@@ -1814,6 +1814,15 @@ def test_step_executor_holds_every_array_of_its_layers_and_step():
     executor.end_step()
     for got, want in zip(outs, expected):
         assert (got.view(np.uint16) == want.view(np.uint16)).all()
+    # A step that fails past its start (its last layer's out has too few heads) holds its
+    # inputs, which its earlier layers' work read.
+    inputs, input_arrays = step_inputs(True)
+    outs = [np.zeros((4, 4, D), BF16) for _ in specs[:-1]] + [np.zeros((4, 2, D), BF16)]
+    with pytest.raises(ValueError, match="smla: out"):
+        executor.run_step(inputs, queries, outs)
+    del inputs
+    gc.collect()
+    assert all(alive() is not None for alive in input_arrays)
     del executor
     gc.collect()
     assert all(alive() is None for alive in layer_arrays)

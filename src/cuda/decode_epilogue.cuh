@@ -30,13 +30,6 @@ __device__ __forceinline__ float finish_row(const DecodeParams& p, const Work& w
   return p.bmm2_scale * scale / (l * scale + exp2f(sink - top));
 }
 
-// An output value: o times its row's factor. A row with nothing attended has factor 0, and its o
-// is NaN where the query holds a NaN or an inf (scored against the zero rows that stand for
-// columns not attended): its output is 0 (SPEC §2), not 0 x NaN.
-__device__ __forceinline__ float times_factor(float o, float factor) {
-  return factor == 0.f ? 0.f : o * factor;
-}
-
 __device__ __forceinline__ __nv_bfloat16* out_row(const DecodeParams& p, int token, int head) {
   return static_cast<__nv_bfloat16*>(p.out) + token * p.out_token_stride + head * p.out_head_stride;
 }
@@ -106,8 +99,7 @@ __device__ __forceinline__ void store_output(const DecodeParams& p, const Work& 
 #pragma unroll
       for (int k = 0; k < 4; ++k) {  // fragment columns 8 (4g + k) + 2 (lane % 4), + 1
         const int i = 4 * (4 * g + k) + 2 * r;
-        const __nv_bfloat162 h =
-            __floats2bfloat162_rn(times_factor(c.o[i], factor), times_factor(c.o[i + 1], factor));
+        const __nv_bfloat162 h = __floats2bfloat162_rn(c.o[i] * factor, c.o[i + 1] * factor);
         a[k] = *reinterpret_cast<const uint32_t*>(&h);
       }
       const uint32_t r0 = __shfl_xor_sync(~0u, hi ? a[0] : a[2], 2);
@@ -156,8 +148,8 @@ __device__ __forceinline__ void combine_rows(const DecodeParams& p, const float*
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int col = 4 * (part + k * kThreadsPerRow);
-    stage_pair(smem, row, col, times_factor(acc[k].x, factor), times_factor(acc[k].y, factor));
-    stage_pair(smem, row, col + 2, times_factor(acc[k].z, factor), times_factor(acc[k].w, factor));
+    stage_pair(smem, row, col, acc[k].x * factor, acc[k].y * factor);
+    stage_pair(smem, row, col + 2, acc[k].z * factor, acc[k].w * factor);
   }
 }
 
@@ -316,7 +308,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& p, const Work
     auto* o = reinterpret_cast<__nv_bfloat162*>(&out);
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-      o[k] = __floats2bfloat162_rn(times_factor(acc[k].x, factor), times_factor(acc[k].y, factor));
+      o[k] = __floats2bfloat162_rn(acc[k].x * factor, acc[k].y * factor);
     reinterpret_cast<uint4*>(out_row(p, w.token, w.head0 + row))[unit] = out;
   }
   if (w.split == 0 && w.head_block == p.head_blocks - 1) zero_tail_heads(p, w.token, thread);

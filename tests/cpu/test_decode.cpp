@@ -280,10 +280,16 @@ TEST(Decode, OtherWindowsAndWidths) {
   check({.heads = 16, .compressed_width = 1024});             // V4-Pro top-k
 }
 
-// Empty S(t) by length, by the causal window and by offsets: zero output, lse -inf, no NaN.
+// Empty S(t) by length, by the causal window and by offsets: zero output, lse -inf, no NaN,
+// whatever the query holds.
 TEST(Decode, AllMaskedRowsGiveZero) {
   for (KvLayout layout : kKvLayouts)
-    check({.layout = layout, .heads = 8, .sinks = SinkKind::mixed, .all_masked = true});
+    for (bool nonfinite : {false, true})
+      check({.layout = layout,
+             .heads = 8,
+             .sinks = SinkKind::mixed,
+             .all_masked = true,
+             .nonfinite_query = nonfinite});
 }
 
 // SPEC §2: a +inf sink gives its head output 0 whatever the head attends, a row holding a NaN

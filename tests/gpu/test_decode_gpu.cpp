@@ -257,32 +257,6 @@ TEST(GpuDecode, UnsplitPlansAgainstOracleAndCpu) {
     }
 }
 
-// SPEC §2: an empty S(t) gives output 0 whatever the query holds. Every token's query holds an
-// inf or a NaN (CaseSpec::all_masked), which the zero rows standing for columns not attended turn
-// into NaN scores: unsplit, counter and cluster plans, each layout and query.
-TEST(GpuDecode, EmptyRowsGiveZeroWhateverTheQuery) {
-  SKIP_WITHOUT_GPU();
-  std::set<std::string> reductions;
-  for (const auto& [layout, query] : kEveryKind)
-    for (int h : {16, 64, 128})
-      for (int reduction = 0; reduction < 3; ++reduction) {  // cluster, counters, unsplit
-        std::optional<CountersOnly> counters;
-        if (reduction > 0) counters.emplace();
-        const size_t buffers = reduction == 2 ? 0 : SIZE_MAX;
-        const CaseSpec spec{.layout = layout,
-                            .query_dtype = query,
-                            .heads = h,
-                            .requests = 2,
-                            .max_q = 2,
-                            .compressed_width = 512,
-                            .all_masked = true};
-        const cuda::DecodePlan plan = check_against_oracle_and_cpu(spec, buffers, buffers);
-        reductions.insert(plan.num_splits == 1 ? "unsplit" : plan.cluster ? "cluster" : "counters");
-        if (HasFailure()) return;
-      }
-  EXPECT_EQ(reductions.size(), 3u) << "plans of every reduction";
-}
-
 // Queries of at least kQueryEvictFirstBytes, whose TMA loads carry the L2 evict-first policy
 // (bf16, and an e4m3 query with an e4m3 cache, one head block), against the oracle and the CPU.
 // Their 160 CTAs run in two waves on an H100 or H200: the bf16 first wave's fetch of the
