@@ -29,8 +29,8 @@ class Streams {
   // and its graph, which keeps using the blocks it was served, replays on the current stream.
   virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
   // As allocate, for state kept from launch to launch (the split counters): memory no earlier
-  // owner held, so that no graph captured with it (and replayed since) writes there. Not inside
-  // a graph capture on CUDA.
+  // owner held, so that no graph captured with it (and replayed since) writes there. On CUDA a
+  // new block of the device's each call (the cache grows by it), not inside a graph capture.
   virtual std::shared_ptr<void> allocate_persistent(size_t bytes) = 0;
   // Zeroes `bytes` at `dst` on the current stream; not inside a graph capture.
   virtual void zero(void* dst, size_t bytes) = 0;
