@@ -87,7 +87,12 @@ struct CountersOnly {
 struct DeviceCase {
   const Device device = current_gpu();
   std::map<const HostTensor*, std::unique_ptr<DeviceMemory>> tensors;
+  // The split buffers, each allocated with kGuardBytes of kGuard past the view the launch gets
+  // (workspace_size, counter_size bytes), which it must leave as they are (guards_intact).
+  static constexpr size_t kGuardBytes = 4096;
+  static constexpr uint8_t kGuard = 0x5a;
   std::unique_ptr<DeviceMemory> workspace, counters;
+  size_t workspace_size = 0, counter_size = 0;
   DecodeArgs args;
 
   // `counter_bytes` / `workspace_bytes` below the API's sizes exercise the fallback.
@@ -102,12 +107,15 @@ struct DeviceCase {
     const int H = static_cast<int>(c.query.size(1));
     counter_bytes = std::min(counter_bytes, kv_counter_bytes(T, H));
     ws_bytes = std::min(ws_bytes, workspace_bytes(T, H, K, device));
-    counters = std::make_unique<DeviceMemory>(counter_bytes);
-    workspace = std::make_unique<DeviceMemory>(ws_bytes);
-    CUDA_THROW(cudaMemset(counters->get(), 0, counters->bytes()));
+    counter_size = counter_bytes, workspace_size = ws_bytes;
+    counters = std::make_unique<DeviceMemory>(counter_bytes + kGuardBytes);
+    workspace = std::make_unique<DeviceMemory>(ws_bytes + kGuardBytes);
+    CUDA_THROW(cudaMemset(counters->get(), 0, counter_bytes));
     // The workspace needs no initial value: NaN in it shows a split that never stored its
     // partial (zeros would merge as a no-op).
-    CUDA_THROW(cudaMemset(workspace->get(), 0xff, workspace->bytes()));
+    CUDA_THROW(cudaMemset(workspace->get(), 0xff, ws_bytes));
+    CUDA_THROW(cudaMemset(guard(counters, counter_size), kGuard, kGuardBytes));
+    CUDA_THROW(cudaMemset(guard(workspace, workspace_size), kGuard, kGuardBytes));
     if (counter_bytes)
       args.kv_counters = make_view(counters->get(), DType::u8, device, {int64_t(counter_bytes)});
     if (ws_bytes)
@@ -147,15 +155,33 @@ struct DeviceCase {
   // Whether the launch stored split partials (the workspace starts as 0xff bytes): what the
   // counter-reduced plans alone do.
   bool workspace_written() const {
-    std::vector<uint8_t> bytes(workspace->bytes());
+    std::vector<uint8_t> bytes(workspace_size);
     CUDA_THROW(cudaMemcpy(bytes.data(), workspace->get(), bytes.size(), cudaMemcpyDeviceToHost));
     return std::any_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b != 0xff; });
   }
 
   std::vector<int32_t> counter_values() const {
-    std::vector<int32_t> v(counters->bytes() / 4);
+    std::vector<int32_t> v(counter_size / 4);
     CUDA_THROW(cudaMemcpy(v.data(), counters->get(), v.size() * 4, cudaMemcpyDeviceToHost));
     return v;
+  }
+
+  // Whether the bytes past the workspace and counter views still hold kGuard.
+  bool guards_intact() const {
+    std::vector<uint8_t> bytes(kGuardBytes);
+    for (const auto& [memory, size] :
+         {std::pair{counters.get(), counter_size}, std::pair{workspace.get(), workspace_size}}) {
+      CUDA_THROW(cudaMemcpy(bytes.data(), static_cast<char*>(memory->get()) + size, kGuardBytes,
+                            cudaMemcpyDeviceToHost));
+      if (std::any_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b != kGuard; }))
+        return false;
+    }
+    return true;
+  }
+
+ private:
+  static void* guard(const std::unique_ptr<DeviceMemory>& memory, size_t size) {
+    return static_cast<char*>(memory->get()) + size;
   }
 };
 

@@ -70,6 +70,7 @@ cuda::DecodePlan check_against_oracle_and_cpu(const CaseSpec& spec, size_t count
   EXPECT_TRUE(matches(gpu, oracle(gpu), tol)) << "vs oracle";
   EXPECT_TRUE(matches(gpu, reference_of(cpu), tol)) << "vs CPU backend";
   EXPECT_TRUE(all_zero(d.counter_values())) << "counters not returned to zero; " << gpu.summary;
+  EXPECT_TRUE(d.guards_intact()) << "bytes past the workspace or counters written; " << gpu.summary;
   // The launch reduced as the plan the tests count says: partials stored for counter plans only.
   EXPECT_EQ(d.workspace_written(), plan.num_splits > 1 && !plan.cluster)
       << plan.num_splits << " splits, cluster " << plan.cluster << "; " << gpu.summary;
@@ -411,11 +412,11 @@ TEST(GpuDecode, ThousandLaunchesOnOneCounterBuffer) {
     slots.push_back(std::make_unique<DeviceMemory>(t->bytes.size() * kLaunches));
     ASSERT_CUDA(cudaMemset(slots.back()->get(), 0xff, slots.back()->bytes()));
   }
-  ASSERT_GT(d.workspace->bytes(), 0u);
+  ASSERT_GT(d.workspace_size, 0u);
   for (int i = 0; i < kLaunches; ++i) {
     // NaN partials before each launch: one reading a partial before its split published it
     // would otherwise find the previous launch's, the same bits.
-    ASSERT_CUDA(cudaMemsetAsync(d.workspace->get(), 0xff, d.workspace->bytes()));
+    ASSERT_CUDA(cudaMemsetAsync(d.workspace->get(), 0xff, d.workspace_size));
     DecodeArgs a = d.args;
     a.out.data = static_cast<char*>(slots[0]->get()) + i * c.out.bytes.size();
     a.lse.data = static_cast<char*>(slots[1]->get()) + i * c.lse.bytes.size();
@@ -433,6 +434,7 @@ TEST(GpuDecode, ThousandLaunchesOnOneCounterBuffer) {
   }
   EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(DType::bf16)));
   EXPECT_TRUE(all_zero(d.counter_values()));
+  EXPECT_TRUE(d.guards_intact());
 }
 
 // `c` (its unattended rows poisoned) launched eagerly, then captured on a non-blocking stream
@@ -455,8 +457,7 @@ void expect_replays_equal_eager(DecodeCase& c, int replays) {
     ASSERT_CUDA(cudaMemsetAsync(d.device_ptr(c.out), 0xff, c.out.bytes.size(), stream));
     if (c.lse.defined())
       ASSERT_CUDA(cudaMemsetAsync(d.device_ptr(c.lse), 0xff, c.lse.bytes.size(), stream));
-    if (d.workspace)
-      ASSERT_CUDA(cudaMemsetAsync(d.workspace->get(), 0xff, d.workspace->bytes(), stream));
+    ASSERT_CUDA(cudaMemsetAsync(d.workspace->get(), 0xff, d.workspace_size, stream));
   };
 
   cudaGraph_t graph;
@@ -475,6 +476,7 @@ void expect_replays_equal_eager(DecodeCase& c, int replays) {
   }
   EXPECT_TRUE(matches(eager, oracle(eager), Tolerance::device(c.query.dtype)));
   EXPECT_TRUE(all_zero(d.counter_values()));
+  EXPECT_TRUE(d.guards_intact());
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(graph));
   CUDA_OK(cudaStreamDestroy(stream));
@@ -602,6 +604,7 @@ TEST(GpuDecode, SmallCountersOrWorkspaceFallBack) {
     d.fetch(c);
     EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(DType::bf16))) << what;
     EXPECT_TRUE(all_zero(d.counter_values())) << what;
+    EXPECT_TRUE(d.guards_intact()) << "bytes past the buffers given written; " << what;
   }
 }
 
