@@ -12,8 +12,10 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/numeric.h"
 #include "smla/executor.h"
 #include "smla/model.h"
+#include "smla/quantize.h"
 
 namespace smla::test {
 
@@ -33,7 +35,21 @@ struct CaseShape {
   // of the request (in range, >= 0) instead of -1: SPEC §4 takes a prefill row's first
   // min((pos + 1) / ratio, top_k) entries as they are, whatever follows them.
   bool prefill_topk_tails = false;
+  // Every pool's layout: random bf16 rows quantized into it (quantize_kv, kv_scale 1). An
+  // fp8_ds_mla page's span - block_size extra slots are extra 576-B units; every byte no row's
+  // record or scales take is 0xff (e4m3 NaN codes under the scale 2^128).
+  KvLayout layout = KvLayout::bf16;
 };
+
+// Each cache layout with the query dtypes it takes (an e4m3 query only with an e4m3 cache).
+struct LayoutKind {
+  KvLayout layout;
+  DType query;
+};
+inline constexpr LayoutKind kLayoutKinds[] = {{KvLayout::bf16, DType::bf16},
+                                              {KvLayout::fp8_ds_mla, DType::bf16},
+                                              {KvLayout::fp8_e4m3, DType::f8e4m3},
+                                              {KvLayout::fp8_e4m3, DType::bf16}};
 
 // One SWA-only, one dense (every entry) and one indexed compressed layer: each kind of table.
 inline std::vector<LayerSpec> three_layers(int ratio) {
@@ -155,6 +171,16 @@ class StepCase {
     return make_view(u16_.back().data(), DType::bf16, Device{}, {rows, heads, kHeadDim});
   }
 
+  // A random query [rows, heads, 512] of `dtype`: bf16, or f8e4m3 (bf16 values rounded to e4m3).
+  TensorView query(int64_t rows, int64_t heads, DType dtype) {
+    if (dtype == DType::bf16) return bf16(rows, heads);
+    const TensorView values = bf16(rows, heads);
+    const TensorView q = zeros(DType::f8e4m3, {rows, heads, kHeadDim});
+    for (int64_t i = 0; i < q.numel(); ++i)
+      q.ptr<uint8_t>()[i] = float_to_e4m3(bf16_to_float(values.ptr<const uint16_t>()[i]));
+    return q;
+  }
+
   // Zeroed host storage viewed as `dtype` with this shape.
   TensorView zeros(DType dtype, std::initializer_list<int64_t> shape) {
     int64_t n = 1;
@@ -166,6 +192,7 @@ class StepCase {
   // A pool of `like`'s geometry (a [blocks, block_size, 512] bf16 pool, its strides too) whose
   // every element is a NaN: what no attended column may read.
   TensorView nan_pool(const TensorView& like) {
+    if (like.dtype != DType::bf16) throw std::invalid_argument("nan_pool: a bf16 pool");
     u16_.emplace_back(like.size(0) * like.stride(0), uint16_t{0x7fc0});
     return make_view(u16_.back().data(), DType::bf16, Device{},
                      {like.size(0), like.size(1), like.size(2)},
@@ -205,11 +232,37 @@ class StepCase {
     return data;
   }
 
-  // [blocks, block_size, 512] bf16 with a page stride of `span` rows.
+  // [blocks, block_size, row] in shape_.layout with a page stride of `span` rows (CaseShape).
   TensorView pool(int64_t blocks, int64_t block_size, int64_t span) {
     u16_.push_back(random_bf16(blocks * span * kHeadDim));
-    return make_view(u16_.back().data(), DType::bf16, Device{}, {blocks, block_size, kHeadDim},
-                     {span * kHeadDim, kHeadDim, 1});
+    uint16_t* values = u16_.back().data();
+    if (shape_.layout == KvLayout::bf16)
+      return make_view(values, DType::bf16, Device{}, {blocks, block_size, kHeadDim},
+                       {span * kHeadDim, kHeadDim, 1});
+    TensorView pool;
+    if (shape_.layout == KvLayout::fp8_e4m3) {
+      bytes_.emplace_back(blocks * span * kHeadDim, std::byte{0xff});
+      pool = make_view(bytes_.back().data(), DType::f8e4m3, Device{},
+                       {blocks, block_size, kHeadDim}, {span * kHeadDim, kHeadDim, 1});
+    } else {
+      constexpr int64_t kUnit = kDsMlaRecordBytes, kRow = kDsMlaRecordBytes + kDsMlaScaleBytes;
+      const int64_t page =
+          (block_size * kRow + kUnit - 1) / kUnit * kUnit + (span - block_size) * kUnit;
+      bytes_.emplace_back(blocks * page, std::byte{0xff});
+      pool = make_view(bytes_.back().data(), DType::u8, Device{}, {blocks, block_size, kRow},
+                       {page, kRow, 1});
+    }
+    const int64_t n = blocks * block_size;
+    u16_.emplace_back(n * kHeadDim);
+    std::vector<int32_t> slots(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = i / block_size * span + i % block_size;
+      std::copy_n(values + row * kHeadDim, kHeadDim, u16_.back().data() + i * kHeadDim);
+      slots[i] = static_cast<int32_t>(i);
+    }
+    quantize_kv(make_view(u16_.back().data(), DType::bf16, Device{}, {n, kHeadDim}),
+                make_view(slots.data(), DType::i32, Device{}, {n}), pool);
+    return pool;
   }
 
   // Each request's pages are a random permutation of distinct pool pages.

@@ -1,11 +1,12 @@
 // TopkColumns on the CPU: a decode reading its compressed columns from the top-k equals, bit for
 // bit, the decode on the table build_sparse_indices makes from the same top-k — over decode and
-// prefill rows, padding tokens, packed pages and top-k rows with -1 and -7 — and its
-// arguments are checked by name.
+// prefill rows, padding tokens, packed pages, every cache layout and top-k rows with -1 and -7 —
+// and its arguments are checked by name.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <string>
@@ -20,9 +21,10 @@ namespace {
 
 constexpr int kHeads = 3;
 
-// Both decodes of every compressed layer of `c`: outputs and lse equal bit for bit. Returns the
-// compressed columns the built tables attend (so that a test can see it checked something).
-int64_t expect_equal_decodes(StepCase& c) {
+// Both decodes of every compressed layer of `c` (a query of `query`): outputs and lse equal bit
+// for bit. Returns the compressed columns the built tables attend (so that a test can see it
+// checked something).
+int64_t expect_equal_decodes(StepCase& c, DType query = DType::bf16) {
   const int64_t T = c.num_tokens();
   int64_t attended = 0;
   for (const AttentionLayer& l : c.layers) {
@@ -35,7 +37,7 @@ int64_t expect_equal_decodes(StepCase& c) {
     for (int64_t t = 0; t < T; ++t)
       attended += full.out.sparse_topk_lens.ptr<const int32_t>()[t] - kWindow;
 
-    const TensorView q = c.bf16(T, kHeads);
+    const TensorView q = c.query(T, kHeads, query);
     TensorView outs[2], lses[2];
     for (int k = 0; k < 2; ++k) {  // poisoned differently: every element must be written
       outs[k] = c.bf16(T, kHeads);
@@ -90,13 +92,15 @@ TEST(TopkColumns, EqualTheBuiltTableBitForBit) {
   std::mt19937 rng(seed);
   int64_t attended = 0;
   for (int trial = 0; trial < 24; ++trial) {
-    const CaseShape shape = random_shape(rng, trial);
+    const LayoutKind kind = kLayoutKinds[trial / 4 % std::size(kLayoutKinds)];
+    CaseShape shape = random_shape(rng, trial);
+    shape.layout = kind.layout;
     StepCase c(layers_of(1 + trial % 4), shape, rng());
     const int64_t decode_tokens =
         std::accumulate(shape.q_lens.begin(), shape.q_lens.begin() + shape.num_decodes, 0);
     if (trial % 2)
       for (auto& [layer, topk] : c.inputs.topk_indices) punch_holes(topk, decode_tokens, rng);
-    attended += expect_equal_decodes(c);
+    attended += expect_equal_decodes(c, kind.query);
   }
   EXPECT_GT(attended, 0);  // the compressed columns were there to compare
 }

@@ -1,11 +1,13 @@
 // TopkColumns on CUDA: a decode translating its compressed columns from the top-k in the kernel
 // equals, bit for bit, the decode on the table the CUDA builder makes from the same top-k (decode
 // and prefill rows, padding tokens, packed pages, -1 anywhere in a row, entries past the block
-// table), on poisoned outputs, and agrees with the CPU backend.
+// table; every cache layout and query dtype), on poisoned outputs, and agrees with the CPU
+// backend.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <string>
@@ -14,6 +16,7 @@
 #include "case_gen.h"
 #include "device_step.h"
 #include "direct_call.h"
+#include "oracle.h"
 #include "ref_numeric.h"
 #include "smla/error.h"
 #include "step_case.h"
@@ -29,10 +32,11 @@ void add_split_buffers(DecodeArgs& d, DeviceMirror& gpu, int64_t T, int heads, i
   if (workspace) d.workspace = gpu.output(DType::u8, {int64_t(workspace)}, 0);
 }
 
-// Every bf16 of `got` within 1e-2 |want| + 1e-2 max |want| of its (token, head) row of `want`
-// (the bf16 kernel's tolerance against the CPU, tests/oracle.h); never NaN.
-void expect_close_bf16(const std::vector<std::byte>& got, const TensorView& want,
+// Every bf16 of `got` within tol |want| + tol max |want| of its (token, head) row of `want`;
+// never NaN. tol: the kernel's against the CPU for a query of `query` (tests/oracle.h).
+void expect_close_bf16(const std::vector<std::byte>& got, const TensorView& want, DType query,
                        const std::string& where) {
+  const double tol = Tolerance::device(query).out_rtol;
   const auto* g = reinterpret_cast<const uint16_t*>(got.data());
   const auto* w = want.ptr<const uint16_t>();
   int bad = 0;
@@ -42,7 +46,7 @@ void expect_close_bf16(const std::vector<std::byte>& got, const TensorView& want
       scale = std::fmax(scale, std::fabs(ref_bf16(w[row * kHeadDim + d])));
     for (int64_t i = row * kHeadDim; i < (row + 1) * kHeadDim; ++i) {
       const double a = ref_bf16(g[i]), b = ref_bf16(w[i]);
-      if (!(std::fabs(a - b) <= 1e-2 * (std::fabs(b) + scale)) && bad++ < 5)
+      if (!(std::fabs(a - b) <= tol * (std::fabs(b) + scale)) && bad++ < 5)
         ADD_FAILURE() << where << ": element " << i << " is " << a << ", CPU " << b;
     }
   }
@@ -65,9 +69,11 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
   int64_t attended = 0;
   for (int trial = 0; trial < 20; ++trial) {
     const int H = heads_of[trial % 5];
+    const LayoutKind kind = kLayoutKinds[trial / 5 % std::size(kLayoutKinds)];
     std::vector<LayerSpec> specs = three_layers(1 + trial % 4);
     for (LayerSpec& s : specs) s.num_heads = H;
     CaseShape shape = random_shape(rng, trial);
+    shape.layout = kind.layout;
     // Trials 0, 4, ...: prefill rows' entries past their first (pos + 1) / ratio are valid ones,
     // which no path may attend.
     shape.prefill_topk_tails = trial % 4 == 0;
@@ -103,8 +109,10 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
     for (size_t i = 0; i < c.layers.size(); ++i) {
       const AttentionLayer& l = layers[i];
       if (l.spec.compress_ratio == 0) continue;
-      const std::string where = "trial " + std::to_string(trial) + ", H " + std::to_string(H) +
-                                ", layer " + std::to_string(l.spec.layer);
+      const std::string where = "trial " + std::to_string(trial) + ", " +
+                                kv_layout_name(kind.layout) + " cache, " + dtype_name(kind.query) +
+                                " query, H " + std::to_string(H) + ", layer " +
+                                std::to_string(l.spec.layer);
       const SparseIndexArgs host = c.args(l.spec.layer);
       auto make = [&](DType dtype, std::initializer_list<int64_t> shape) {
         return gpu.output(dtype, shape);
@@ -112,7 +120,7 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
       const SparseIndexArgs full = built(gpu(host), make);
       const SparseIndexArgs swa = built(swa_only(full), make);
 
-      const TensorView q_host = c.bf16(T, H), q = gpu(q_host);
+      const TensorView q_host = c.query(T, H, kind.query), q = gpu(q_host);
       // Poisoned differently, so that elements neither path writes do not compare equal.
       DecodeArgs table =
           direct_decode_args(l, full, q, gpu.output(DType::bf16, {T, H, kHeadDim}, 0xff));
@@ -141,7 +149,7 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
           });
       const TensorView cpu_out = poisoned(c, DType::bf16, {T, H, kHeadDim});
       sparse_mla_decode(direct_decode_args(c.layers[i], cpu, q_host, cpu_out));
-      expect_close_bf16(out, cpu_out, where);
+      expect_close_bf16(out, cpu_out, kind.query, where);
     }
   }
   EXPECT_GT(attended, 0);  // compressed columns were there to compare
@@ -181,7 +189,7 @@ TEST(GpuTopkColumns, AnEmptyTopkReadsTheWindowAlone) {
   const SparseIndexArgs cpu_swa = built(swa_only(host), on_cpu);
   const TensorView cpu_out = poisoned(c, DType::bf16, {T, H, kHeadDim});
   sparse_mla_decode(topk_decode_args(c.layers[2], cpu_swa, cpu_compressed, q_host, cpu_out));
-  expect_close_bf16(bytes_of(args.out), cpu_out, "an empty top-k");
+  expect_close_bf16(bytes_of(args.out), cpu_out, DType::bf16, "an empty top-k");
 }
 
 // More entries than the kernel stages in shared memory: unsupported on CUDA, saying so.
