@@ -185,6 +185,51 @@ struct DeviceCase {
   }
 };
 
+// The grid and cluster size of the one kernel sparse_mla_decode(args) launches, as a graph
+// capture of the call records them (capturing runs nothing); `nodes` counts the capture's nodes
+// of any kind (SPEC §3: one kernel, no memset).
+struct CapturedLaunch {
+  size_t nodes = 0;
+  int64_t ctas = 0;
+  int64_t cluster = 1;  // CTAs a cluster (1: no clusters)
+};
+
+inline CapturedLaunch captured_launch(const DecodeArgs& args) {
+  cudaStream_t stream;
+  CUDA_THROW(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  CUDA_THROW(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    sparse_mla_decode(args, stream);
+  } catch (...) {
+    (void)cudaStreamEndCapture(stream, &graph);
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaStreamDestroy(stream);
+    throw;
+  }
+  CUDA_THROW(cudaStreamEndCapture(stream, &graph));
+  CapturedLaunch launch;
+  CUDA_THROW(cudaGraphGetNodes(graph, nullptr, &launch.nodes));
+  std::vector<cudaGraphNode_t> nodes(launch.nodes);
+  CUDA_THROW(cudaGraphGetNodes(graph, nodes.data(), &launch.nodes));
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    CUDA_THROW(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    cudaKernelNodeParams params{};
+    CUDA_THROW(cudaGraphKernelNodeGetParams(node, &params));
+    if (!cuda::is_decode_kernel(params.func)) continue;
+    launch.ctas = int64_t(params.gridDim.x) * params.gridDim.y * params.gridDim.z;
+    cudaLaunchAttributeValue value{};
+    CUDA_THROW(cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &value));
+    const int64_t cluster = int64_t(value.clusterDim.x) * value.clusterDim.y * value.clusterDim.z;
+    launch.cluster = cluster > 0 ? cluster : 1;
+  }
+  CUDA_THROW(cudaGraphDestroy(graph));
+  CUDA_THROW(cudaStreamDestroy(stream));
+  return launch;
+}
+
 inline bool all_zero(const std::vector<int32_t>& v) {
   for (int32_t x : v)
     if (x != 0) return false;

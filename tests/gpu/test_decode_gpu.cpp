@@ -45,7 +45,8 @@ Reference reference_of(const DecodeCase& c) {
 
 // The GPU's result for `c` (poisoned outputs and unattended rows), checked against the
 // oracle and the CPU backend; split buffers as DeviceCase takes them. Returns the launch's
-// plan, so that callers can count the cases that split.
+// plan (checked against a capture of the launch), so that callers can count the cases that
+// split.
 cuda::DecodePlan check_against_oracle_and_cpu(const CaseSpec& spec, size_t counter_bytes = SIZE_MAX,
                                               size_t ws_bytes = SIZE_MAX) {
   DecodeCase gpu = make_case(spec, fresh_seed());
@@ -57,6 +58,11 @@ cuda::DecodePlan check_against_oracle_and_cpu(const CaseSpec& spec, size_t count
     sparse_mla_decode(cpu.args());
     device = std::make_unique<DeviceCase>(gpu, counter_bytes, ws_bytes);
     plan = device->plan();
+    // The launch is the plan the tests count: its grid, its clusters, one kernel and nothing else.
+    const CapturedLaunch launch = captured_launch(device->args);
+    EXPECT_EQ(launch.nodes, 1u) << gpu.summary;
+    EXPECT_EQ(launch.ctas, plan.ctas) << gpu.summary;
+    EXPECT_EQ(launch.cluster, plan.cluster ? plan.num_splits : 1) << gpu.summary;
     sparse_mla_decode(device->args);
     CUDA_THROW(cudaDeviceSynchronize());  // not ASSERT_CUDA: this function returns a value
   } catch (...) {
