@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "case_gen.h"
+#include "headroom.h"
 #include "host_case.h"
 #include "ref_numeric.h"
 
@@ -180,14 +181,16 @@ inline void poison_unattended_rows(DecodeCase& c) {
 // (padded heads, empty S(t), sink +inf) must be exactly zero and an empty lse exactly -inf.
 struct Tolerance {
   double out_rtol, out_atol, lse_tol;
+  const char* name;  // the headroom table's (headroom.h)
   // The CPU backend: bf16 rounding of the output plus float32 dot products.
-  static Tolerance reference() { return {1.0 / 256, 1e-5, 1e-5}; }
+  static Tolerance reference() { return {1.0 / 256, 1e-5, 1e-5, "reference"}; }
   // A kernel with lower-precision products. fp8 rows with a bf16 query become bf16 exactly on
   // load and then run the bf16 arithmetic, so they take bf16's bounds (fp8_ds_mla output 7.7e-3
   // of the row max measured on an H200; fp8_e4m3 ~4e-3). An e4m3 query's scores are e4m3 wgmma
   // (sums of about 14 bits) and its P f16.
   static Tolerance device(DType query) {
-    return query == DType::f8e4m3 ? Tolerance{3e-2, 3e-2, 1e-2} : Tolerance{1e-2, 1e-2, 1e-3};
+    return query == DType::f8e4m3 ? Tolerance{3e-2, 3e-2, 1e-2, "device"}
+                                  : Tolerance{1e-2, 1e-2, 1e-3, "device"};
   }
 };
 
@@ -205,16 +208,25 @@ inline ::testing::AssertionResult matches(const DecodeCase& c, const Reference& 
   auto report = [&](const std::string& what) {
     if (mismatches++ < 8) bad << "\n  " << what;
   };
+  HeadroomRatios headroom;
   for (int64_t t = 0; t < r.tokens; ++t)
     for (int h = 0; h < r.out_heads; ++h) {
       const double* ref = &r.out[(t * r.out_heads + h) * 512];
-      double row_scale = 0;
-      for (int d = 0; d < 512; ++d) row_scale = std::max(row_scale, std::abs(ref[d]));
+      double row_scale = 0, group_scale[8] = {};
+      for (int d = 0; d < 512; ++d)
+        group_scale[d / 64] = std::max(group_scale[d / 64], std::abs(ref[d]));
+      for (double g : group_scale) row_scale = std::max(row_scale, g);
       const int64_t at = t * c.out.stride(0) + h * c.out.stride(1);
       for (int d = 0; d < 512; ++d) {
         const double got = ref_bf16(c.out.get<uint16_t>(at + d));
         const double bound = tol.out_rtol * std::abs(ref[d]) + tol.out_atol * row_scale;
-        if (!(std::abs(got - ref[d]) <= bound))
+        const double error = std::abs(got - ref[d]);
+        headroom.row = std::max(headroom.row, headroom_ratio(error, bound));
+        headroom.group =
+            std::max(headroom.group, headroom_ratio(error, tol.out_rtol * std::abs(ref[d]) +
+                                                               tol.out_atol * group_scale[d / 64]));
+        ++headroom.elements;
+        if (!(error <= bound))
           report("out[" + std::to_string(t) + "," + std::to_string(h) + "," + std::to_string(d) +
                  "] = " + fmt(got) + ", oracle " + fmt(ref[d]) +
                  (h >= r.heads ? " (padded head)" : ""));
@@ -225,13 +237,20 @@ inline ::testing::AssertionResult matches(const DecodeCase& c, const Reference& 
       for (int h = 0; h < r.heads; ++h) {
         const double ref = r.lse[t * r.heads + h];
         const double got = c.lse.get<float>(t * c.lse.stride(0) + h * c.lse.stride(1));
-        const bool ok = std::isinf(ref)
-                            ? got == ref
-                            : std::abs(got - ref) <= tol.lse_tol * std::max(1.0, std::abs(ref));
+        const double error = std::abs(got - ref),
+                     bound = tol.lse_tol * std::max(1.0, std::abs(ref));
+        const bool ok = std::isinf(ref) ? got == ref : error <= bound;
+        if (!std::isinf(ref)) headroom.lse = std::max(headroom.lse, headroom_ratio(error, bound));
         if (!ok)
           report("lse[" + std::to_string(t) + "," + std::to_string(h) + "] = " + fmt(got) +
                  ", oracle " + fmt(ref));
       }
+  const char* layout = c.swa_kv_cache.dtype == DType::u8       ? "fp8_ds_mla"
+                       : c.swa_kv_cache.dtype == DType::f8e4m3 ? "fp8_e4m3"
+                                                               : "bf16";
+  Headroom::record(
+      std::string(tol.name) + " " + layout + " cache, " + dtype_name(c.query.dtype) + " query",
+      headroom);
   if (mismatches == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << mismatches << " mismatches; " << c.summary << bad.str();
 }
