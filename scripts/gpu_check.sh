@@ -62,7 +62,7 @@ for step in $steps; do
     sanitize)  # small bf16 and fp8 decodes (split and unsplit plans, the query by TMA and its
       # fallback), index builders, quantizer, a 3-layer forked step and the decodes reading
       # their top-k (handed over through shared memory)
-      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.WideClusterSplits:GpuDecode.Fp8GraphReplayEqualsEagerBitwise:GpuDecode.UnsplitPlansAgainstOracleAndCpu:GpuDecode.ReversedBroadcastAndPaddedQueryViews:GpuIndex.*:GpuQuantize.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups:GpuTopkColumns.*-GpuIndex.ManyRequestsMatchTheCpu'  # gtest: positives, then -negatives
+      filter='GpuDecode.SmallCountersOrWorkspaceFallBack:GpuDecode.WideClusterSplits:GpuDecode.Fp8GraphReplayEqualsEagerBitwise:GpuDecode.UnsplitPlansAgainstOracleAndCpu:GpuDecode.ReversedBroadcastAndPaddedQueryViews:GpuIndex.*:GpuQuantize.*:Models/GpuExecutor.StepEqualsDirectCallsBitForBit/v41flash_layers40to42_3groups_fp8_e4m3:GpuTopkColumns.*-GpuIndex.ManyRequestsMatchTheCpu'  # gtest: positives, then -negatives
       # memcheck also on windows that are not a multiple of 4 (a row's K may not be one either),
       # tokens past the last request, strides of size-1 dims and two waves of unsplit CTAs
       # (prefetch_next_wave reads the next wave's table: ~6 s under memcheck), and padding

@@ -39,7 +39,7 @@ struct Pattern {
   CaseShape shape;
   friend std::ostream& operator<<(std::ostream& os, const Pattern& p) {
     return os << p.model << " layers " << p.first_layer << ".." << p.first_layer + p.num_layers - 1
-              << ", " << p.groups << " SWA groups";
+              << ", " << p.groups << " SWA groups, " << kv_layout_name(p.shape.layout) << " pools";
   }
 };
 
@@ -77,6 +77,8 @@ CaseShape dspark_shape(int groups) {
           .decode_swa_width = dspark_swa_width(kWindow, 3)};
 }
 
+// Each model's slices on 1, 2 and 3 SWA groups, whose pools are bf16, fp8_ds_mla (V4's) and
+// per-tensor e4m3 (bf16 queries).
 std::vector<Pattern> patterns() {
   std::vector<Pattern> all;
   for (int groups = 1; groups <= 3; ++groups) {
@@ -85,6 +87,8 @@ std::vector<Pattern> patterns() {
     all.push_back({"v41-flash", groups, 0, 43, decode_shape(groups)});
     all.push_back({"v41-flash", groups, 40, 3, dspark_shape(groups)});
   }
+  const KvLayout layouts[] = {KvLayout::bf16, KvLayout::fp8_ds_mla, KvLayout::fp8_e4m3};
+  for (Pattern& p : all) p.shape.layout = layouts[p.groups - 1];
   return all;
 }
 
@@ -363,7 +367,7 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuExecutor, testing::ValuesIn(patterns()), [](
   std::erase(name, '-');
   return name + "_layers" + std::to_string(p.first_layer) + "to" +
          std::to_string(p.first_layer + p.num_layers - 1) + "_" + std::to_string(p.groups) +
-         "groups";
+         "groups_" + kv_layout_name(p.shape.layout);
 });
 
 // Whether a GPU output's bytes are within `tol` of the CPU's output `cpu` (host, contiguous,
