@@ -60,8 +60,9 @@ def kv_counter_buffer(max_tokens: int, num_heads: int = _smla.MAX_HEADS, device=
 
 def workspace_buffer(max_tokens: int, num_heads: int, max_columns: int, device=None):
     """Split-KV workspace (a uint8 torch tensor) for launches of up to `max_tokens` tokens,
-    `num_heads` heads and any width up to `max_columns` (workspace_bytes covers every narrower
-    width). Smaller or absent is not an error: launches then split less."""
+    exactly `num_heads` heads and any width up to `max_columns` (workspace_bytes covers every
+    narrower width, not fewer heads: those may need more). Smaller or absent is not an error:
+    launches then split less."""
     dev = _device(device)
     where = ("cuda", dev.index) if dev.type == "cuda" else ("cpu", 0)
     return _zeroed("workspace_buffer", workspace_bytes(max_tokens, num_heads, max_columns, where),
