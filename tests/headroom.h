@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -52,8 +53,9 @@ class Headroom : public ::testing::Environment {
   }
 };
 
-// error / bound, where a zero bound takes no error at all.
+// error / bound, where a zero bound takes no error at all; a NaN error is past every bound.
 inline double headroom_ratio(double error, double bound) {
+  if (std::isnan(error)) return HUGE_VAL;
   return bound > 0 ? error / bound : error > 0 ? HUGE_VAL : 0;
 }
 

@@ -189,8 +189,8 @@ struct Tolerance {
   // of the row max measured on an H200; fp8_e4m3 ~4e-3). An e4m3 query's scores are e4m3 wgmma
   // (sums of about 14 bits) and its P f16.
   static Tolerance device(DType query) {
-    return query == DType::f8e4m3 ? Tolerance{3e-2, 3e-2, 1e-2, "device"}
-                                  : Tolerance{1e-2, 1e-2, 1e-3, "device"};
+    return query == DType::f8e4m3 ? Tolerance{3e-2, 3e-2, 1e-2, "device(f8e4m3)"}
+                                  : Tolerance{1e-2, 1e-2, 1e-3, "device(bf16)"};
   }
 };
 

@@ -195,19 +195,27 @@ struct CapturedLaunch {
 };
 
 inline CapturedLaunch captured_launch(const DecodeArgs& args) {
-  cudaStream_t stream;
-  CUDA_THROW(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph = nullptr;
-  CUDA_THROW(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  try {
-    sparse_mla_decode(args, stream);
-  } catch (...) {
-    (void)cudaStreamEndCapture(stream, &graph);
-    if (graph) (void)cudaGraphDestroy(graph);
-    (void)cudaStreamDestroy(stream);
-    throw;
-  }
-  CUDA_THROW(cudaStreamEndCapture(stream, &graph));
+  struct Capture {  // freed on every path
+    cudaStream_t stream = nullptr;
+    cudaGraph_t graph = nullptr;
+    ~Capture() {
+      if (stream) {
+        cudaStreamCaptureStatus status{};
+        if (cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+            status != cudaStreamCaptureStatusNone) {  // a call that threw: no stale error
+          (void)cudaStreamEndCapture(stream, &graph);
+          (void)cudaGetLastError();
+        }
+        (void)cudaStreamDestroy(stream);
+      }
+      if (graph) (void)cudaGraphDestroy(graph);
+    }
+  } c;
+  CUDA_THROW(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+  CUDA_THROW(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
+  sparse_mla_decode(args, c.stream);
+  CUDA_THROW(cudaStreamEndCapture(c.stream, &c.graph));
+  cudaGraph_t graph = c.graph;
   CapturedLaunch launch;
   CUDA_THROW(cudaGraphGetNodes(graph, nullptr, &launch.nodes));
   std::vector<cudaGraphNode_t> nodes(launch.nodes);
@@ -221,12 +229,15 @@ inline CapturedLaunch captured_launch(const DecodeArgs& args) {
     if (!cuda::is_decode_kernel(params.func)) continue;
     launch.ctas = int64_t(params.gridDim.x) * params.gridDim.y * params.gridDim.z;
     cudaLaunchAttributeValue value{};
-    CUDA_THROW(cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &value));
+    const cudaError_t e =
+        cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &value);
+    if (e != cudaSuccess) {  // the outputs are still checked
+      (void)cudaGetLastError();
+      ADD_FAILURE() << "the decode node's cluster size: " << cudaGetErrorString(e);
+    }
     const int64_t cluster = int64_t(value.clusterDim.x) * value.clusterDim.y * value.clusterDim.z;
-    launch.cluster = cluster > 0 ? cluster : 1;
+    launch.cluster = cluster > 0 ? cluster : 1;  // 0: launched without the attribute
   }
-  CUDA_THROW(cudaGraphDestroy(graph));
-  CUDA_THROW(cudaStreamDestroy(stream));
   return launch;
 }
 

@@ -420,9 +420,10 @@ TEST(GpuDecode, ThousandLaunchesOnOneCounterBuffer) {
   }
   ASSERT_GT(d.workspace_size, 0u);
   for (int i = 0; i < kLaunches; ++i) {
-    // NaN partials before each launch: one reading a partial before its split published it
-    // would otherwise find the previous launch's, the same bits.
-    ASSERT_CUDA(cudaMemsetAsync(d.workspace->get(), 0xff, d.workspace_size));
+    // NaN partials before every other launch: one reading a partial before its split published
+    // it would otherwise find the previous launch's, the same bits. The other launches follow
+    // their predecessor with nothing between, so that they may start on its tail.
+    if (i % 2 == 0) ASSERT_CUDA(cudaMemsetAsync(d.workspace->get(), 0xff, d.workspace_size));
     DecodeArgs a = d.args;
     a.out.data = static_cast<char*>(slots[0]->get()) + i * c.out.bytes.size();
     a.lse.data = static_cast<char*>(slots[1]->get()) + i * c.lse.bytes.size();
