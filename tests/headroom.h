@@ -1,8 +1,9 @@
 // How close matches() (oracle.h) comes to its bounds: the largest error / bound ratio it saw (a
 // pass is <= 1) by tolerance, cache layout and query dtype. With SMLA_TEST_HEADROOM set the
 // tests print the table as they end, so that a GPU run shows how far each tolerance could
-// tighten. `group` divides by each 64-dim group's largest |value| instead of the row's (the
-// scale groups of fp8_ds_mla): the bound a per-group tolerance would use.
+// tighten. `group` is the bound in force (scaled by each 64-dim group's largest |value|), `row`
+// the same tolerance scaled by the row's largest |value| (the bound before the seventy-fourth
+// session).
 #pragma once
 #include <gtest/gtest.h>
 

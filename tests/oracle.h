@@ -176,7 +176,9 @@ inline void poison_unattended_rows(DecodeCase& c) {
   }
 }
 
-// |got - ref| <= out_rtol * |ref| + out_atol * max |ref| over the (token, head) row;
+// |got - ref| <= out_rtol * |ref| + out_atol * max |ref| over the element's 64-dim group of its
+// (token, head) row (fp8_ds_mla's scale groups: a group under a large scale no longer sets the
+// bound of the others, nor the NoPE groups that of the RoPE one);
 // |lse_got - lse_ref| <= lse_tol * max(1, |lse_ref|). NaN is never accepted; zero rows
 // (padded heads, empty S(t), sink +inf) must be exactly zero and an empty lse exactly -inf.
 struct Tolerance {
@@ -185,12 +187,14 @@ struct Tolerance {
   // The CPU backend: bf16 rounding of the output plus float32 dot products.
   static Tolerance reference() { return {1.0 / 256, 1e-5, 1e-5, "reference"}; }
   // A kernel with lower-precision products. fp8 rows with a bf16 query become bf16 exactly on
-  // load and then run the bf16 arithmetic, so they take bf16's bounds (fp8_ds_mla output 7.7e-3
-  // of the row max measured on an H200; fp8_e4m3 ~4e-3). An e4m3 query's scores are e4m3 wgmma
-  // (sums of about 14 bits) and its P f16.
+  // load and then run the bf16 arithmetic, so they take bf16's bounds. An e4m3 query's scores
+  // are e4m3 wgmma (sums of about 14 bits) and its P f16. Measured on an H200 (seventy-fourth
+  // session, every GPU test, SMLA_TEST_HEADROOM): outputs reached 0.62 of the bf16 bound and
+  // 0.34 of the e4m3 one, lse 0.022 of bf16's 1e-4 (0.0022 of the 1e-3 before) and 0.26 of
+  // e4m3's.
   static Tolerance device(DType query) {
     return query == DType::f8e4m3 ? Tolerance{3e-2, 3e-2, 1e-2, "device(f8e4m3)"}
-                                  : Tolerance{1e-2, 1e-2, 1e-3, "device(bf16)"};
+                                  : Tolerance{1e-2, 1e-2, 1e-4, "device(bf16)"};
   }
 };
 
@@ -219,12 +223,12 @@ inline ::testing::AssertionResult matches(const DecodeCase& c, const Reference& 
       const int64_t at = t * c.out.stride(0) + h * c.out.stride(1);
       for (int d = 0; d < 512; ++d) {
         const double got = ref_bf16(c.out.get<uint16_t>(at + d));
-        const double bound = tol.out_rtol * std::abs(ref[d]) + tol.out_atol * row_scale;
+        const double bound = tol.out_rtol * std::abs(ref[d]) + tol.out_atol * group_scale[d / 64];
         const double error = std::abs(got - ref[d]);
-        headroom.row = std::max(headroom.row, headroom_ratio(error, bound));
-        headroom.group =
-            std::max(headroom.group, headroom_ratio(error, tol.out_rtol * std::abs(ref[d]) +
-                                                               tol.out_atol * group_scale[d / 64]));
+        headroom.group = std::max(headroom.group, headroom_ratio(error, bound));
+        headroom.row = std::max(
+            headroom.row,
+            headroom_ratio(error, tol.out_rtol * std::abs(ref[d]) + tol.out_atol * row_scale));
         ++headroom.elements;
         if (!(error <= bound))
           report("out[" + std::to_string(t) + "," + std::to_string(h) + "," + std::to_string(d) +
