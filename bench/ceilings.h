@@ -1,7 +1,6 @@
 // Ceilings measured in the same run as the kernel: random-row gather bandwidth and the
 // bf16 and e4m3 dense matmul rates (cuBLAS), which together give each shape's roofline floor.
 #pragma once
-#include <cstdint>
 
 namespace smla::bench {
 

@@ -35,8 +35,9 @@ enum Seq {
   kTile64Wait,
   kSeqs
 };
-// Score steps with Q from registers (A operand RS), as the bf16 kernels' 11 of 32: none, the
-// first 11 (the kernels until the sixty-third session), or spread as the kernels' are now.
+// Score steps with Q from registers (A operand RS), 11 of 32 (the bf16 kernels' count until the
+// sixty-eighth session: now 10, or 13 reading the query by TMA): none, the first 11 (the kernels
+// until the sixty-third session), or spread over the steps as the kernels spread theirs.
 enum RegSteps { kNoRegs, kRegsFirst, kRegsSpread };
 constexpr int kRegSteps = 11;
 using Spread = ConsumerCore<4, false, kRegSteps>;

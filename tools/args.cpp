@@ -1,7 +1,6 @@
 #include "args.h"
 
 #include <algorithm>
-#include <charconv>
 #include <string_view>
 #include <vector>
 

@@ -18,9 +18,10 @@ using Graph = std::unique_ptr<CUgraph_st, GraphDestroy>;
 // An exception from `enqueue` ends the capture (dropping its graph) and propagates.
 Graph capture_graph(cudaStream_t stream, const std::function<void()>& enqueue);
 
-// Median milliseconds per replay of `graph` on `stream` over `replays` replays, after 3
-// untimed ones (the first uploads the graph) and, queued before the timed ones, enough more that
-// the GPU is busy until all are submitted: no interval holds the host's launch.
+// Median milliseconds per replay of `graph` on `stream` over `replays` replays, after four
+// others (the first uploads the graph, two time its submission, one its kernels alone) and,
+// queued before the timed ones, enough more that the GPU is busy until all are submitted: no
+// interval holds the host's launch.
 double median_replay_ms(cudaGraph_t graph, cudaStream_t stream, int replays);
 
 }  // namespace smla::cli

@@ -38,7 +38,7 @@ void print_report(const RunReport& r) {
               "TFLOP/s");
   std::vector<Totals> kinds;  // in order of first appearance
   Totals all{.kind = "total"};
-  for (const LayerRun& l : r.layers) {
+  for (const LayerTiming& l : r.layers) {
     auto it =
         std::find_if(kinds.begin(), kinds.end(), [&](const Totals& t) { return t.kind == l.kind; });
     if (it == kinds.end()) it = kinds.insert(kinds.end(), Totals{.kind = l.kind});

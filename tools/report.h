@@ -1,5 +1,6 @@
 // What `smla run` prints: time per layer kind and in total, effective GB/s and TFLOP/s, the
-// tables' bookkeeping, on CUDA the step's graph with and without sharing, and the check.
+// tables' bookkeeping, on CUDA the step's graph four ways (auto, topk, shared, none), and the
+// check.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -13,7 +14,7 @@
 
 namespace smla::cli {
 
-struct LayerRun {
+struct LayerTiming {
   std::string kind{};  // "swa-only", "ratio 4", ...
   int num_heads = 0;
   double seconds = 0;
@@ -25,13 +26,12 @@ std::string layer_kind(const LayerSpec& layer);
 struct RunReport {
   RunOptions options{};
   std::string device{};  // "cpu (2 threads), no warm-up step", "cuda:0, after a warm-up step"
-  int64_t num_tokens = 0;
   int64_t kv_bytes = 0;
-  std::vector<LayerRun> layers{};
+  std::vector<LayerTiming> layers{};
   TableStats tables{};
   std::optional<CheckResult> check{};
   double tolerance = 0;  // on the check's relative error
-  std::optional<StepGraphs> graphs{};  // on CUDA: the step as one graph, shared and not
+  std::optional<StepGraphs> graphs{};  // on CUDA: the step as one graph, four ways
   int graph_replays = 0;
 };
 

@@ -64,20 +64,22 @@ GraphNodes count_nodes(cudaGraph_t graph) {
 constexpr int kBuildCopies = 16;
 
 StepGraph measure(const StepData& data, Streams& streams, int64_t max_tokens, int64_t max_columns,
-                  TableSharing sharing, CompressedIndex compressed, int replays) {
+                  TableSharing sharing, CompressedIndex compressed_index, int replays) {
   std::vector<LayerSpec> specs;
   for (const AttentionLayer& l : data.layers) specs.push_back(l.spec);
-  StepGraph g{
-      .sharing = sharing, .compressed = compressed, .layers = static_cast<int>(specs.size())};
+  StepGraph g{.sharing = sharing,
+              .compressed_index = compressed_index,
+              .layers = static_cast<int>(specs.size())};
   try {
-    g.distinct_tables = distinct_tables(
-        specs, sharing, compressed, every_entry_topk_width(specs, data.inputs), streams.device());
+    g.distinct_tables =
+        distinct_tables(specs, sharing, compressed_index,
+                        every_entry_topk_width(specs, data.inputs), streams.device());
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::unsupported) throw;
     g.not_run = e.what();
     return g;
   }
-  StepExecutor executor(data.layers, streams, max_tokens, max_columns, sharing, compressed);
+  StepExecutor executor(data.layers, streams, max_tokens, max_columns, sharing, compressed_index);
   const auto step = [&] { executor.run_step(data.inputs, data.queries, data.outs); };
   const auto builds = [&] { executor.build_tables(data.inputs); };
   step();  // eager: the builds alone take the same blocks in the same order
@@ -98,13 +100,15 @@ StepGraph measure(const StepData& data, Streams& streams, int64_t max_tokens, in
 
 const char* graph_name(const StepGraph& g) {
   if (g.sharing == TableSharing::none) return "none";
-  return g.compressed == CompressedIndex::table ? "shared" : compressed_index_name(g.compressed);
+  return g.compressed_index == CompressedIndex::table ? "shared"
+                                                      : compressed_index_name(g.compressed_index);
 }
 
 int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing,
-                    CompressedIndex compressed, int64_t every_entry_width, Device device) {
+                    CompressedIndex compressed_index, int64_t every_entry_width, Device device) {
   std::set<TableKey> distinct;
-  for (const LayerSpec& s : table_specs(layers, compressed, sharing, every_entry_width, device))
+  for (const LayerSpec& s :
+       table_specs(layers, compressed_index, sharing, every_entry_width, device))
     distinct.insert({s.swa_group, sparse_index_key(s, sharing)});
   return static_cast<int>(distinct.size());
 }
@@ -139,9 +143,9 @@ StepGraphs measure_step_graphs(const StepData& data, Streams& streams, int64_t m
 #if SMLA_WITH_CUDA
   if (streams.device().kind == DeviceKind::cuda) {
     Progress progress("timing the step as graphs", 4);  // a large step takes minutes
-    const auto way = [&](TableSharing sharing, CompressedIndex compressed) {
+    const auto way = [&](TableSharing sharing, CompressedIndex compressed_index) {
       StepGraph graph =
-          measure(data, streams, max_tokens, max_columns, sharing, compressed, replays);
+          measure(data, streams, max_tokens, max_columns, sharing, compressed_index, replays);
       progress.advance();
       return graph;
     };

@@ -29,7 +29,7 @@ struct GraphNodes {
 
 struct StepGraph {
   TableSharing sharing = TableSharing::shared;
-  CompressedIndex compressed = CompressedIndex::automatic;
+  CompressedIndex compressed_index = CompressedIndex::automatic;
   int layers = 0;
   int distinct_tables = 0;  // (SWA group, key) pairs: the builds the step must make
   GraphNodes nodes{};
@@ -50,7 +50,7 @@ const char* graph_name(const StepGraph& graph);  // "auto", "topk", "shared", "n
 // The distinct (SWA group, sparse_index_key) pairs of the tables `layers` build in a step on
 // `device` whose layers reading every entry have top-k `every_entry_width` wide (table_specs).
 int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing,
-                    CompressedIndex compressed, int64_t every_entry_width, Device device);
+                    CompressedIndex compressed_index, int64_t every_entry_width, Device device);
 
 // Where `graph` is not the graph SPEC §5 implies: one build per distinct table, one decode per
 // layer, no other kernel, no memset or memcpy, no other node but empty and event ones, and no

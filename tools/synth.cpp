@@ -107,8 +107,8 @@ std::vector<std::byte> bytes_of(const std::vector<T>& values) {
   return bytes;
 }
 
-// Request-major pages: each request gets its own pages, `pages` ids in a shuffled pool of
-// requests * pages; pages wholly before `first_seen` are evicted (-1).
+// Request-major pages: each request's first `evicted` pages are -1 (evicted), its others ids
+// drawn from a shuffled pool of requests * (pages - evicted).
 std::vector<int32_t> block_table(int64_t requests, int64_t pages, int64_t evicted, Rng& rng) {
   std::vector<int32_t> ids((pages - evicted) * requests);
   std::iota(ids.begin(), ids.end(), 0);

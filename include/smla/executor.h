@@ -33,15 +33,17 @@ struct AttentionLayer {
 // the other runs (docs/sparse_index.md says why); a step's top-k wider than the decode reads on
 // the device (max_topk_width) makes its run `table` in `automatic` and is refused in `topk`.
 enum class CompressedIndex { table, topk, automatic };
-const char* compressed_index_name(CompressedIndex compressed);  // "table", "topk", "auto"
+const char* compressed_index_name(CompressedIndex compressed_index);  // "table", "topk", "auto"
 
 // The specs the tables see, layer by layer (`layers` in model order): a layer that reads its
 // top-k in the decode is SWA-only to them. Only a top-k the decode on `device` reads
 // (max_topk_width) is read there: a layer's is index_topk wide, or where it reads every entry
 // `every_entry_width` (every_entry_topk_width of the step). `automatic` builds tables for runs
-// with a wider one; `topk` throws an `unsupported` Error naming `compressed` and the layer.
-std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, CompressedIndex compressed,
-                                   TableSharing sharing, int64_t every_entry_width, Device device);
+// with a wider one; `topk` throws an `unsupported` Error naming `compressed_index` and the
+// layer.
+std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers,
+                                   CompressedIndex compressed_index, TableSharing sharing,
+                                   int64_t every_entry_width, Device device);
 
 // What changes every step.
 struct StepInputs {
@@ -63,7 +65,7 @@ class StepExecutor {
   // every layer build its own table (for measuring what sharing saves).
   StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
                int64_t max_columns, TableSharing sharing = TableSharing::shared,
-               CompressedIndex compressed = CompressedIndex::automatic);
+               CompressedIndex compressed_index = CompressedIndex::automatic);
 
   // Resets the tables; keeps a copy of `inputs`; picks where the step's compressed columns come
   // from (table_specs with every_entry_topk_width(inputs)).
@@ -120,8 +122,7 @@ class StepExecutor {
   std::vector<AttentionLayer> layers_;
   std::vector<LayerSpec> specs_;  // the layers' own
   Streams& streams_;
-  TableSharing sharing_;
-  CompressedIndex compressed_;
+  CompressedIndex compressed_index_;
   std::vector<Plan> plans_;
   size_t plan_ = 0;  // this step's
   std::shared_ptr<void> counters_, workspace_;

@@ -56,8 +56,6 @@ void bind_decode(nb::module_& m) {
   m.attr("ROPE_DIM") = kRopeDim;
   m.attr("MAX_HEADS") = kMaxHeads;
   m.attr("WINDOW") = kWindow;
-  m.attr("DS_MLA_RECORD_BYTES") = kDsMlaRecordBytes;
-  m.attr("DS_MLA_SCALE_BYTES") = kDsMlaScaleBytes;
 
   m.def("sparse_mla_decode", &decode, nb::arg("query").none(), nb::arg("swa_kv_cache").none(),
         nb::arg("compressed_kv_cache").none(), nb::arg("sparse_indices").none(),

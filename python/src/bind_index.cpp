@@ -50,9 +50,7 @@ IndexArgs make_index_args(nb::handle step, nb::handle block_table, nb::handle sw
 }  // namespace
 
 void bind_index(nb::module_& m) {
-  nb::class_<IndexArgs>(m, "IndexArgs", "smla::SparseIndexArgs with the arrays it views")
-      .def_prop_ro("num_columns",
-                   [](const IndexArgs& a) { return sparse_index_columns(a.args); });
+  nb::class_<IndexArgs>(m, "IndexArgs", "smla::SparseIndexArgs with the arrays it views");
 
   nb::class_<StepArgs>(m, "StepMetadata", "smla::StepMetadata with the arrays it views");
   m.def("make_step_metadata", &make_step_metadata, nb::arg("num_tokens"),

@@ -6,7 +6,6 @@
 #include <initializer_list>
 #include <span>
 #include <string>
-#include <vector>
 
 #include "smla/error.h"
 #include "smla/tensor.h"

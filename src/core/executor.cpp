@@ -149,8 +149,8 @@ void StepExecutor::check_step_apart(const StepInputs& inputs, std::span<const Te
   check::all_apart(written, read);
 }
 
-const char* compressed_index_name(CompressedIndex compressed) {
-  switch (compressed) {
+const char* compressed_index_name(CompressedIndex compressed_index) {
+  switch (compressed_index) {
     case CompressedIndex::table: return "table";
     case CompressedIndex::topk: return "topk";
     case CompressedIndex::automatic: break;
@@ -167,10 +167,11 @@ int64_t every_entry_topk_width(std::span<const LayerSpec> layers, const StepInpu
   return widest;
 }
 
-std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, CompressedIndex compressed,
-                                   TableSharing sharing, int64_t every_entry_width, Device device) {
+std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers,
+                                   CompressedIndex compressed_index, TableSharing sharing,
+                                   int64_t every_entry_width, Device device) {
   std::vector<LayerSpec> specs(layers.begin(), layers.end());
-  if (compressed == CompressedIndex::table) return specs;
+  if (compressed_index == CompressedIndex::table) return specs;
   const int64_t readable = max_topk_width(device);
   const auto width = [every_entry_width](const LayerSpec& s) -> int64_t {
     if (s.compress_ratio == 0) return 0;
@@ -184,8 +185,8 @@ std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, Compressed
     const auto end = layers.begin() + static_cast<ptrdiff_t>(run.end);
     const auto wide = std::find_if(layers.begin() + static_cast<ptrdiff_t>(run.first), end,
                                    [&](const LayerSpec& s) { return width(s) > readable; });
-    if (wide != end && compressed == CompressedIndex::topk)
-      check::fail(ErrorKind::unsupported, "compressed",
+    if (wide != end && compressed_index == CompressedIndex::topk)
+      check::fail(ErrorKind::unsupported, "compressed_index",
                   "top-k widths up to " + std::to_string(readable) + " (what the decode reads on " +
                       device_name(device) + ") for CompressedIndex::topk; table or automatic " +
                       "build tables for wider ones",
@@ -194,19 +195,19 @@ std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers, Compressed
                       std::to_string(width(*wide)) + " columns");
     const bool unshared =
         std::ranges::any_of(run.layers_in_group, [](auto g) { return g.second == 1; });
-    if (wide == end && (compressed == CompressedIndex::topk || unshared))
+    if (wide == end && (compressed_index == CompressedIndex::topk || unshared))
       for (size_t i = run.first; i < run.end; ++i) specs[i].compress_ratio = 0;
   }
   return specs;
 }
 
 StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
-                           int64_t max_columns, TableSharing sharing, CompressedIndex compressed)
+                           int64_t max_columns, TableSharing sharing,
+                           CompressedIndex compressed_index)
     : layers_(std::move(layers)),
       specs_(specs_of(layers_)),
       streams_(streams),
-      sharing_(sharing),
-      compressed_(compressed) {
+      compressed_index_(compressed_index) {
   std::vector<KvPool> pools;  // each layer's SWA and compressed pool geometry, made once
   const auto add_pool = [&](const TensorView& view, const std::string& name) {
     pools.push_back(make_pool(view, name.c_str()));
@@ -230,9 +231,9 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
     return std::ranges::equal(a, b, {}, &LayerSpec::compress_ratio, &LayerSpec::compress_ratio);
   };
   for (int64_t every_entry_width : {int64_t{0}, INT64_MAX}) {
-    if (every_entry_width > 0 && compressed != CompressedIndex::automatic) break;
+    if (every_entry_width > 0 && compressed_index != CompressedIndex::automatic) break;
     std::vector<LayerSpec> specs =
-        table_specs(specs_, compressed, sharing, every_entry_width, streams.device());
+        table_specs(specs_, compressed_index, sharing, every_entry_width, streams.device());
     if (!plans_.empty() && same(specs, plans_[0].specs)) break;
     check_shared_geometry(layers_, specs, pools, sharing);
     auto tables = std::make_unique<SparseIndexTables>(specs, streams_, sharing);
@@ -288,7 +289,7 @@ void StepExecutor::begin_step(const StepInputs& inputs) {
     check::fail(ErrorKind::unsupported, "topk_indices",
                 "top-k widths up to " + std::to_string(readable) +
                     " where the decode reads them (" + device_name(streams_.device()) +
-                    ", CompressedIndex::" + compressed_index_name(compressed_) + ")",
+                    ", CompressedIndex::" + compressed_index_name(compressed_index_) + ")",
                 std::to_string(topk->second.size(1)) + " columns for layers[" + std::to_string(i) +
                     "] (layer " + std::to_string(s.layer) + ")");
   }

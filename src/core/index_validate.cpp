@@ -46,11 +46,10 @@ void check_step_values(const StepMetadata& s, const IndexProblem& p) {
                        });
 }
 
-int64_t check_block_table(const TensorView& table, const char* name, const IndexProblem& p) {
+void check_block_table(const TensorView& table, const char* name, const IndexProblem& p) {
   check::tensor(table, name, DType::i32, p.device, {-1, -1}, "[>= B, pages] i32");
   if (table.size(0) < p.num_requests)
     fail(ErrorKind::value, name, "[>= B = " + num(p.num_requests) + ", pages]", shape_of(table));
-  return table.size(1);
 }
 
 KvPool check_pool(const TensorView& pool, const char* name, const IndexProblem& p) {

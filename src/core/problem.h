@@ -51,7 +51,6 @@ struct DecodeProblem {
   int num_heads = 0;         // H
   int out_heads = 0;         // H_out
   int window = kWindow;      // W
-  int max_q_len = 1;
   KvLayout layout = KvLayout::bf16;
   DType query_dtype = DType::bf16;
   Device device;

@@ -284,7 +284,6 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   }
   if (topk) check_topk_columns(a, p);
   if (a.max_q_len < 1) fail(ErrorKind::value, "max_q_len", ">= 1", num(a.max_q_len));
-  p.max_q_len = a.max_q_len;
 
   if (a.sinks.defined())
     check_tensor(a.sinks, "sinks", DType::f32, p.device, {p.num_heads}, "[H=" + H + "]");

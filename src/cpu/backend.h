@@ -4,8 +4,8 @@
 
 namespace smla::cpu {
 
-// SPEC §2 on host memory, multithreaded over (token, head) rows; float32 arithmetic
-// (float64 accumulation of the softmax denominator and the output sums).
+// SPEC §2 on host memory, multithreaded over (token, block of heads) units: each 64-value dot
+// product in float32, the groups' sums, scales, softmax and outputs in float64 (decode.cpp).
 void decode(const DecodeProblem& problem, const DecodeArgs& args);
 
 }  // namespace smla::cpu

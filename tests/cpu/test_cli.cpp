@@ -371,7 +371,6 @@ TEST(Report, TotalsPerKindAndTheCheck) {
                           .groups = 2,
                           .compressed_index = CompressedIndex::topk},
               .device = "cpu (1 thread)",
-              .num_tokens = 1,
               .kv_bytes = 3 * 1048576,
               .layers = {{"swa-only", 64, 2e-5, 1000},
                          {"ratio 4", 64, 5e-5, 3000},

@@ -35,18 +35,18 @@ TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
       const auto streams = make_streams(Device{});
       SynthStep step(o, specs, *streams);
       for (TableSharing sharing : {TableSharing::shared, TableSharing::none})
-        for (CompressedIndex compressed :
+        for (CompressedIndex compressed_index :
              {CompressedIndex::automatic, CompressedIndex::topk, CompressedIndex::table}) {
           StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
-                                sharing, compressed);
+                                sharing, compressed_index);
           executor.build_tables(step.device.inputs);
           int builds = 0;
           for (const auto& [key, count] : executor.tables().stats().builds) builds += count;
           EXPECT_EQ(builds,
-                    distinct_tables(specs, sharing, compressed,
+                    distinct_tables(specs, sharing, compressed_index,
                                     every_entry_topk_width(specs, step.device.inputs), Device{}))
               << model << ", " << groups << " groups, "
-              << graph_name({.sharing = sharing, .compressed = compressed});
+              << graph_name({.sharing = sharing, .compressed_index = compressed_index});
         }
     }
   // SPEC §6's patterns: V4.1's runs share, V4's ratio-4 and ratio-128 layers each have a key;
@@ -54,8 +54,8 @@ TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
   // the top-k in runs where a table would serve one layer of a group (every V4 run, no V4.1 run
   // with one group).
   const auto count = [](const std::vector<LayerSpec>& layers, TableSharing sharing,
-                        CompressedIndex compressed) {
-    return distinct_tables(layers, sharing, compressed, 0, Device{});  // the CPU: any top-k
+                        CompressedIndex compressed_index) {
+    return distinct_tables(layers, sharing, compressed_index, 0, Device{});  // the CPU: any top-k
   };
   const auto v41 = model_layers(model_preset("v41-flash"), 1);
   const auto v4 = model_layers(model_preset("v4-flash"), 3);
@@ -105,9 +105,10 @@ TEST(RunArgs, CompressedIndexFlag) {
   }
 }
 
-StepGraph right_graph(TableSharing sharing, CompressedIndex compressed = CompressedIndex::table) {
+StepGraph right_graph(TableSharing sharing,
+                      CompressedIndex compressed_index = CompressedIndex::table) {
   return {.sharing = sharing,
-          .compressed = compressed,
+          .compressed_index = compressed_index,
           .layers = 40,
           .distinct_tables = 26,
           .nodes = {.table_builds = 26, .decodes = 40, .events = 1},
@@ -215,7 +216,7 @@ TEST(GraphTable, RowsLineUpWithTheirHeader) {
   EXPECT_EQ(fields(csv[3]).back(), "1");  // graph_ok
 
   // A way the device could not run says why and has no figures, no problems and no CSV row.
-  graphs.topk.not_run = "compressed: expected top-k widths up to 2048, got 2344";
+  graphs.topk.not_run = "compressed_index: expected top-k widths up to 2048, got 2344";
   const std::vector<std::string> skipped = graph_table_rows(graphs);
   ASSERT_EQ(skipped.size(), 4u);
   EXPECT_EQ(skipped[1], "topk    not run: " + graphs.topk.not_run);
