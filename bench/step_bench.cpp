@@ -34,11 +34,11 @@ struct Options {
 };
 
 // One step to measure: bf16 caches on the GPU, nothing kept on the host for a check.
-RunOptions step_of(const Options& o, const char* model, int context, int requests, int mtp) {
+RunOptions step_of(const Options& o, const char* model, int context, int requests, int q_len) {
   return {.model = model,
           .requests = requests,
           .context = context,
-          .mtp = mtp,
+          .q_len = q_len,
           .kv = KvLayout::bf16,
           .device = DeviceChoice::cuda,
           .check = 0,
@@ -52,7 +52,7 @@ std::vector<RunOptions> steps(const Options& o) {
   for (const char* model : {"v4-flash", "v41-flash"})
     for (int context : {16384, 65536})
       for (int requests : {64, 128})
-        for (int mtp : {1, 2}) all.push_back(step_of(o, model, context, requests, mtp));
+        for (int q_len : {1, 2}) all.push_back(step_of(o, model, context, requests, q_len));
   return all;
 }
 
@@ -117,12 +117,12 @@ int main(int argc, char** argv) {
       const StepGraphs graphs = measure(r, device, stream, kv_gib);
       const int layers = graphs.shared.layers;
       for (const std::string& row : graph_table_rows(graphs))
-        std::printf("%-9s %6d %4d %3d %7d %6.1f  %s\n", r.model.c_str(), layers, r.requests, r.mtp,
-                    r.context, kv_gib, row.c_str());
+        std::printf("%-9s %6d %4d %3d %7d %6.1f  %s\n", r.model.c_str(), layers, r.requests,
+                    r.q_len, r.context, kv_gib, row.c_str());
       for (const std::string& row : graph_csv_rows(graphs))
         if (csv)
           std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%.2f,%s\n", r.model.c_str(), layers, r.requests,
-                       r.mtp, r.context, r.groups, kv_gib, row.c_str());
+                       r.q_len, r.context, r.groups, kv_gib, row.c_str());
       for (const std::string& line : graph_problem_lines(graphs)) {
         std::printf("  %s\n", line.c_str());
         ++wrong;

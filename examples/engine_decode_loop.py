@@ -5,7 +5,7 @@ layer's table lookups and attention - is captured into one CUDA graph and replay
 with new values written into the same buffers, as engines do. Without CUDA it runs the same
 loop on the CPU backend with NumPy arrays.
 
-    python examples/engine_decode_loop.py [--layers 8] [--requests 4] [--mtp 1] [--steps 5] [--cpu]
+    python examples/engine_decode_loop.py [--layers 8] [--requests 4] [--q-len 1] [--steps 5] [--cpu]
 """
 
 import argparse
@@ -135,7 +135,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--requests", type=int, default=4)
-    parser.add_argument("--mtp", type=int, default=1, help="query tokens per request")
+    parser.add_argument("--q-len", type=int, default=1, help="query tokens per request")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even with CUDA")
     args = parser.parse_args()
@@ -149,7 +149,7 @@ def main():
             pass
     xp = Arrays(cuda)
     specs, heads, layers = build_model(xp, args.layers, args.requests)
-    step = Step(xp, specs, heads, args.requests, args.mtp)
+    step = Step(xp, specs, heads, args.requests, args.q_len)
     step.advance()
     print(f"smla {smla.__version__} on {'cuda' if cuda else 'cpu'}: {len(specs)} layers "
           f"(keys {[smla.sparse_index_key(s) for s in specs]}), {step.num_tokens} tokens, "

@@ -45,7 +45,7 @@ constexpr RunFlag kRunFlags[] = {
      }},
     {"--requests", [](RunOptions& o, Text f, Text v) { o.requests = number(f, v, 1, kMaxInt); }},
     {"--context", [](RunOptions& o, Text f, Text v) { o.context = number(f, v, 1, kMaxInt); }},
-    {"--mtp", [](RunOptions& o, Text f, Text v) { o.mtp = number(f, v, 1, 1024); }},
+    {"--q-len", [](RunOptions& o, Text f, Text v) { o.q_len = number(f, v, 1, 1024); }},
     {"--check", [](RunOptions& o, Text f, Text v) { o.check = number(f, v, 0, kMaxInt); }},
     {"--groups", [](RunOptions& o, Text f, Text v) { o.groups = number(f, v, 1, 64); }},
     {"--seed",
@@ -145,9 +145,9 @@ Invocation parse_args(int argc, const char* const* argv) {
   if (const int layers = model_preset(inv.run.model).num_layers; inv.run.groups > layers)
     throw UsageError("--groups: expected at most the " + std::to_string(layers) + " layers of " +
                      inv.run.model + ", got " + std::to_string(inv.run.groups));
-  if (inv.run.mtp > inv.run.context)
-    throw UsageError("--mtp: expected at most --context = " + std::to_string(inv.run.context) +
-                     " tokens, got " + std::to_string(inv.run.mtp));
+  if (inv.run.q_len > inv.run.context)
+    throw UsageError("--q-len: expected at most --context = " + std::to_string(inv.run.context) +
+                     " tokens, got " + std::to_string(inv.run.q_len));
   return inv;
 }
 
@@ -170,8 +170,8 @@ std::string usage() {
          "  --context N       KV length of each request, new tokens included, 1..2^30 (default " +
          std::to_string(d.context) +
          ")\n"
-         "  --mtp N           query tokens per request, 1..1024 and at most --context (default " +
-         std::to_string(d.mtp) +
+         "  --q-len N         query tokens per request, 1..1024 and at most --context (default " +
+         std::to_string(d.q_len) +
          ")\n"
          "  --kv bf16|fp8_e4m3|fp8_ds_mla   KV cache layout (default bf16; fp8 = fp8_e4m3, run\n"
          "                    with an e4m3 query; the others with a bf16 query)\n"

@@ -19,7 +19,7 @@ struct RunOptions {
   std::string model = "v4-flash";
   int requests = 4;    // B
   int context = 4096;  // seq_len of every request, its new tokens included
-  int mtp = 1;         // tokens per request (q_len)
+  int q_len = 1;       // tokens per request (q_len)
   KvLayout kv = KvLayout::bf16;
   DeviceChoice device = DeviceChoice::auto_;
   int check = 8;   // sampled (token, head) rows per layer checked against the oracle

@@ -170,7 +170,7 @@ void* SynthStep::tiled(const std::vector<std::byte>& tile, int64_t bytes) {
 SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, Streams& streams)
     : streams_(streams) {
   Rng rng(o.seed);
-  const int64_t B = o.requests, q_len = o.mtp, context = o.context;
+  const int64_t B = o.requests, q_len = o.q_len, context = o.context;
   const int window = specs.front().window;
   const int64_t T = B * q_len;
   num_tokens = T;
@@ -212,8 +212,8 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
   const bool check_copies = host_copies && streams.device().kind != DeviceKind::cpu;
   if (host_bytes > limit || pool_bytes + row_bytes > 0x1p62)
     throw Error(ErrorKind::value,
-                check_copies ? "--requests, --context, --mtp (with --model and --kv), --check"
-                             : "--requests, --context, --mtp (with --model and --kv)",
+                check_copies ? "--requests, --context, --q-len (with --model and --kv), --check"
+                             : "--requests, --context, --q-len (with --model and --kv)",
                 "a step whose host memory fits in " + mib(limit) +
                     " (two thirds of this machine's or container's memory" +
                     (check_copies ? "; --check 0 keeps the pools on the device only)" : ")"),

@@ -97,10 +97,10 @@ TEST(RunArgs, NumbersAreParsedStrictly) {
 }
 
 // A value below a flag's least is refused naming that flag and its range, not a later rule's
-// (--context 0 is not "--mtp: at most --context", --groups 0 never reaches `l % groups`).
+// (--context 0 is not "--q-len: at most --context", --groups 0 never reaches `l % groups`).
 TEST(RunArgs, BelowTheLeastNamesTheFlag) {
   for (const auto& [flag, most] :
-       {std::pair{"--requests", "1073741824"}, {"--context", "1073741824"}, {"--mtp", "1024"}})
+       {std::pair{"--requests", "1073741824"}, {"--context", "1073741824"}, {"--q-len", "1024"}})
     expect_usage_error({"run", flag, "0"},
                        std::string(flag) + ": expected an integer in [1, " + most + "], got '0'");
   expect_usage_error({"run", "--groups", "0"}, "--groups: expected an integer in [1, 64], got '0'");
@@ -182,7 +182,7 @@ TEST(CheckRows, SubnormalFp8KeysDecoded) {
   std::mt19937_64 rng(seed);
   const RunOptions o{.requests = 2,
                      .context = 1 + static_cast<int>(rng() % 300),
-                     .mtp = 1,
+                     .q_len = 1,
                      .kv = KvLayout::fp8_e4m3,
                      .check = 0,
                      .seed = rng()};
@@ -212,7 +212,7 @@ TEST(CheckRows, SubnormalFp8KeysDecoded) {
 TEST(CheckRows, OutputThatIsNotFiniteFails) {
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  const RunOptions o{.requests = 2, .context = 300, .mtp = 2, .check = 0, .seed = seed};
+  const RunOptions o{.requests = 2, .context = 300, .q_len = 2, .check = 0, .seed = seed};
   const auto specs = model_layers(model_preset(o.model), o.groups);
   const auto streams = make_streams(Device{});
   SynthStep step(o, specs, *streams);
@@ -264,7 +264,8 @@ TEST(CheckRows, ZeroOutIsOffByTheRowsLargestMagnitude) {
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   for (KvLayout kv : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla}) {
-    const RunOptions o{.requests = 2, .context = 300, .mtp = 2, .kv = kv, .check = 0, .seed = seed};
+    const RunOptions o{
+        .requests = 2, .context = 300, .q_len = 2, .kv = kv, .check = 0, .seed = seed};
     const auto specs = model_layers(model_preset(o.model), o.groups);
     const auto streams = make_streams(Device{});
     const SynthStep step(o, specs, *streams);
@@ -282,17 +283,17 @@ TEST(CheckRows, ZeroOutIsOffByTheRowsLargestMagnitude) {
 TEST(RunArgs, BoundsAreInclusive) {
   EXPECT_EQ(parse({"run", "--requests", "1"}).run.requests, 1);
   EXPECT_EQ(parse({"run", "--check", "0"}).run.check, 0);
-  EXPECT_EQ(parse({"run", "--context", "2000", "--mtp", "1024"}).run.mtp, 1024);
-  expect_usage_error({"run", "--context", "2000", "--mtp", "1025"},
-                     "--mtp: expected an integer in [1, 1024], got '1025'");
+  EXPECT_EQ(parse({"run", "--context", "2000", "--q-len", "1024"}).run.q_len, 1024);
+  expect_usage_error({"run", "--context", "2000", "--q-len", "1025"},
+                     "--q-len: expected an integer in [1, 1024], got '1025'");
   EXPECT_EQ(parse({"run", "--seed", "18446744073709551615"}).run.seed, UINT64_MAX);
   expect_usage_error({"run", "--seed", "18446744073709551616"},
                      "--seed: expected an integer in [0, 18446744073709551615], got "
                      "'18446744073709551616'");
   // The step's tokens are the last of each request's context: all of it, but no more.
-  EXPECT_EQ(parse({"run", "--context", "3", "--mtp", "3"}).run.mtp, 3);
-  expect_usage_error({"run", "--context", "3", "--mtp", "4"},
-                     "--mtp: expected at most --context = 3 tokens, got 4");
+  EXPECT_EQ(parse({"run", "--context", "3", "--q-len", "3"}).run.q_len, 3);
+  expect_usage_error({"run", "--context", "3", "--q-len", "4"},
+                     "--q-len: expected at most --context = 3 tokens, got 4");
 }
 
 // What `smla help` promises for a bare `smla run` (scripts/run.sh's main job): a v4-flash step
@@ -302,7 +303,7 @@ TEST(RunArgs, DefaultsAreThoseTheUsageStates) {
   EXPECT_EQ(o.model, "v4-flash");
   EXPECT_EQ(o.requests, 4);
   EXPECT_EQ(o.context, 4096);
-  EXPECT_EQ(o.mtp, 1);
+  EXPECT_EQ(o.q_len, 1);
   EXPECT_EQ(o.kv, KvLayout::bf16);
   EXPECT_EQ(o.device, DeviceChoice::auto_);
   EXPECT_EQ(o.check, 8);
@@ -317,7 +318,7 @@ TEST(RunArgs, DefaultsAreThoseTheUsageStates) {
 // `smla help` is the flags' only list: each one `run` takes has its line.
 TEST(RunArgs, EveryFlagIsInTheUsage) {
   const std::string text = usage();
-  for (const char* flag : {"--model", "--requests", "--context", "--mtp", "--kv", "--device",
+  for (const char* flag : {"--model", "--requests", "--context", "--q-len", "--kv", "--device",
                            "--check", "--groups", "--seed", "--compressed-index"}) {
     EXPECT_NE(text.find(std::string("\n  ") + flag + " "), std::string::npos) << flag;
   }
@@ -366,7 +367,7 @@ TEST(Report, TotalsPerKindAndTheCheck) {
   RunReport r{.options = {.model = "v41-flash",
                           .requests = 1,
                           .context = 300,
-                          .mtp = 1,
+                          .q_len = 1,
                           .kv = KvLayout::fp8_ds_mla,
                           .groups = 2,
                           .compressed_index = CompressedIndex::topk},
@@ -402,7 +403,7 @@ TEST(Report, TotalsPerKindAndTheCheck) {
   EXPECT_NE(printed([&] { print_report(r); }).out.find("(tolerance 1e-02): FAILED\n"),
             std::string::npos);
   r.check.reset();
-  r.options.requests = r.options.mtp = 2;
+  r.options.requests = r.options.q_len = 2;
   r.options.groups = 1;
   const std::string out = printed([&] { print_report(r); }).out;
   EXPECT_EQ(out.find("check:"), std::string::npos) << out;
@@ -434,11 +435,11 @@ TEST(RunStep, SmallCpuStepsCheckClean) {
                        Case{"v4-flash", KvLayout::fp8_ds_mla, 2, 43},
                        Case{"v41-flash", KvLayout::bf16, 3, 40}}) {
     const int context = 1 + static_cast<int>(rng() % 400);
-    const int mtp = 1 + static_cast<int>(rng() % std::min(context, 3));
+    const int q_len = 1 + static_cast<int>(rng() % std::min(context, 3));
     const RunOptions o{.model = c.model,
                        .requests = 2,
                        .context = context,
-                       .mtp = mtp,
+                       .q_len = q_len,
                        .kv = c.kv,
                        .device = DeviceChoice::cpu,
                        .groups = c.groups,
@@ -449,8 +450,8 @@ TEST(RunStep, SmallCpuStepsCheckClean) {
     EXPECT_EQ(status, 0);
     EXPECT_EQ(p.err, "");
     const std::string head = std::string(c.model) + ": " + std::to_string(c.layers) +
-                             " layers, 2 requests x " + std::to_string(mtp) +
-                             (mtp > 1 ? " tokens" : " token") + ", context " +
+                             " layers, 2 requests x " + std::to_string(q_len) +
+                             (q_len > 1 ? " tokens" : " token") + ", context " +
                              std::to_string(context) + ", " + kv_layout_name(c.kv) + " KV (";
     EXPECT_EQ(p.out.substr(0, head.size()), head);
     EXPECT_NE(p.out.find(", on cpu (1 thread), no warm-up step\n"), std::string::npos);
@@ -498,8 +499,12 @@ TEST(RunStep, CheckCountsEveryRowOrNone) {
 // columns a token against 640) take different times a layer.
 TEST(RunStep, FiguresAreEachLayersOwn) {
   const test::ThreadsEnv threads("2");
-  const RunOptions o{
-      .requests = 2, .context = 3000, .mtp = 2, .device = DeviceChoice::cpu, .check = 0, .seed = 5};
+  const RunOptions o{.requests = 2,
+                     .context = 3000,
+                     .q_len = 2,
+                     .device = DeviceChoice::cpu,
+                     .check = 0,
+                     .seed = 5};
   int status = -1;
   const Printed p = run_printed(o, status);
   ASSERT_EQ(status, 0);
@@ -546,12 +551,12 @@ TEST(SynthStep, WindowsTopKAndColumnsFollowTheOptions) {
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  const int W = kWindow, mtp = 4;
-  for (const int context : {mtp + static_cast<int>(rng() % (W - mtp)),
-                            W + 62 + mtp + 64 * static_cast<int>(rng() % 3),
-                            4 * 512 + mtp + static_cast<int>(rng() % 64)}) {
+  const int W = kWindow, q_len = 4;
+  for (const int context : {q_len + static_cast<int>(rng() % (W - q_len)),
+                            W + 62 + q_len + 64 * static_cast<int>(rng() % 3),
+                            4 * 512 + q_len + static_cast<int>(rng() % 64)}) {
     SCOPED_TRACE("context " + std::to_string(context));
-    const RunOptions o{.requests = 2, .context = context, .mtp = mtp, .seed = rng()};
+    const RunOptions o{.requests = 2, .context = context, .q_len = q_len, .seed = rng()};
     const auto specs = model_layers(model_preset(o.model), 1);
     const auto streams = make_streams(Device{});
     const SynthStep step(o, specs, *streams);
@@ -560,7 +565,7 @@ TEST(SynthStep, WindowsTopKAndColumnsFollowTheOptions) {
       const LayerSpec& s = specs[i];
       int64_t columns = 0;
       for (int64_t t = 0; t < step.num_tokens; ++t) {
-        const int64_t b = t / mtp, pos = context - mtp + t % mtp;
+        const int64_t b = t / q_len, pos = context - q_len + t % q_len;
         for (int64_t p = std::max<int64_t>(pos - W + 1, 0); p <= pos; ++p, ++columns)
           ASSERT_GE(table.ptr<int32_t>()[b * table.strides[0] + p / 64], 0) << t << ", " << p;
         if (s.compress_ratio == 0) continue;
@@ -654,7 +659,7 @@ TEST(SynthStep, PastTheHostLimitRefusedBeforeAllocating) {
     const SynthStep step(o, specs, *streams);
     ADD_FAILURE() << "made";
   } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "--requests, --context, --mtp (with --model and --kv)");
+    EXPECT_EQ(e.argument(), "--requests, --context, --q-len (with --model and --kv)");
   } catch (const std::bad_alloc&) {
     ADD_FAILURE() << "allocated before refusing";
   }
@@ -699,7 +704,7 @@ TEST(SynthStep, ScalesFollowTheLayout) {
 TEST(SynthStep, KvBytesArePoolBytes) {
   for (const char* model : {"v4-flash", "v41-flash"})
     for (KvLayout kv : {KvLayout::bf16, KvLayout::fp8_ds_mla}) {
-      const RunOptions o{.model = model, .requests = 2, .context = 700, .mtp = 2, .kv = kv};
+      const RunOptions o{.model = model, .requests = 2, .context = 700, .q_len = 2, .kv = kv};
       const auto specs = model_layers(model_preset(o.model), 1);
       const auto streams = make_streams(Device{});
       const SynthStep step(o, specs, *streams);
@@ -730,8 +735,8 @@ TEST(SynthStep, SeedPicksTheStep) {
     return std::vector<std::byte>(p, p + n);
   };
   const auto step = [&](uint64_t s) {
-    const RunOptions o{.requests = 2, .context = 200, .mtp = 2, .kv = KvLayout::fp8_ds_mla,
-                       .seed = s};
+    const RunOptions o{
+        .requests = 2, .context = 200, .q_len = 2, .kv = KvLayout::fp8_ds_mla, .seed = s};
     return std::make_unique<SynthStep>(o, specs, *streams);
   };
   const auto a = step(seed), b = step(seed), c = step(seed + 1);

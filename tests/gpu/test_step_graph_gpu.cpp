@@ -20,7 +20,7 @@ TEST(GpuStepGraph, SharedAndUnsharedGraphsAreSpecsAndTimed) {
     const cli::RunOptions o{.model = model,
                             .requests = 4,
                             .context = 3000,
-                            .mtp = 2,
+                            .q_len = 2,
                             .device = cli::DeviceChoice::cuda,
                             .check = 0,  // pools tiled on the device, as in the bench
                             .groups = 3};
