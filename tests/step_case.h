@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "case_gen.h"
 #include "core/numeric.h"
 #include "smla/executor.h"
 #include "smla/model.h"
@@ -245,9 +246,11 @@ class StepCase {
       pool = make_view(bytes_.back().data(), DType::f8e4m3, Device{},
                        {blocks, block_size, kHeadDim}, {span * kHeadDim, kHeadDim, 1});
     } else {
-      constexpr int64_t kUnit = kDsMlaRecordBytes, kRow = kDsMlaRecordBytes + kDsMlaScaleBytes;
+      constexpr int64_t kRow = kDsMlaRecordBytes + kDsMlaScaleBytes;
       const int64_t page =
-          (block_size * kRow + kUnit - 1) / kUnit * kUnit + (span - block_size) * kUnit;
+          PoolShape{
+              .layout = KvLayout::fp8_ds_mla, .block_size = block_size, .packed = span - block_size}
+              .page_bytes();
       bytes_.emplace_back(blocks * page, std::byte{0xff});
       pool = make_view(bytes_.back().data(), DType::u8, Device{}, {blocks, block_size, kRow},
                        {page, kRow, 1});
