@@ -113,11 +113,10 @@ TEST(GpuDecode, RandomCasesAgainstOracleAndCpu) {
         spec.out_heads = round % 3 == 0 ? (h <= 64 ? 64 : 128) : 0;
         spec.all_masked = round == 5 && width == 64;
         spec.varlen = round != 4;  // else no cum_seq_lens_q: a token a request
-        std::optional<CountersOnly> counters;
-        if (cases % 2) counters.emplace();
-        const cuda::DecodePlan plan = check_against_oracle_and_cpu(spec);
+        const Reduction reduction = cases % 2 ? Reduction::counters : Reduction::any;
+        const cuda::DecodePlan plan = check_reduced(spec, reduction);
         split += plan.num_splits > 1;
-        counter_reduced += counters && plan.num_splits > 1 && !plan.cluster;
+        counter_reduced += reduction == Reduction::counters && plan.num_splits > 1;
         ++cases;
         if (HasFailure()) return;
       }
@@ -250,27 +249,30 @@ TEST(GpuDecode, WideClusterSplits) {
 // buffers five times (their scores read them in place).
 TEST(GpuDecode, UnsplitPlansAgainstOracleAndCpu) {
   SKIP_WITHOUT_GPU();
-  const CountersOnly counters_only;
   for (int h : {1, 8, 16, 32, 64, 100, 128})
     for (int width : {64, 512}) {
       CaseSpec spec{.heads = h, .requests = 3, .max_q = 3, .compressed_width = width};
       spec.out_heads = width == 64 ? (h + 15) / 16 * 16 + 8 : 0;
-      check_against_oracle_and_cpu(spec, 0, 0);
+      check_reduced(spec, Reduction::unsplit);
       if (HasFailure()) return;
     }
   for (int h : {64, 128}) {  // rows of no column (rule 1, 2 or 3): nothing attended
     CaseSpec spec{.heads = h, .requests = 3, .max_q = 3, .compressed_width = 64};
     spec.all_masked = true;
-    check_against_oracle_and_cpu(spec, 0, 0);
+    check_reduced(spec, Reduction::unsplit);
     if (HasFailure()) return;
   }
   const std::pair<KvLayout, DType> fp8[] = {{KvLayout::fp8_e4m3, DType::f8e4m3},
                                             {KvLayout::fp8_ds_mla, DType::bf16}};
   for (const auto& [layout, query] : fp8)
     for (int h : {16, 64, 128}) {
-      check_against_oracle_and_cpu({.layout = layout, .query_dtype = query, .heads = h,
-                                    .requests = 3, .max_q = 3, .compressed_width = 512},
-                                   0, 0);
+      check_reduced({.layout = layout,
+                     .query_dtype = query,
+                     .heads = h,
+                     .requests = 3,
+                     .max_q = 3,
+                     .compressed_width = 512},
+                    Reduction::unsplit);
       if (HasFailure()) return;
     }
 }
@@ -547,9 +549,8 @@ TEST(GpuDecode, DecodesOnEveryDevice) {
                           .compressed_width = 512};
       const cuda::DecodePlan in_clusters = check_against_oracle_and_cpu(spec);
       EXPECT_TRUE(in_clusters.num_splits > 1 && in_clusters.cluster);
-      const CountersOnly counters_only;
-      EXPECT_GT(check_against_oracle_and_cpu(spec).num_splits, 1);
-      EXPECT_EQ(check_against_oracle_and_cpu(spec, 0, 0).num_splits, 1);
+      EXPECT_GT(check_reduced(spec, Reduction::counters).num_splits, 1);
+      check_reduced(spec, Reduction::unsplit);
       if (HasFailure()) return;
     }
   }
