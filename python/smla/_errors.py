@@ -16,5 +16,9 @@ def value_error(argument, expected, got):
     return _error(ValueError, argument, expected, got)
 
 
+def import_error(argument, expected, got):
+    return _error(ImportError, argument, expected, got)
+
+
 def runtime_error(argument, expected, got):
     return _error(RuntimeError, argument, expected, got)

@@ -16,7 +16,7 @@ from .buffers import kv_counter_buffer, workspace_buffer  # noqa: F401  (engines
 from . import _smla
 from .decode import WINDOW, sparse_mla_decode
 from ._arrays import Typed, framework_of, on_a_device, stream_handle, tensor
-from ._errors import value_error
+from ._errors import import_error, value_error
 
 HEAD_DIM = _smla.HEAD_DIM
 
@@ -99,7 +99,11 @@ def _new_out(query):
         return xp.empty(shape, dtype=xp.bfloat16, device=query.device)
     if xp.__name__ == "cupy":  # no bf16 dtype: its bits, read as bf16
         return Typed(xp.empty(shape, dtype=xp.uint16), "bf16")
-    import ml_dtypes
+    try:
+        import ml_dtypes
+    except ImportError as e:  # NumPy's bf16 is ml_dtypes', which the package does not require
+        raise import_error("out", "an array, or ml_dtypes installed to allocate a NumPy bf16 one",
+                           "None without ml_dtypes") from e
     return xp.empty(shape, dtype=ml_dtypes.bfloat16)
 
 

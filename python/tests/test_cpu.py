@@ -9,6 +9,7 @@ import fractions
 import gc
 import math
 import re
+import sys
 import threading
 import time
 import weakref
@@ -661,6 +662,19 @@ def test_engine_call_dspark_shapes_and_allocated_out():
             sparse_topk_lens=args["sparse_topk_lens"], seq_lens=args["seq_lens"],
             bmm1_scale=args["bmm1_scale"], kv_counters=np.zeros(64, np.float32))
     assert info.value.argument == "kv_counters"
+    # NumPy's bf16 comes from ml_dtypes, an optional dependency: without it, out=None is refused
+    # by name.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "ml_dtypes", None)  # `import ml_dtypes` raises ImportError
+        with pytest.raises(ImportError, match="smla: out:") as info:
+            trtllm_decode_sparse_mla_dsv4(
+                query=args["query"], swa_kv_cache=args["swa_kv_cache"],
+                compressed_kv_cache=args["compressed_kv_cache"],
+                sparse_indices=args["sparse_indices"],
+                sparse_topk_lens=args["sparse_topk_lens"], seq_lens=args["seq_lens"],
+                bmm1_scale=args["bmm1_scale"], cum_seq_lens_q=args["cum_seq_lens_q"],
+                max_q_len=args["max_q_len"])
+    assert info.value.argument == "out"
 
 
 def test_engine_call_uniform_q_len_from_4d_query():
