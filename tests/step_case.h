@@ -123,7 +123,12 @@ class StepCase {
       std::bernoulli_distribution invalid(shape.invalid_fraction);
       for (auto& v : valid) v = !invalid(rng_);
       valid_ = valid;
-      m.is_valid_token = keep_u8(valid, {T_});
+      // Every other case reads the mask at stride 2, the bytes between saying the opposite.
+      const int64_t stride = 1 + int64_t(rng_() % 2);
+      std::vector<uint8_t> bytes(T_ * stride);
+      for (int t = 0; t < T_; ++t)
+        for (int64_t k = 0; k < stride; ++k) bytes[t * stride + k] = k ? !valid[t] : valid[t];
+      m.is_valid_token = keep_u8(std::move(bytes), {T_}, {stride});
     }
     for (int t = 0; t < T_; ++t) {
       const int b = static_cast<int>(std::upper_bound(cum.begin(), cum.end(), t) - cum.begin()) - 1;
@@ -215,9 +220,10 @@ class StepCase {
     throw std::out_of_range("layer");
   }
 
-  TensorView keep_u8(std::vector<uint8_t> data, std::initializer_list<int64_t> shape) {
+  TensorView keep_u8(std::vector<uint8_t> data, std::initializer_list<int64_t> shape,
+                     std::initializer_list<int64_t> strides) {
     u8_.push_back(std::move(data));
-    return make_view(u8_.back().data(), DType::u8, Device{}, shape);
+    return make_view(u8_.back().data(), DType::u8, Device{}, shape, strides);
   }
 
   // bf16 values of magnitude in [2^-7, 1) and random sign, four from each draw.

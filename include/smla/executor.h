@@ -68,9 +68,11 @@ class StepExecutor {
                CompressedIndex compressed_index = CompressedIndex::automatic);
 
   // Resets the tables; keeps a copy of `inputs`; picks where the step's compressed columns come
-  // from (table_specs with every_entry_topk_width(inputs)).
+  // from (table_specs with every_entry_topk_width(inputs)). The metadata's seq_lens and
+  // cum_seq_lens_q must be contiguous (the decodes read them so).
   void begin_step(const StepInputs& inputs);
-  // `layer`'s attention of query [T, H, 512] into out [T, H_out, 512] on the current stream.
+  // `layer`'s attention of query [T, H, 512] into out [T, H_out, 512] on the current stream,
+  // T = metadata.num_tokens and H = the layer's num_heads.
   // Layers run in model order, each next index source's indexer between two calls (SPEC §5):
   // a layer followed by an index source joins after its decode, since that indexer may
   // overwrite a top-k the forks read (an index source joins before its lookup too).

@@ -47,6 +47,7 @@ const ModelPreset& model_preset(std::string_view name);
 
 // The layers of `preset` in order (main ones, then MTP ones when with_mtp), layer l in SWA
 // group l % num_swa_groups; a compressed layer reads the latest kv / index source at or below it.
+// Throws smla::Error naming the field where the preset's counts or compress_ratios disagree.
 std::vector<LayerSpec> model_layers(const ModelPreset& preset, int num_swa_groups,
                                     bool with_mtp = false);
 

@@ -1,9 +1,11 @@
 #include "core/check.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <numbers>
 #include <numeric>
 #include <vector>
 
@@ -63,6 +65,15 @@ void has_data(const TensorView& v, const std::string& name) {
   if (v.numel() > 0 && v.data == nullptr) fail(ErrorKind::value, name, "data", "a null pointer");
 }
 
+void scales(float bmm1_scale, float bmm2_scale, const std::string& prefix) {
+  if (!std::isfinite(bmm1_scale * std::numbers::log2e_v<float>))
+    fail(ErrorKind::value, prefix + "bmm1_scale",
+         "a finite float of magnitude below 2.3e38 (it has no default: D^-0.5 in V4)",
+         real(bmm1_scale));
+  if (!std::isfinite(bmm2_scale))
+    fail(ErrorKind::value, prefix + "bmm2_scale", "a finite float", real(bmm2_scale));
+}
+
 void int32_count(int64_t value, const std::string& name) {
   if (value < 0 || value > INT32_MAX)
     fail(ErrorKind::value, name, "0..2^31 - 1", std::to_string(value));
@@ -90,8 +101,9 @@ void disjoint(const TensorView& v, const std::string& name) {
 
 namespace {
 
-// A non-empty checked view's bytes: runs of `run` bytes (its last dim where contiguous, else one
-// element) at data + sum(i_d * step_d) over the other dims of size > 1, `steps` in bytes.
+// A non-empty checked view's bytes: runs of `run` bytes (its innermost dims while each steps by
+// the run below it, else one element) at data + sum(i_d * step_d) over the other dims of size
+// > 1, `steps` in bytes.
 struct Runs {
   intptr_t low, high;  // lowest and highest byte
   int64_t run;
@@ -103,13 +115,15 @@ Runs runs_of(const TensorView& v) {
   const int64_t elem = int64_t(dtype_size(v.dtype));
   Runs r{reinterpret_cast<intptr_t>(v.data), 0, elem, {}, 0};
   r.high = r.low;
-  for (int d = 0; d < v.ndim; ++d) {
+  bool contiguous = true;  // the dims so far (innermost first) make one run
+  for (int d = v.ndim - 1; d >= 0; --d) {
     if (v.shape[d] == 1) continue;  // read at index 0 alone: its stride, any int64, is not used
     const int64_t step = v.strides[d] * elem, reach = (v.shape[d] - 1) * step;
     (reach < 0 ? r.low : r.high) += reach;
-    if (d == v.ndim - 1 && step == elem)
-      r.run = v.shape[d] * elem;
-    else if (v.shape[d] > 1)
+    contiguous = contiguous && step == r.run;
+    if (contiguous)
+      r.run *= v.shape[d];
+    else
       r.steps[r.num_steps++] = std::abs(step);
   }
   r.high += elem - 1;

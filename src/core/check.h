@@ -35,6 +35,11 @@ void memory(const TensorView& view, const std::string& name);
 // Data behind a view that has elements (a null pointer with a size is refused).
 void has_data(const TensorView& view, const std::string& name);
 
+// The decode's scales, named `prefix` + "bmm1_scale" / "bmm2_scale": finite, and bmm1_scale
+// small enough that its product with log2(e), which the CUDA kernels scale scores by in float,
+// is finite too.
+void scales(float bmm1_scale, float bmm2_scale, const std::string& prefix);
+
 // A count the backends keep in int: 0..2^31 - 1.
 void int32_count(int64_t value, const std::string& name);
 
@@ -44,8 +49,9 @@ void disjoint(const TensorView& view, const std::string& name);
 
 // Views that were checked by `view`: no byte of `written`'s elements is one of `other`'s. Exact
 // where their spans do not meet or they interleave in one buffer (every element's bytes at the
-// same residues modulo the gcd of their strides: columns of one array, halves of its rows);
-// anything else that meets counts as an overlap. Absent or empty views are apart from all.
+// same residues modulo the gcd of their strides: columns of one array, halves of its rows or of
+// its tokens' heads); anything else that meets counts as an overlap. Absent or empty views are
+// apart from all.
 void apart(const TensorView& written, const char* written_name, const TensorView& other,
            const char* other_name);
 

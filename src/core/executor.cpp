@@ -1,7 +1,6 @@
 #include "smla/executor.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <map>
 #include <set>
@@ -77,12 +76,7 @@ void check_layer(const AttentionLayer& l, size_t i) {
         ErrorKind::value, layer + "compressed_kv_cache",
         "its kv source's pool (compress_ratio " + std::to_string(l.spec.compress_ratio) + ")",
         "absent");
-  if (!std::isfinite(l.bmm1_scale))
-    check::fail(ErrorKind::value, layer + "bmm1_scale",
-                "a finite float (it has no default: D^-0.5 in V4)", std::to_string(l.bmm1_scale));
-  if (!std::isfinite(l.bmm2_scale))
-    check::fail(ErrorKind::value, layer + "bmm2_scale", "a finite float",
-                std::to_string(l.bmm2_scale));
+  check::scales(l.bmm1_scale, l.bmm2_scale, layer);
 }
 
 // What a table assumes of every layer that reads it, which SPEC §5's key leaves out: one window
@@ -293,6 +287,14 @@ void StepExecutor::begin_step(const StepInputs& inputs) {
                 std::to_string(topk->second.size(1)) + " columns for layers[" + std::to_string(i) +
                     "] (layer " + std::to_string(s.layer) + ")");
   }
+  // The decodes read these contiguous (the table builders take any stride): refused here, before
+  // any table is built, rather than at the first decode.
+  for (const auto& [view, name] : {std::pair{&inputs.metadata.seq_lens, "seq_lens"},
+                                   std::pair{&inputs.metadata.cum_seq_lens_q, "cum_seq_lens_q"}})
+    if (view->defined()) {
+      check::view(*view, name);
+      check::memory(*view, name);
+    }
   for (Plan& p : plans_) p.tables->reset();
   plan_ = plan;
   inputs_ = inputs;
@@ -318,9 +320,17 @@ void StepExecutor::run_layer(int layer, const TensorView& query, const TensorVie
     check::fail(ErrorKind::value, "run_layer", "a step begun by begin_step(inputs) first",
                 "no step begun");
   const AttentionLayer& l = layer_at(layer);
+  const StepMetadata& step = inputs_.metadata;
+  // The query's tokens and heads are the step's and the layer's (a decode would blame its table,
+  // and the shared buffers are sized for spec.num_heads); other shape errors are the decode's.
+  if (query.defined() && query.ndim == 3 &&
+      (query.size(0) != step.num_tokens || query.size(1) != l.spec.num_heads))
+    check::fail(ErrorKind::value, "query",
+                "[T = metadata.num_tokens = " + std::to_string(step.num_tokens) +
+                    ", H = num_heads = " + std::to_string(l.spec.num_heads) + ", 512]",
+                check::shape_of(query) + " (layer " + std::to_string(layer) + ")");
   const SparseIndexTable table = table_of(l);
 
-  const StepMetadata& step = inputs_.metadata;
   DecodeArgs args;
   args.query = query;
   args.out = out;

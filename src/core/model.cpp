@@ -1,6 +1,7 @@
 #include "smla/model.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/check.h"
 #include "core/layer_runs.h"
@@ -86,12 +87,20 @@ const ModelPreset& model_preset(std::string_view name) {
 std::vector<LayerSpec> model_layers(const ModelPreset& preset, int num_swa_groups, bool with_mtp) {
   if (num_swa_groups < 1)
     check::fail(ErrorKind::value, "num_swa_groups", ">= 1", std::to_string(num_swa_groups));
+  for (const auto& [count, name] : {std::pair{preset.num_layers, "num_layers"},
+                                    std::pair{preset.num_mtp_layers, "num_mtp_layers"}})
+    if (count < 0) check::fail(ErrorKind::value, name, ">= 0", std::to_string(count));
+  const int64_t entries = int64_t(preset.num_layers) + preset.num_mtp_layers;
+  if (int64_t(preset.compress_ratios.size()) != entries)
+    check::fail(ErrorKind::value, "compress_ratios",
+                "num_layers + num_mtp_layers = " + std::to_string(entries) + " entries",
+                std::to_string(preset.compress_ratios.size()) + " entries");
   const int count = preset.num_layers + (with_mtp ? preset.num_mtp_layers : 0);
   std::vector<LayerSpec> layers;
   for (int l = 0; l < count; ++l) {
     LayerSpec s{.layer = l,
                 .swa_group = l % num_swa_groups,
-                .compress_ratio = preset.compress_ratios.at(l),
+                .compress_ratio = preset.compress_ratios[size_t(l)],
                 .num_heads = preset.num_heads,
                 .window = preset.window,
                 .mtp = l >= preset.num_layers};

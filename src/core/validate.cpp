@@ -2,7 +2,6 @@
 // on every device. The values of cum_seq_lens_q, seq_lens and sparse_topk_lens are checked only
 // for CPU tensors: device-resident data cannot be read without a host synchronisation (the
 // launch must stay capturable), so on CUDA they are not checked and the kernel masks instead.
-#include <cmath>
 #include <string>
 
 #include "core/check.h"
@@ -78,9 +77,9 @@ void check_topk_columns(const DecodeArgs& a, DecodeProblem& p) {
   if (c.block_table.size(0) < p.num_requests)
     fail(ErrorKind::value, "topk_columns.block_table", "[>= B=" + B + ", pages]",
          shape_of(c.block_table));
-  if (c.is_valid_token.defined())
-    check_tensor(c.is_valid_token, "topk_columns.is_valid_token", DType::u8, p.device,
-                 {p.num_tokens}, "[T=" + T + "]");
+  if (c.is_valid_token.defined())  // read through its stride: any stride
+    check::tensor(c.is_valid_token, "topk_columns.is_valid_token", DType::u8, p.device,
+                  {p.num_tokens}, "[T=" + T + "]");
   if (c.num_decodes < 0 || c.num_decodes > p.num_requests)
     fail(ErrorKind::value, "topk_columns.num_decodes", "0..B = " + B, num(c.num_decodes));
   if (c.compress_ratio < 1)
@@ -287,11 +286,7 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
 
   if (a.sinks.defined())
     check_tensor(a.sinks, "sinks", DType::f32, p.device, {p.num_heads}, "[H=" + H + "]");
-  if (!std::isfinite(a.bmm1_scale))
-    fail(ErrorKind::value, "bmm1_scale", "a finite float (it has no default: D^-0.5 in V4)",
-         std::to_string(a.bmm1_scale));
-  if (!std::isfinite(a.bmm2_scale))
-    fail(ErrorKind::value, "bmm2_scale", "a finite float", std::to_string(a.bmm2_scale));
+  check::scales(a.bmm1_scale, a.bmm2_scale, "");
 
   check_tensor(a.out, "out", DType::bf16, p.device, {p.num_tokens, -1, kHeadDim},
                "[T=" + T + ", H_out, 512]");

@@ -432,6 +432,41 @@ TEST(Executor, RunLayerNeedsABegunStep) {
   executor.end_step();
 }
 
+// A query of another step's tokens or another layer's heads is the query's error, not a table's
+// (T) nor taken silently with buffers sized for the layer's heads (H); metadata the decodes
+// cannot read (a strided seq_lens, which the builders take) is refused before any table is built.
+TEST(Executor, QueryAndMetadataShapesAreTheStepsAndLayers) {
+  const auto all = model_layers(model_preset("v41-flash"), 1, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 2);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  test::StepCase c(
+      specs,
+      {.q_lens = {1, 1}, .seq_lens = {150, 90}, .num_decodes = 2, .block_size = 64, .span = 64},
+      test::fresh_seed());
+  const auto streams = make_streams(Device{});
+  StepExecutor executor(c.layers, *streams, 4, 1024);
+  executor.begin_step(c.inputs);
+  const std::string expected =
+      "[T = metadata.num_tokens = 2, H = num_heads = " + std::to_string(kHeads) + ", 512]";
+  test::expect_smla_error([&] { executor.run_layer(1, c.bf16(4, kHeads), c.bf16(4, kHeads)); },
+                          ErrorKind::value, "query", expected, "[4, " + std::to_string(kHeads));
+  test::expect_smla_error(
+      [&] { executor.run_layer(0, c.bf16(2, kHeads + 1), c.bf16(2, kHeads + 1)); },
+      ErrorKind::value, "query", expected, "(layer 0)");
+  const TensorView q = c.bf16(2, kHeads), o = c.bf16(2, kHeads);
+  EXPECT_NO_THROW(executor.run_layer(0, q, o));
+  executor.end_step();
+
+  std::vector<int32_t> strided{150, -1, 90, -1};
+  StepInputs inputs = c.inputs;
+  inputs.metadata.seq_lens = make_view(strided.data(), DType::i32, Device{}, {2}, {2});
+  StepExecutor fresh(c.layers, *streams, 4, 1024);
+  const std::vector<TensorView> queries{q, c.bf16(2, kHeads)}, outs{o, c.bf16(2, kHeads)};
+  test::expect_smla_error([&] { fresh.run_step(inputs, queries, outs); }, ErrorKind::value,
+                          "seq_lens", "a contiguous last dim", "stride 2");
+  EXPECT_TRUE(fresh.tables().stats().builds.empty()) << "a table was built for a refused step";
+}
+
 TEST(Executor, LayersAreCheckedWhenMade) {
   const auto all = model_layers(model_preset("v41-flash"), 1, false);
   std::vector<LayerSpec> specs(all.begin(), all.begin() + 2);
@@ -463,7 +498,7 @@ TEST(Executor, LayersAreCheckedWhenMade) {
   refused([](Layers& l) { l[1].spec.index_topk = -4; }, "layers[1].spec.index_topk", ">= 0",
           "-4");
   refused([](Layers& l) { l[0].bmm1_scale = NAN; }, "layers[0].bmm1_scale",
-          "a finite float (it has no default", "nan");
+          "a finite float of magnitude below 2.3e38", "nan");
   refused([](Layers& l) { l[1].bmm2_scale = INFINITY; }, "layers[1].bmm2_scale", "a finite float",
           "inf");
   // A compressed layer without its pool would read the SWA pool through the compressed pages.

@@ -216,6 +216,26 @@ TEST(ModelPresets, ShapesOfSpec6) {
                           "one of v4-flash", "v5");
 }
 
+// A preset built by hand is checked before it is read: a ratio list of another length, or a
+// negative count, names the field (not a vector's range error, nor an empty model).
+TEST(ModelPresets, MalformedPresetsNameTheirField) {
+  ModelPreset preset = model_preset("v4-flash");
+  preset.num_layers = 3;
+  preset.num_mtp_layers = 0;
+  preset.compress_ratios = {0};
+  test::expect_smla_error([&] { model_layers(preset, 1); }, ErrorKind::value, "compress_ratios",
+                          "num_layers + num_mtp_layers = 3 entries", "1 entries");
+  preset.compress_ratios = {0, 4, 128};
+  EXPECT_EQ(model_layers(preset, 1).size(), 3u);
+  preset.num_mtp_layers = -1;
+  test::expect_smla_error([&] { model_layers(preset, 1); }, ErrorKind::value, "num_mtp_layers",
+                          ">= 0", "-1");
+  preset.num_mtp_layers = 0;
+  preset.num_layers = -3;
+  test::expect_smla_error([&] { model_layers(preset, 1); }, ErrorKind::value, "num_layers", ">= 0",
+                          "-3");
+}
+
 TEST(SparseIndexTables, V41ThreeGroupsByHand) {
   LoggedStep logged(model_layers(model_preset("v41-flash"), 3), 3);
   auto& [layers, seed, c, streams, tables] = logged;

@@ -104,6 +104,15 @@ TEST(CheckHelpers, BoundsOfCountsViewsAndOverlaps) {
   };
   EXPECT_NO_THROW(check::apart(u8(0), "a", u8(4), "b"));
   EXPECT_THROW(check::apart(u8(0), "a", u8(3), "b"), Error);
+  // Halves of rows that span two dims (u8 [2, 2, 4] of a [2, 4, 4] buffer: heads 0-1 and 2-3
+  // of each token, as out and query sliced by heads): apart; shifted a byte, they meet.
+  const auto heads = [&](int64_t offset) {
+    return make_view(buf.data() + offset, DType::u8, Device{}, {2, 2, 4}, {16, 4, 1});
+  };
+  EXPECT_NO_THROW(check::apart(heads(0), "a", heads(8), "b"));
+  EXPECT_NO_THROW(check::apart(heads(8), "b", heads(0), "a"));
+  EXPECT_THROW(check::apart(heads(0), "a", heads(7), "b"), Error);
+  EXPECT_THROW(check::apart(heads(1), "a", heads(8), "b"), Error);
 }
 
 TEST_F(Validation, WrongDtypeOfEachTensor) {
@@ -425,6 +434,11 @@ TEST_F(Validation, MaxQLenBelowOne) {
 TEST_F(Validation, NonFiniteScales) {
   a.bmm1_scale = DecodeArgs{}.bmm1_scale;  // never set: no default scale to fall back on
   expect_error(ErrorKind::value, "bmm1_scale", "finite", "nan");
+  // Finite, but not once the CUDA kernels multiply it by log2(e) in float (inf: NaN scores).
+  a.bmm1_scale = -3e38f;
+  expect_error(ErrorKind::value, "bmm1_scale", "below 2.3e38", "-3e+38");
+  a.bmm1_scale = 2.3e38f;  // 2.3e38 * log2(e) = 3.32e38, below FLT_MAX's 3.40e38
+  EXPECT_NO_THROW(validate_decode(a));
   a.bmm1_scale = 1.f;
   a.bmm2_scale = std::numeric_limits<float>::infinity();
   expect_error(ErrorKind::value, "bmm2_scale", "finite", "inf");
