@@ -25,7 +25,7 @@ struct CaseSpec {
   DType query_dtype = DType::bf16;  // f8e4m3 only with layout fp8_e4m3
   int heads = 8;
   int out_heads = 0;        // 0: heads
-  std::vector<int> q_lens;  // per request; empty: `requests` requests of 1..max_q tokens
+  std::vector<int> q_lens;  // per request; empty: `requests` requests of 1..max_q tokens (or 0)
   int requests = 3;
   int max_q = 6;
   bool varlen = true;  // false: no cum_seq_lens_q, every q_len is 1
@@ -288,9 +288,11 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
   const int64_t W = spec.window, K = W + spec.compressed_width;
 
   std::vector<int> q_lens = spec.q_lens, seq_lens;
-  if (q_lens.empty())
+  if (q_lens.empty())  // varlen: a request past the first has no tokens one time in ten
     for (int b = 0; b < spec.requests; ++b)
-      q_lens.push_back(spec.varlen ? static_cast<int>(rng.uniform(1, spec.max_q)) : 1);
+      q_lens.push_back(!spec.varlen               ? 1
+                       : b > 0 && rng.chance(0.1) ? 0
+                                                  : static_cast<int>(rng.uniform(1, spec.max_q)));
   const int64_t B = static_cast<int64_t>(q_lens.size());
   for (int q : q_lens) {  // below, around and above the window
     const double r = rng.real(0, 1);

@@ -158,6 +158,26 @@ class StepCase {
   int pos(int t) const { return pos_[t]; }
   bool valid(int t) const { return valid_.empty() || valid_[t]; }
 
+  // -1 or -7 in every top-k: in a random fifth of the prefill tokens' entries, wherever they are
+  // in the row, and in a third of the decode tokens' rows from a random entry on (a decode row's
+  // valid entries come first, SPEC §4), so that a decode row's count of valid entries and a
+  // prefill row's visible prefix differ.
+  void punch_topk_holes() {
+    const int64_t decode_tokens = std::accumulate(
+        shape_.q_lens.begin(), shape_.q_lens.begin() + shape_.num_decodes, int64_t{0});
+    std::bernoulli_distribution hole(0.2), cut(1.0 / 3), minus_one(0.5);
+    for (auto& [layer, topk] : inputs.topk_indices) {
+      int32_t* x = topk.ptr<int32_t>();
+      const int64_t width = topk.size(1);
+      for (int64_t t = 0; width > 0 && t < topk.size(0); ++t) {
+        const bool decode = t < decode_tokens;
+        if (decode && !cut(rng_)) continue;
+        for (int64_t j = decode ? int64_t(rng_() % width) : 0; j < width; ++j)
+          if (decode || hole(rng_)) x[t * width + j] = minus_one(rng_) ? -1 : -7;
+      }
+    }
+  }
+
   // The build arguments of `layer`'s table, outputs unset (what StepExecutor passes).
   SparseIndexArgs args(int layer) const {
     const AttentionLayer& l = layers.at(index_of(layer));

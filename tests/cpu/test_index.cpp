@@ -34,11 +34,13 @@ TensorView i32(std::vector<int32_t>& v, std::initializer_list<int64_t> shape) {
   return make_view(v.data(), DType::i32, Device{}, shape);
 }
 
-// Runs the builder into outputs sized by sparse_index_columns.
+// Runs the builder into outputs sized by sparse_index_columns, poisoned with a value past every
+// pool's rows and every length here.
 Built build(SparseIndexArgs a) {
   const int64_t T = a.step.num_tokens;
   const int64_t K = sparse_index_columns(a);
-  std::vector<int32_t> indices(T * K, 7777), lens(T, 7777), seq_lens(T, 7777);
+  constexpr int32_t kPoison = 0x7eadbeef;
+  std::vector<int32_t> indices(T * K, kPoison), lens(T, kPoison), seq_lens(T, kPoison);
   a.out.sparse_indices = i32(indices, {T, K});
   a.out.sparse_topk_lens = i32(lens, {T});
   if (a.step.decode_swa_width > a.window) a.out.seq_lens = i32(seq_lens, {T});

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstring>
 #include <iterator>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -71,21 +70,6 @@ std::vector<LayerSpec> layers_of(int ratio) {
   return specs;
 }
 
-// -1 or -7 in a top-k: in a random fifth of the prefill tokens' entries, wherever they are in
-// the row, and in a third of the decode tokens' rows from a random entry on (a decode row's
-// valid entries come first, SPEC §4). Decode tokens are the first `decode_tokens`.
-void punch_holes(const TensorView& topk, int64_t decode_tokens, std::mt19937& rng) {
-  int32_t* x = topk.ptr<int32_t>();
-  const int64_t width = topk.size(1);
-  std::bernoulli_distribution hole(0.2), cut(1.0 / 3), minus_one(0.5);
-  for (int64_t t = 0; width > 0 && t < topk.size(0); ++t) {
-    const bool decode = t < decode_tokens;
-    if (decode && !cut(rng)) continue;
-    for (int64_t j = decode ? int64_t(rng() % width) : 0; j < width; ++j)
-      if (decode || hole(rng)) x[t * width + j] = minus_one(rng) ? -1 : -7;
-  }
-}
-
 TEST(TopkColumns, EqualTheBuiltTableBitForBit) {
   const unsigned seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -96,10 +80,7 @@ TEST(TopkColumns, EqualTheBuiltTableBitForBit) {
     CaseShape shape = random_shape(rng, trial);
     shape.layout = kind.layout;
     StepCase c(layers_of(1 + trial % 4), shape, rng());
-    const int64_t decode_tokens =
-        std::accumulate(shape.q_lens.begin(), shape.q_lens.begin() + shape.num_decodes, 0);
-    if (trial % 2)
-      for (auto& [layer, topk] : c.inputs.topk_indices) punch_holes(topk, decode_tokens, rng);
+    if (trial % 2) c.punch_topk_holes();
     attended += expect_equal_decodes(c, kind.query);
   }
   EXPECT_GT(attended, 0);  // the compressed columns were there to compare

@@ -107,6 +107,7 @@ std::vector<LayerSpec> slice(const Pattern& p, int num_heads = 0) {
 struct GpuStep {
   explicit GpuStep(const Pattern& p, int num_heads = 0)
       : seed(fresh_seed()), specs(slice(p, num_heads)), c(specs, p.shape, seed) {
+    c.punch_topk_holes();  // the decodes' num_decodes then matters
     Rng rng(seed + 1);  // the sinks' own stream, so they do not shift the step's draws
     for (size_t i = 0; i < c.layers.size(); i += 2) {
       sinks.emplace_back(c.layers[i].spec.num_heads);
