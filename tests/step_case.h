@@ -32,10 +32,11 @@ struct CaseShape {
   double invalid_fraction = 0.0;      // share of padding tokens (is_valid_token = 0)
   int decode_swa_width = 0;           // > window: DSpark
   bool evict_outside_window = false;  // SWA pages wholly before every window are -1
-  // Prefill rows' top-k entries past the (pos + 1) / ratio a token sees hold random entries
-  // of the request (in range, >= 0) instead of -1: SPEC §4 takes a prefill row's first
-  // min((pos + 1) / ratio, top_k) entries as they are, whatever follows them.
-  bool prefill_topk_tails = false;
+  // Top-k entries past the (pos + 1) / ratio a token sees hold random entries of the request
+  // (in range, >= 0) instead of -1: SPEC §4 takes a prefill row's first min((pos + 1) / ratio,
+  // top_k) entries as they are, whatever follows them, and every valid entry of a decode row
+  // (valid ones first), so the rules then differ and num_decodes decides which applies.
+  bool topk_tails = false;
   // Every pool's layout: random bf16 rows quantized into it (quantize_kv, kv_scale 1). An
   // fp8_ds_mla page's span - block_size extra slots are extra 576-B units; every byte no row's
   // record or scales take is 0xff (e4m3 NaN codes under the scale 2^128).
@@ -65,15 +66,17 @@ inline std::vector<LayerSpec> three_layers(int ratio) {
 }
 
 // A random step of decode and prefill requests (trial % 3 == 0: with padding tokens; odd
-// trials: SWA pages before every window evicted), on packed pages of random sizes.
+// trials: SWA pages before every window evicted; a request past the first has no tokens one
+// time in ten), on packed pages of random sizes.
 inline CaseShape random_shape(std::mt19937& rng, int trial) {
   std::uniform_int_distribution<int> requests(1, 6), q_len(1, 5), prefill_len(1, 90), extra(0, 700),
       block_size(1, 40), pack(0, 3), entries(1, 12);
+  std::bernoulli_distribution empty(0.1);
   CaseShape s;
   const int B = requests(rng);
   s.num_decodes = std::uniform_int_distribution<int>(0, B)(rng);
   for (int b = 0; b < B; ++b) {
-    s.q_lens.push_back(b < s.num_decodes ? q_len(rng) : prefill_len(rng));
+    s.q_lens.push_back(b > 0 && empty(rng) ? 0 : b < s.num_decodes ? q_len(rng) : prefill_len(rng));
     s.seq_lens.push_back(s.q_lens.back() + extra(rng));
   }
   s.block_size = block_size(rng);
@@ -82,7 +85,7 @@ inline CaseShape random_shape(std::mt19937& rng, int trial) {
   s.compressed_span = s.entries_per_page + pack(rng);
   s.invalid_fraction = trial % 3 == 0 ? 0.2 : 0.0;
   s.evict_outside_window = trial % 2 == 1;
-  s.prefill_topk_tails = trial % 4 < 2;
+  s.topk_tails = trial % 4 < 2;
   return s;
 }
 
@@ -324,7 +327,7 @@ class StepCase {
   }
 
   // Local top-k of an index source: distinct entries of those visible at pos, then -1 (or,
-  // prefill_topk_tails, random entries of the request in prefill rows).
+  // topk_tails, random entries of the request).
   void add_index_source(const LayerSpec& s, int max_seq) {
     const int64_t width = topk_width(s, max_seq);
     std::vector<int32_t> topk(T_ * width, -1);
@@ -334,7 +337,7 @@ class StepCase {
       std::iota(entries.begin(), entries.end(), 0);
       if (s.index_topk > 0) std::shuffle(entries.begin(), entries.end(), rng_);
       for (int j = 0; j < std::min<int64_t>(visible, width); ++j) topk[t * width + j] = entries[j];
-      if (!shape_.prefill_topk_tails || request_[t] < shape_.num_decodes) continue;
+      if (!shape_.topk_tails) continue;
       // Entries below visible (0 when none is): inside the request's compressed pages.
       std::uniform_int_distribution<int32_t> entry(0, std::max(visible - 1, 0));
       for (int64_t j = visible; j < width; ++j) topk[t * width + j] = entry(rng_);

@@ -575,7 +575,7 @@ INSTANTIATE_TEST_SUITE_P(
               .num_decodes = 2,
               .num_groups = 3,
               .invalid_fraction = 0.2,
-              .prefill_topk_tails = true}},
+              .topk_tails = true}},
         // Every layer's window 64, not the default W: tables and decodes both use the layer's.
         Case{"v4-flash",
              2,
@@ -587,7 +587,7 @@ INSTANTIATE_TEST_SUITE_P(
               .num_groups = 2,
               .block_size = 64,
               .span = 80,
-              .prefill_topk_tails = true},
+              .topk_tails = true},
              64}));
 
 }  // namespace

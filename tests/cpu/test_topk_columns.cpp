@@ -88,7 +88,8 @@ TEST(TopkColumns, EqualTheBuiltTableBitForBit) {
 
 // A prefill row's table takes its first min((pos + 1) / ratio, top-k) entries, whatever the rest
 // hold; step_case.h writes -1 there unless told otherwise, which would hide a decode that reads
-// the rest. Here they are valid entries (prefill_topk_tails), which neither may attend.
+// the rest. Here they are valid entries (topk_tails), which neither may attend in a prefill row
+// and both must in a decode row.
 TEST(TopkColumns, PrefillRowsReadOnlyTheirVisibleEntries) {
   const unsigned seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -96,7 +97,7 @@ TEST(TopkColumns, PrefillRowsReadOnlyTheirVisibleEntries) {
   for (int trial = 0; trial < 12; ++trial) {
     CaseShape shape = random_shape(rng, trial);
     shape.num_decodes = std::min<int>(shape.num_decodes, int(shape.q_lens.size()) - 1);
-    shape.prefill_topk_tails = true;
+    shape.topk_tails = true;
     StepCase c(layers_of(1 + trial % 4), shape, rng());
     expect_equal_decodes(c);
   }

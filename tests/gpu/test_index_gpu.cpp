@@ -131,7 +131,7 @@ TEST(GpuIndex, WideAndLongTablesMatchTheCpu) {
                     .span = 72,
                     .entries_per_page = 64,
                     .compressed_span = 64,
-                    .prefill_topk_tails = true};
+                    .topk_tails = true};
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
   for (const int topk : {1024, 2000}) {

@@ -74,9 +74,9 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
     for (LayerSpec& s : specs) s.num_heads = H;
     CaseShape shape = random_shape(rng, trial);
     shape.layout = kind.layout;
-    // Trials 0, 4, ...: prefill rows' entries past their first (pos + 1) / ratio are valid ones,
-    // which no path may attend.
-    shape.prefill_topk_tails = trial % 4 == 0;
+    // Trials 0, 4, ...: entries past a row's first (pos + 1) / ratio are valid ones, which no
+    // path may attend in a prefill row and every path must in a decode row.
+    shape.topk_tails = trial % 4 == 0;
     StepCase c(specs, shape, rng());
     // Odd trials: -1 and -7 anywhere in the rows, which the CUDA paths take as they come but
     // the CPU refuses in a decode row (a valid entry after a negative one, SPEC §4), so it is
