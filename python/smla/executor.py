@@ -95,12 +95,14 @@ class StepExecutor:
                 compressed_index=str(compressed_index))
 
     def begin_step(self, inputs: StepInputs) -> None:
-        """Resets the tables; keeps `inputs` (and its arrays) for the step."""
+        """Resets the tables; keeps `inputs` (and its arrays) for the step. Its seq_lens and
+        cum_seq_lens_q must be contiguous (the decodes read them so)."""
         with on_device(self._device, self._like):
             self._executor.begin_step(_inputs(inputs))
 
     def run_layer(self, layer: int, query, out) -> None:
-        """`layer`'s attention of query [T, H, 512] into out [T, H_out, 512]."""
+        """`layer`'s attention of query [T, H, 512] into out [T, H_out, 512]; T is the step's
+        num_tokens and H the layer's num_heads."""
         with on_device(self._device, self._like):
             self._executor.run_layer(integer(layer, "layer"),
                                      tensor(query, "query", required=_QUERY),
