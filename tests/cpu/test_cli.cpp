@@ -223,13 +223,19 @@ TEST(CheckRows, OutputThatIsNotFiniteFails) {
   const std::vector<Row> rows = sample_rows(step.host.queries[0], 4, rng);
   EXPECT_LT(check_layer(step.host, 0, rows).max_relative_error, 1e-2);
   const TensorView& out = step.host.outs[0];
-  uint16_t* value = static_cast<uint16_t*>(out.data) + rows[1].token * out.strides[0] +
-                    rows[1].head * out.strides[1] + 5 * out.strides[2];
-  for (const uint16_t bits : {uint16_t{0x7fc0}, uint16_t{0x7f80}}) {  // bf16 NaN, +inf
-    *value = bits;
-    const CheckResult poisoned = check_layer(step.host, 0, rows);
-    EXPECT_EQ(poisoned.max_relative_error, std::numeric_limits<double>::infinity()) << bits;
-    EXPECT_FALSE(poisoned.max_relative_error <= 1e-2) << bits;
+  // Each end of the row and of its NoPE and RoPE parts: every dim is checked.
+  for (const int64_t d : {0, 5, 447, 448, 511}) {
+    uint16_t* value = static_cast<uint16_t*>(out.data) + rows[1].token * out.strides[0] +
+                      rows[1].head * out.strides[1] + d * out.strides[2];
+    const uint16_t kept = *value;
+    for (const uint16_t bits : {uint16_t{0x7fc0}, uint16_t{0x7f80}}) {  // bf16 NaN, +inf
+      *value = bits;
+      const CheckResult poisoned = check_layer(step.host, 0, rows);
+      EXPECT_EQ(poisoned.max_relative_error, std::numeric_limits<double>::infinity())
+          << bits << " at d = " << d;
+      EXPECT_FALSE(poisoned.max_relative_error <= 1e-2) << bits << " at d = " << d;
+    }
+    *value = kept;
   }
 }
 
@@ -374,7 +380,7 @@ TEST(Report, TotalsPerKindAndTheCheck) {
               .device = "cpu (1 thread)",
               .kv_bytes = 3 * 1048576,
               .layers = {{"swa-only", 64, 2e-5, 1000},
-                         {"ratio 4", 64, 5e-5, 3000},
+                         {"ratio 4", 128, 5e-5, 3000},  // FLOP count each layer's own heads
                          {"swa-only", 64, 2e-5, 1000}},
               .tables = {.builds = {{{0, "a"}, 2}, {{1, "a"}, 3}},
                          .forks = {{1, "a"}},
@@ -387,8 +393,8 @@ TEST(Report, TotalsPerKindAndTheCheck) {
       "bf16 query, 2 SWA groups, compressed index topk, on cpu (1 thread)\n"
       "layers      count    time ms   ms/layer      GB/s   TFLOP/s\n"
       "swa-only        2      0.040      0.020     29.20     6.554\n"
-      "ratio 4         1      0.050      0.050     35.04     7.864\n"
-      "total           3      0.090      0.030     32.44     7.282\n"
+      "ratio 4         1      0.050      0.050     35.04    15.729\n"
+      "total           3      0.090      0.030     32.44    11.651\n"
       "tables: 5 built (1 forked), 2 lookups waited for a fork, peak 1.50 MiB\n";
   EXPECT_EQ(printed([&] { print_report(r); }).out,
             want + "check: 129 (token, head) rows vs a float64 oracle: max |error| 1.50e-04, "
@@ -612,16 +618,30 @@ TEST(SynthStep, BlockTablesAreShuffled) {
     std::sort(live.begin(), live.end());
     EXPECT_EQ(live, ids);
   }
+  // SWA pages wholly before every window of the step are evicted (-1), the rest live: the
+  // step's first token, at position 2000 - q_len, sees from 2000 - q_len - 127 on.
+  const TensorView& swa = step.host.inputs.block_tables[0];
+  const int64_t evicted = (2000 - o.q_len - kWindow + 1) / kSwaBlockSize;
+  for (int64_t b = 0; b < o.requests; ++b)
+    for (int64_t page = 0; page < swa.size(1); ++page)
+      EXPECT_EQ(swa.ptr<int32_t>()[b * swa.stride(0) + page] < 0, page < evicted)
+          << "request " << b << ", page " << page;
 }
 
-// The host limit is two thirds of the machine's memory, or of its container's limit when lower;
-// the refusal says what it is.
-TEST(SynthStep, HostLimitIsTwoThirdsOfMemory) {
+// The machine's memory, or its container's limit when lower.
+double memory_bytes() {
   double bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   for (const char* path :
        {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"})
     if (std::ifstream file(path); file)
       if (double limit = 0; file >> limit && limit > 0) bytes = std::min(bytes, limit);
+  return bytes;
+}
+
+// The host limit is two thirds of the machine's memory, or of its container's limit when lower;
+// the refusal says what it is.
+TEST(SynthStep, HostLimitIsTwoThirdsOfMemory) {
+  const double bytes = memory_bytes();
   const RunOptions o{.requests = 1 << 30, .context = 1 << 30, .check = 0};
   const auto streams = make_streams(Device{});
   try {
@@ -636,15 +656,11 @@ TEST(SynthStep, HostLimitIsTwoThirdsOfMemory) {
   }
 }
 
-// A step past the host limit, far below int64 bytes (a request of 2^30 tokens: TiBs of pools),
-// is refused by its flags before anything is allocated: under an address-space limit of 4 GiB
-// more than the process has, an allocation would throw std::bad_alloc instead.
-TEST(SynthStep, PastTheHostLimitRefusedBeforeAllocating) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer maps more than an address-space limit leaves";
-#endif
-  const RunOptions o{.requests = 256, .context = 1 << 30, .check = 0};
-  const auto specs = model_layers(model_preset(o.model), 1);
+// SynthStep(o, specs) under an address-space limit of 4 GiB more than the process has mapped:
+// refused by its flags, not by std::bad_alloc.
+void refused_before_allocating(const RunOptions& o, const std::vector<LayerSpec>& specs) {
+  SCOPED_TRACE(std::to_string(o.requests) + " requests x " + std::to_string(o.q_len) +
+               " tokens, context " + std::to_string(o.context));
   const auto streams = make_streams(Device{});
   rlimit old{};
   ASSERT_EQ(getrlimit(RLIMIT_AS, &old), 0);
@@ -663,6 +679,24 @@ TEST(SynthStep, PastTheHostLimitRefusedBeforeAllocating) {
   } catch (const std::bad_alloc&) {
     ADD_FAILURE() << "allocated before refusing";
   }
+}
+
+// A step past the host limit, far below int64 bytes, is refused by its flags before anything is
+// allocated: under an address-space limit of 4 GiB more than the process has, an allocation
+// would throw std::bad_alloc instead. Past it by its pools (256 requests of 2^30 tokens: TiBs),
+// or by its queries and outputs alone (1024 tokens a request: 43 layers x 64 heads x 512 x 4 B,
+// 5.8 GB a request, against its ~0.1 GB of pools).
+TEST(SynthStep, PastTheHostLimitRefusedBeforeAllocating) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer maps more than an address-space limit leaves";
+#endif
+  const auto specs = model_layers(model_preset("v4-flash"), 1);
+  const double rows_a_request = 1024.0 * double(specs.size()) * 64 * kHeadDim * 4;
+  const int rows_past = static_cast<int>(memory_bytes() * 2 / 3 / rows_a_request) + 1;
+  for (const RunOptions& o :
+       {RunOptions{.requests = 256, .context = 1 << 30, .check = 0},
+        RunOptions{.requests = rows_past, .context = 1024, .q_len = 1024, .check = 0}})
+    refused_before_allocating(o, specs);
 }
 
 // Each request's compressed pool holds its context / ratio entries in pages of 64: no page more,
