@@ -582,7 +582,9 @@ def test_decode_too_many_heads_is_unsupported():
 # ---------------------------------------------------------------------------------------------
 
 def test_engine_call_matches_the_op():
-    args, pools = make_case(ref.fresh_rng(), sinks="mixed")
+    """The op's output bit for bit, with a bmm2_scale of 0.5 and padded out heads (zeros)."""
+    args, pools = make_case(ref.fresh_rng(), heads=5, out_heads=16, sinks="mixed")
+    args["bmm2_scale"] = 0.5
     run_and_check(args, pools)
     expected = args["out"].copy()
     out = np.full_like(args["out"], np.nan)
@@ -591,12 +593,21 @@ def test_engine_call_matches_the_op():
         compressed_kv_cache=args["compressed_kv_cache"], workspace_buffer=np.zeros(64, np.uint8),
         sparse_indices=args["sparse_indices"], sparse_topk_lens=args["sparse_topk_lens"],
         seq_lens=args["seq_lens"], out=out, bmm1_scale=np.float32(args["bmm1_scale"]),
-        bmm2_scale=np.ones(1, np.float32), sinks=args["sinks"],  # a one-element host array
+        bmm2_scale=np.full(1, 0.5, np.float32), sinks=args["sinks"],  # a one-element host array
         cum_seq_lens_q=args["cum_seq_lens_q"],
         max_q_len=None, multi_ctas_kv_counter_buffer=None,
         sparse_indices_are_storage_offsets=True)
     assert result is out
     assert (out.view(np.uint16) == expected.view(np.uint16)).all()
+    # The engine call checks `stream` as the op does (a CPU call takes None or 0).
+    with pytest.raises(TypeError, match="smla: stream:") as info:
+        trtllm_batch_decode_sparse_mla_dsv4(
+            query=args["query"], swa_kv_cache=args["swa_kv_cache"],
+            compressed_kv_cache=args["compressed_kv_cache"],
+            sparse_indices=args["sparse_indices"], sparse_topk_lens=args["sparse_topk_lens"],
+            seq_lens=args["seq_lens"], out=out, bmm1_scale=args["bmm1_scale"],
+            cum_seq_lens_q=args["cum_seq_lens_q"], stream="abc")
+    assert info.value.argument == "stream"
 
 
 def test_engine_call_forwards_lse_and_window():
@@ -611,6 +622,7 @@ def test_engine_call_forwards_lse_and_window():
         want = dict(args, window=window, out=np.full_like(args["out"], np.nan),
                     lse=np.full_like(args["lse"], np.nan))
         smla.sparse_mla_decode(**want)
+        assert np.isfinite(want["out"].astype(np.float32)).all()
         out, lse = np.full_like(args["out"], np.nan), np.full_like(args["lse"], np.nan)
         trtllm_batch_decode_sparse_mla_dsv4(**common, out=out, lse=lse, window=window)
         assert np.isfinite(lse).all()
@@ -678,16 +690,17 @@ def test_engine_call_dspark_shapes_and_allocated_out():
 
 
 def test_engine_call_uniform_q_len_from_4d_query():
-    args, pools = make_case(ref.fresh_rng(), q_lens=(2, 2), seq_lens=(2, 260))
+    """[B, q, H, D] with B = 2 requests of q = 3 tokens (B != q: the offsets count q)."""
+    args, pools = make_case(ref.fresh_rng(), q_lens=(3, 3), seq_lens=(3, 260))
     expected_out, _ = reference(args, pools)
-    query = args["query"].reshape(2, 2, 8, D)
-    out = np.full((2, 2, 8, D), np.nan, np.float32).astype(BF16)
+    query = args["query"].reshape(2, 3, 8, D)
+    out = np.full((2, 3, 8, D), np.nan, np.float32).astype(BF16)
     trtllm_batch_decode_sparse_mla_dsv4(
         query=query, swa_kv_cache=args["swa_kv_cache"],
         compressed_kv_cache=args["compressed_kv_cache"], sparse_indices=args["sparse_indices"],
         sparse_topk_lens=args["sparse_topk_lens"], seq_lens=args["seq_lens"], out=out,
         bmm1_scale=args["bmm1_scale"], sinks=args["sinks"])
-    ref.assert_out_close(out.reshape(4, 8, D), expected_out, ref.CPU_TOL)
+    ref.assert_out_close(out.reshape(6, 8, D), expected_out, ref.CPU_TOL)
 
 
 def test_engine_call_takes_with_dtype_arrays():
@@ -964,6 +977,8 @@ def test_sparse_index_tables_share_and_fork():
     c = step_case(rng)
     specs, _ = layers_and_pools(rng)
     assert [smla.sparse_index_key(s) for s in specs] == ["swa_only", "swa_only", "2:2:4", "2:2:4"]
+    none = [smla.sparse_index_key(s, smla.TableSharing.none) for s in specs]
+    assert len(set(none)) == 4, none  # without sharing, a key per layer
     other_table = rng.permutation(40)[:16].reshape(4, 4).astype(np.int32)
     groups = [c["block_table"], other_table]
 
@@ -1144,7 +1159,9 @@ def test_step_executor_matches_the_reference():
     other_table = rng.permutation(40)[:16].reshape(4, 4).astype(np.int32)
     groups = [c["block_table"], other_table]
     sinks = rng.standard_normal(4).astype(np.float32)
-    layers = [smla.AttentionLayer(spec=s, swa_kv_cache=pools[i][0], bmm1_scale=D**-0.5,
+    # Each layer's own scales (a layer taking another's, or 1, would show).
+    layers = [smla.AttentionLayer(spec=s, swa_kv_cache=pools[i][0],
+                                  bmm1_scale=D**-0.5 * (1 + i / 4), bmm2_scale=0.5 + i / 4,
                                   compressed_kv_cache=c["comp_view"] if s.compress_ratio else None,
                                   sinks=sinks if i % 2 else None)
               for i, s in enumerate(specs)]
@@ -1172,7 +1189,8 @@ def test_step_executor_matches_the_reference():
                                        spec.compress_ratio)
         expected, _ = ref.decode(queries[i].astype(np.float64), pools[i][1],
                                  c["comp"] if spec.compress_ratio else None, indices, lens,
-                                 s.seq_lens, s.cum_seq_lens_q, layers[i].sinks, D**-0.5, 1.0, 6)
+                                 s.seq_lens, s.cum_seq_lens_q, layers[i].sinks,
+                                 layers[i].bmm1_scale, layers[i].bmm2_scale, 6)
         got = outs[i].astype(np.float64)
         assert np.isfinite(got).all()
         ref.assert_out_close(got, expected, ref.CPU_TOL)
@@ -1211,6 +1229,12 @@ def test_model_presets():
     assert layers[3].swa_group == 1 and layers[-1].mtp
     assert smla.sparse_index_key(layers[3], smla.TableSharing.none) != smla.sparse_index_key(
         layers[4], smla.TableSharing.none)
+    # topk_width: a ratio-4 layer's index_topk (512), a ratio-128 layer's every entry
+    # (max_seq_len / 128), an SWA-only layer's none.
+    for max_seq_len in (4096, 100000):
+        assert smla.topk_width(layers[2], max_seq_len) == flash.index_topk
+        assert smla.topk_width(layers[3], max_seq_len) == max_seq_len // 128
+        assert smla.topk_width(layers[43], max_seq_len) == 0
     with pytest.raises(ValueError, match="smla: model:"):
         smla.model_preset("v5")
 
@@ -1658,6 +1682,7 @@ def test_step_executor_refuses_every_call_while_a_thread_runs_it(by_layer):
     executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12)
     want = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
     executor.run_step(inputs, queries, want)
+    assert all(np.isfinite(w.astype(np.float32)).all() for w in want)  # every out written
     got = [np.full_like(o, np.nan) for o in want]
     mine = [np.full_like(o, np.nan) for o in want]
     stop, errors = threading.Event(), []
@@ -1800,6 +1825,7 @@ def test_step_executor_holds_every_array_of_its_layers_and_step():
 
     plain, _ = make(False)
     expected = run(plain, step_inputs(False)[0])
+    assert all(np.isfinite(e.astype(np.float32)).all() for e in expected)  # outs NaN-poisoned
     executor, layer_arrays = make(True)
     gc.collect()
     assert all(alive() is not None for alive in layer_arrays)
