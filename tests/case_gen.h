@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <random>
@@ -376,6 +377,11 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
 
   const char* sharing_names[] = {"random", "absent", "same", "separate"};
   const char* sink_names[] = {"absent", "-inf", "finite", "+inf", "mixed"};
+  const auto real = [](float x) {  // %g: the extremes' small scales are not 0.000000
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", x);
+    return std::string(text);
+  };
   c.summary = "seed=" + std::to_string(seed) + " (replay: SMLA_TEST_SEED=" + std::to_string(seed) +
               ") query=" + dtype_name(spec.query_dtype) + " H=" + std::to_string(H) +
               " H_out=" + std::to_string(H_out) + " T=" + std::to_string(T) +
@@ -388,7 +394,7 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
               (spec.extremes ? " extremes" : "") + (spec.integer_fp8 ? " integer_fp8" : "") +
               (spec.all_masked ? " all_masked" : "") +
               (spec.all_masked && spec.nonfinite_query ? " nonfinite_query" : "") +
-              " bmm1=" + std::to_string(c.bmm1_scale) + " bmm2=" + std::to_string(c.bmm2_scale);
+              " bmm1=" + real(c.bmm1_scale) + " bmm2=" + real(c.bmm2_scale);
   return c;
 }
 

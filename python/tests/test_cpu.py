@@ -294,6 +294,11 @@ def test_with_dtype_element_sizes_must_agree():
     with pytest.raises(TypeError, match="smla: query: expected 8-bit elements to read as "
                        "f8e4m3, got uint16"):
         smla.sparse_mla_decode(**dict(args, query=smla.with_dtype(args["query"], "f8e4m3")))
+    # 16 bits, but in two lanes of a vector type: not one 16-bit element.
+    query = DlpackExport(args["query"].view(np.uint16), CPU, UINT, lanes=2)
+    with pytest.raises(TypeError, match="smla: query: expected 16-bit elements to read as bf16, "
+                       "got uint16x2"):
+        smla.sparse_mla_decode(**dict(args, query=smla.with_dtype(query, "bf16")))
 
 
 def test_decode_fp8_per_tensor():
@@ -1575,11 +1580,13 @@ INT, UINT, FLOAT, BFLOAT, FLOAT8_E4M3FN = 0, 1, 2, 4, 10
 class DlpackExport:
     """A NumPy array's host memory exported by DLPack (an unversioned capsule, no deleter) as
     memory of DLPack device type `device_type`, its elements of type code `code` (as a GPU
-    framework's pinned or managed memory, or a dtype NumPy lacks, would cross). The capsules'
-    structs live as long as this object."""
+    framework's pinned or managed memory, or a dtype NumPy lacks, would cross), in `lanes`
+    lanes of bits a lane as many as the array's. The capsules' structs live as long as this
+    object."""
 
-    def __init__(self, array, device_type, code):
+    def __init__(self, array, device_type, code, lanes=1):
         self.array, self.device_type, self.code, self._held = array, device_type, code, []
+        self.lanes = lanes
 
     def __dlpack_device__(self):
         return (self.device_type, 0)
@@ -1590,8 +1597,8 @@ class DlpackExport:
         strides = (ctypes.c_int64 * a.ndim)(*(s // a.itemsize for s in a.strides))
         managed = _DLManagedTensor()
         managed.dl_tensor = _DLTensor(a.ctypes.data, _DLDevice(self.device_type, 0), a.ndim,
-                                      _DLDataType(self.code, a.itemsize * 8, 1), shape, strides,
-                                      0)
+                                      _DLDataType(self.code, a.itemsize * 8, self.lanes), shape,
+                                      strides, 0)
         self._held.append((shape, strides, managed))
         return _capsule_new(ctypes.addressof(managed), _DLTENSOR, None)
 
