@@ -8,12 +8,14 @@ namespace smla::cli {
 namespace {
 constexpr auto kQuiet = std::chrono::seconds(1);  // shorter work draws nothing
 constexpr auto kRedraw = std::chrono::milliseconds(100);
-constexpr auto kLogLine = std::chrono::seconds(10);  // stderr not a terminal
 constexpr int kWidth = 30;
 }  // namespace
 
-Progress::Progress(std::string label, int64_t total)
-    : label_(std::move(label)), total_(total), terminal_(isatty(fileno(stderr)) == 1) {}
+Progress::Progress(std::string label, int64_t total, std::chrono::milliseconds log_every)
+    : label_(std::move(label)),
+      total_(total),
+      terminal_(isatty(fileno(stderr)) == 1),
+      log_every_(log_every) {}
 
 Progress::~Progress() {
   if (drawn_) std::fprintf(stderr, "\r%*s\r", kWidth + static_cast<int>(label_.size()) + 40, "");
@@ -23,7 +25,7 @@ void Progress::advance(int64_t steps) {
   done_ += steps;
   const auto now = Clock::now();
   if (!terminal_) {
-    if (now - drawn_at_ < kLogLine || done_ >= total_) return;
+    if (now - drawn_at_ < log_every_ || done_ >= total_) return;
     std::fprintf(stderr, "%s: %lld/%lld after %.0fs\n", label_.c_str(),
                  static_cast<long long>(done_), static_cast<long long>(total_),
                  std::chrono::duration<double>(now - start_).count());

@@ -1,6 +1,6 @@
 // Progress on stderr for work that runs past a second: a bar redrawn in place on a terminal;
-// where stderr is not one (a log, a pipe), a plain line every 10 s instead, since redraws would
-// be glued to the log's next line.
+// where stderr is not one (a log, a pipe), a plain line every `log_every` (10 s) instead, since
+// redraws would be glued to the log's next line.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -10,7 +10,8 @@ namespace smla::cli {
 
 class Progress {
  public:
-  Progress(std::string label, int64_t total);
+  Progress(std::string label, int64_t total,
+           std::chrono::milliseconds log_every = std::chrono::seconds(10));
   ~Progress();  // clears the bar if one was drawn
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
@@ -24,6 +25,7 @@ class Progress {
   Clock::time_point start_ = Clock::now(), drawn_at_ = start_;
   bool drawn_ = false;
   bool terminal_;
+  std::chrono::milliseconds log_every_;
 };
 
 }  // namespace smla::cli

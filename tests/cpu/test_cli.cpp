@@ -843,6 +843,33 @@ TEST(Progress, BarOnATerminalAfterASecond) {
   EXPECT_TRUE(drawn.ends_with("s" + cleared)) << drawn;
 }
 
+// Progress where stderr is no terminal (a pipe): a plain line once the interval has passed, none
+// before it nor for the last step, and no bar.
+TEST(Progress, LinesOnAPipeEveryInterval) {
+  int pipe_ends[2];
+  ASSERT_EQ(pipe(pipe_ends), 0);
+  std::fflush(stderr);
+  const int saved = dup(2);
+  dup2(pipe_ends[1], 2);
+  {
+    Progress progress("work", 4, std::chrono::milliseconds(50));
+    progress.advance();  // before the interval: nothing
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    progress.advance();  // "work: 2/4 after 0s"
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    progress.advance(2);  // the end: nothing
+  }
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(pipe_ends[1]);
+  std::string written;
+  char buffer[4096];
+  for (ssize_t n; (n = read(pipe_ends[0], buffer, sizeof buffer)) > 0;) written.append(buffer, n);
+  close(pipe_ends[0]);
+  EXPECT_EQ(written, "work: 2/4 after 0s\n");
+}
+
 // The check's figures are maxima over every row merged, and rows add up.
 TEST(CheckRows, MergeKeepsMaximaAndCounts) {
   CheckResult all;
