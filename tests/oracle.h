@@ -224,13 +224,13 @@ inline ::testing::AssertionResult matches(const DecodeCase& c, const Reference& 
       const int64_t at = t * c.out.stride(0) + h * c.out.stride(1);
       for (int d = 0; d < 512; ++d) {
         const double got = ref_bf16(c.out.get<uint16_t>(at + d));
-        const double bound =
-            tol.out_rtol * std::abs(ref[d]) + tol.out_atol * group_scale[d / 64] + 0x1p-134;
+        const auto bound_over = [&](double scale) {  // 2^-134: bf16 subnormals' half spacing
+          return tol.out_rtol * std::abs(ref[d]) + tol.out_atol * scale + 0x1p-134;
+        };
+        const double bound = bound_over(group_scale[d / 64]);
         const double error = std::abs(got - ref[d]);
         headroom.group = std::max(headroom.group, headroom_ratio(error, bound));
-        headroom.row =
-            std::max(headroom.row, headroom_ratio(error, tol.out_rtol * std::abs(ref[d]) +
-                                                             tol.out_atol * row_scale + 0x1p-134));
+        headroom.row = std::max(headroom.row, headroom_ratio(error, bound_over(row_scale)));
         ++headroom.elements;
         if (!(error <= bound))
           report("out[" + std::to_string(t) + "," + std::to_string(h) + "," + std::to_string(d) +

@@ -163,8 +163,7 @@ class StepCase {
 
   // -1 or -7 in every top-k: in a random fifth of the prefill tokens' entries, wherever they are
   // in the row, and in a third of the decode tokens' rows from a random entry on (a decode row's
-  // valid entries come first, SPEC §4), so that a decode row's count of valid entries and a
-  // prefill row's visible prefix differ.
+  // valid entries come first, SPEC §4).
   void punch_topk_holes() {
     const int64_t decode_tokens = std::accumulate(
         shape_.q_lens.begin(), shape_.q_lens.begin() + shape_.num_decodes, int64_t{0});
