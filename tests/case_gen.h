@@ -13,6 +13,7 @@
 
 #include "host_case.h"
 #include "ref_numeric.h"
+#include "seed.h"
 
 namespace smla::test {
 
@@ -52,13 +53,6 @@ struct CaseSpec {
   // (CUDA gives NaN there: docs/decode.md, "Value checks").
   bool nonfinite_query = false;
 };
-
-// SMLA_TEST_SEED replays a failure; otherwise every call draws a fresh seed.
-inline uint64_t fresh_seed() {
-  if (const char* env = std::getenv("SMLA_TEST_SEED")) return std::strtoull(env, nullptr, 10);
-  std::random_device device;
-  return (static_cast<uint64_t>(device()) << 32) ^ device();
-}
 
 class Rng {
  public:
@@ -382,12 +376,11 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
     std::snprintf(text, sizeof text, "%g", x);
     return std::string(text);
   };
-  c.summary = "seed=" + std::to_string(seed) + " (replay: SMLA_TEST_SEED=" + std::to_string(seed) +
-              ") query=" + dtype_name(spec.query_dtype) + " H=" + std::to_string(H) +
-              " H_out=" + std::to_string(H_out) + " T=" + std::to_string(T) +
-              " q_lens=" + join(q_lens) + " seq_lens=" + join(seq_lens) +
-              (spec.varlen ? "" : " (no cum_seq_lens_q)") + " W=" + std::to_string(W) +
-              " K=" + std::to_string(K) + " swa=" + swa.describe() +
+  c.summary = seed_note(seed) + " query=" + dtype_name(spec.query_dtype) +
+              " H=" + std::to_string(H) + " H_out=" + std::to_string(H_out) +
+              " T=" + std::to_string(T) + " q_lens=" + join(q_lens) +
+              " seq_lens=" + join(seq_lens) + (spec.varlen ? "" : " (no cum_seq_lens_q)") +
+              " W=" + std::to_string(W) + " K=" + std::to_string(K) + " swa=" + swa.describe() +
               " compressed=" + sharing_names[static_cast<int>(sharing)] +
               (sharing == PoolSharing::separate ? compressed.describe() : "") +
               " sinks=" + sink_names[static_cast<int>(spec.sinks)] + (spec.lse ? " lse" : "") +

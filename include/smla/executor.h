@@ -32,6 +32,7 @@ struct AttentionLayer {
 // a run of one key in which some SWA group would hold the table for one layer only, table for
 // the other runs (docs/sparse_index.md says why); a step's top-k wider than the decode reads on
 // the device (max_topk_width) makes its run `table` in `automatic` and is refused in `topk`.
+// `automatic` is "auto" (a C++ keyword) in compressed_index_name, errors, the CLI and Python.
 enum class CompressedIndex { table, topk, automatic };
 const char* compressed_index_name(CompressedIndex compressed_index);  // "table", "topk", "auto"
 

@@ -61,8 +61,8 @@ class StepExecutor:
     compressed key's table as SPEC §5 says; "auto" (default) reads the top-k in every layer of
     a run of one key where some SWA group would hold the table for one layer only, and builds
     tables for a step whose top-k is wider than the decode reads (smla.max_topk_width: 2048 on
-    CUDA), where "topk" raises NotImplementedError as the step begins. The output bits are the
-    same."""
+    CUDA), where "topk" raises NotImplementedError: here, for a layer whose fixed index_topk is
+    wider, else as a step with a wider top-k begins. The output bits are the same."""
 
     def __init__(self, layers: Sequence[AttentionLayer], max_tokens: int, max_columns: int,
                  stream=None, compressed_index: str = "auto"):

@@ -1240,8 +1240,9 @@ def test_model_presets():
         assert smla.topk_width(layers[2], max_seq_len) == flash.index_topk
         assert smla.topk_width(layers[3], max_seq_len) == max_seq_len // 128
         assert smla.topk_width(layers[43], max_seq_len) == 0
-    with pytest.raises(ValueError, match="smla: model:"):
+    with pytest.raises(ValueError, match="smla: name: expected one of v4-flash") as bad:
         smla.model_preset("v5")
+    assert bad.value.argument == "name"
 
 
 def test_layer_spec_takes_every_field():

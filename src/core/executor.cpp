@@ -182,8 +182,8 @@ std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers,
     if (wide != end && compressed_index == CompressedIndex::topk)
       check::fail(ErrorKind::unsupported, "compressed_index",
                   "top-k widths up to " + std::to_string(readable) + " (what the decode reads on " +
-                      device_name(device) + ") for CompressedIndex::topk; table or automatic " +
-                      "build tables for wider ones",
+                      device_name(device) + ") for compressed_index \"topk\"; \"table\" or " +
+                      "\"auto\" build tables for wider ones",
                   "layers[" + std::to_string(wide - layers.begin()) + "] (layer " +
                       std::to_string(wide->layer) + ") reading up to " +
                       std::to_string(width(*wide)) + " columns");
@@ -283,7 +283,7 @@ void StepExecutor::begin_step(const StepInputs& inputs) {
     check::fail(ErrorKind::unsupported, "topk_indices",
                 "top-k widths up to " + std::to_string(readable) +
                     " where the decode reads them (" + device_name(streams_.device()) +
-                    ", CompressedIndex::" + compressed_index_name(compressed_index_) + ")",
+                    ", compressed_index \"" + compressed_index_name(compressed_index_) + "\")",
                 std::to_string(topk->second.size(1)) + " columns for layers[" + std::to_string(i) +
                     "] (layer " + std::to_string(s.layer) + ")");
   }

@@ -81,7 +81,7 @@ const ModelPreset& model_preset(std::string_view name) {
     if (p.name == name) return p;
     names += (names.empty() ? "" : ", ") + p.name;
   }
-  check::fail(ErrorKind::value, "model", "one of " + names, std::string(name));
+  check::fail(ErrorKind::value, "name", "one of " + names, std::string(name));
 }
 
 std::vector<LayerSpec> model_layers(const ModelPreset& preset, int num_swa_groups, bool with_mtp) {

@@ -31,6 +31,7 @@
 #include "progress.h"
 #include "report.h"
 #include "run.h"
+#include "seed.h"
 #include "smla/error.h"
 #include "smla/executor.h"
 #include "synth.h"
@@ -143,8 +144,8 @@ std::vector<Row> sample(int64_t tokens, int64_t heads, int count, uint64_t seed)
 
 // --check N: N distinct rows, sorted, inside the query; every row once when N >= T * H.
 TEST(CheckRows, DistinctSortedAndAllWhenAskedForMore) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
   for (int count : {1, 7, 63, 64}) {
     const std::vector<Row> rows = sample(8, 8, count, seed);
     ASSERT_EQ(rows.size(), static_cast<size_t>(count));
@@ -162,8 +163,8 @@ TEST(CheckRows, DistinctSortedAndAllWhenAskedForMore) {
 // Floyd's sampling reaches every row: over many draws of one row of six, each is picked (a draw
 // below j alone never picks the last row while there is no collision).
 TEST(CheckRows, EveryRowCanBePicked) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
   for (int count : {1, 3}) {
     std::set<Row> seen;
     for (uint64_t k = 0; k < 300; ++k) {
@@ -177,8 +178,8 @@ TEST(CheckRows, EveryRowCanBePicked) {
 // The oracle decodes e4m3 subnormals (m * 2^-9) by their definition: a swa-only layer whose
 // every key code is subnormal checks clean against the CPU decode (their bytes random).
 TEST(CheckRows, SubnormalFp8KeysDecoded) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
   std::mt19937_64 rng(seed);
   const RunOptions o{.requests = 2,
                      .context = 1 + static_cast<int>(rng() % 300),
@@ -210,8 +211,8 @@ TEST(CheckRows, SubnormalFp8KeysDecoded) {
 // NaN compares false with every number, so it must not drop out of the check's error: a CPU
 // step checks clean, then one value of a sampled row poisoned as NaN or +inf fails it.
 TEST(CheckRows, OutputThatIsNotFiniteFails) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
   const RunOptions o{.requests = 2, .context = 300, .q_len = 2, .check = 0, .seed = seed};
   const auto specs = model_layers(model_preset(o.model), o.groups);
   const auto streams = make_streams(Device{});
@@ -242,8 +243,8 @@ TEST(CheckRows, OutputThatIsNotFiniteFails) {
 // SPEC §2: a +inf sink makes the output 0. The check wants zeros there (its float64 sums were
 // NaN then), and a value left nonzero still fails.
 TEST(CheckRows, InfiniteSinkWantsZeros) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
   const RunOptions o{.requests = 1, .context = 200, .check = 0, .seed = seed};
   const auto specs = model_layers(model_preset(o.model), o.groups);
   const auto streams = make_streams(Device{});
@@ -267,8 +268,8 @@ TEST(CheckRows, InfiniteSinkWantsZeros) {
 // The relative error is over the row's largest |oracle| value, whichever its sign: an out left
 // zero (a step made, not run) is off by exactly that in every row, 1.0 relative, in each layout.
 TEST(CheckRows, ZeroOutIsOffByTheRowsLargestMagnitude) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
   for (KvLayout kv : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla}) {
     const RunOptions o{
         .requests = 2, .context = 300, .q_len = 2, .kv = kv, .check = 0, .seed = seed};
@@ -427,8 +428,8 @@ Printed run_printed(const RunOptions& o, int& status) {
 // work this short, no note about CUDA when the CPU was asked for). Contexts from one token, where
 // the sinks weigh most, to past the window and a page, for 1 to 3 tokens a request.
 TEST(RunStep, SmallCpuStepsCheckClean) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
   std::mt19937_64 rng(seed);
   const test::ThreadsEnv threads("1");
   struct Case {
@@ -471,8 +472,8 @@ TEST(RunStep, SmallCpuStepsCheckClean) {
 // --check N at T * H rows a layer checks every row and says so; one fewer does not; 0 checks
 // nothing and prints no check.
 TEST(RunStep, CheckCountsEveryRowOrNone) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
   const test::ThreadsEnv threads("2");
   RunOptions o{.requests = 1,
                .context = 1 + static_cast<int>(seed % 200),
@@ -554,8 +555,8 @@ TEST(RunStep, CudaAskedForWithoutIt) {
 // row at the end of a page (SPEC's page 63 of 64 left in the table); past the indexer's 512
 // entries of ratio 4.
 TEST(SynthStep, WindowsTopKAndColumnsFollowTheOptions) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
   std::mt19937_64 rng(seed);
   const int W = kWindow, q_len = 4;
   for (const int context : {q_len + static_cast<int>(rng() % (W - q_len)),
@@ -598,8 +599,8 @@ TEST(SynthStep, WindowsTopKAndColumnsFollowTheOptions) {
 // pages in order: a decode that read pages by position instead of through its table would
 // otherwise check clean.
 TEST(SynthStep, BlockTablesAreShuffled) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
   const RunOptions o{.requests = 16, .context = 2000, .check = 0, .seed = seed};
   const auto specs = model_layers(model_preset(o.model), 1);
   const auto streams = make_streams(Device{});
@@ -759,8 +760,8 @@ TEST(SynthStep, KvBytesArePoolBytes) {
 // below the scores would leave the check's softmax untested); fp8_ds_mla's groups get
 // different scales.
 TEST(SynthStep, SeedPicksTheStep) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
   const auto specs = model_layers(model_preset("v4-flash"), 1);
   const auto streams = make_streams(Device{});
   const auto bytes = [](const TensorView& v) {

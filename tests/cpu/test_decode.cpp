@@ -135,7 +135,8 @@ TEST(Decode, DsMlaScaleByte255IsTwoTo128) {
   const RefPool pool(c.swa_kv_cache);
   for (int d = 0; d < kNopeDim; ++d)
     c.swa_kv_cache.store<uint8_t>(pool.record(3) + d, d < 64 ? 0x00 : 0x38);
-  for (int g = 0; g < 7; ++g) c.swa_kv_cache.store<uint8_t>(pool.scale_record(3) + g, g ? 127 : 255);
+  for (int g = 0; g < 7; ++g)
+    c.swa_kv_cache.store<uint8_t>(pool.scale_record(3) + g, g ? 127 : 255);
   for (int d = kNopeDim; d < kHeadDim; ++d)
     c.swa_kv_cache.store(pool.record(3) + kNopeDim + 2 * (d - kNopeDim), to_bf16(1.0));
   c.bmm1_scale = 0.25f, c.bmm2_scale = 1.f;

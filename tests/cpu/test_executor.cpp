@@ -372,7 +372,8 @@ TEST(Executor, TopkWiderThanTheDecodeReadsComesFromTables) {
                             std::to_string(first->layer) + ") reading up to 2344";
   test::expect_smla_error(
       [&] { table_specs(specs, CompressedIndex::topk, TableSharing::shared, 2344, cuda); },
-      ErrorKind::unsupported, "compressed_index", "top-k widths up to 2048", layer);
+      ErrorKind::unsupported, "compressed_index",
+      "for compressed_index \"topk\"; \"table\" or \"auto\" build tables", layer);
   // A step's width: its layers reading every entry take their index source's top-k.
   StepInputs inputs;
   std::vector<int32_t> none;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/fast_div.h"
+#include "seed.h"
 
 namespace smla {
 namespace {
@@ -24,7 +25,9 @@ void expect_exact(uint32_t d, std::mt19937& rng) {
 }
 
 TEST(FastDiv, ExactBelow2To31) {
-  std::mt19937 rng(std::random_device{}());
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937 rng(seed);
   for (uint32_t d = 1; d <= 65536; ++d) expect_exact(d, rng);
   std::uniform_int_distribution<uint32_t> large(65537, 0x7fffffffu);
   for (int i = 0; i < 4096; ++i) expect_exact(large(rng), rng);

@@ -10,6 +10,7 @@
 #include "core/numeric.h"
 #include "ref_numeric.h"
 #include "ref_quantize.h"
+#include "seed.h"
 
 namespace smla::test {
 namespace {
@@ -54,7 +55,9 @@ uint16_t nearest_bf16(float x) {
 }
 
 TEST(Numeric, FloatToBf16RoundsToNearestEven) {
-  std::mt19937 gen(std::random_device{}());
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937 gen(seed);
   for (int i = 0; i < 200000; ++i) {
     const uint32_t u = gen();
     const float x = std::bit_cast<float>(u);
@@ -75,7 +78,9 @@ TEST(Numeric, FloatToBf16RoundsToNearestEven) {
 // From a double in one rounding: just above a bf16 tie rounds up, just below down, on it to even,
 // where the float between would have been the tie itself.
 TEST(Numeric, DoubleToBf16RoundsOnce) {
-  std::mt19937 gen(std::random_device{}());
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937 gen(seed);
   for (int i = 0; i < 200000; ++i) {
     const uint16_t code = static_cast<uint16_t>(gen() % 0x7f7f);  // finite, below the largest
     const uint16_t sign = static_cast<uint16_t>(gen() % 2 ? 0x8000 : 0);
@@ -100,7 +105,9 @@ TEST(Numeric, FloatToE4m3RoundsToNearestEvenAndSaturates) {
     const float x = bf16_to_float(static_cast<uint16_t>(bits));
     ASSERT_EQ(float_to_e4m3(x), ref_nearest_e4m3(x)) << std::hex << bits;
   }
-  std::mt19937 gen(std::random_device{}());
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937 gen(seed);
   for (int i = 0; i < 200000; ++i) {  // every mantissa bit matters for the ties
     const float x = std::bit_cast<float>(static_cast<uint32_t>(gen()));
     ASSERT_EQ(float_to_e4m3(x), ref_nearest_e4m3(x)) << std::hexfloat << x;

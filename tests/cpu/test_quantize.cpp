@@ -321,7 +321,7 @@ TEST(Quantize, PackedPagesAndPaddingSlots) {
       const float kv_scale = static_cast<float>(std::exp(rng.real(-4, 4)));
       quantize(rows, slots, pool, kv_scale);
       EXPECT_TRUE(holds_exactly(pool, rows, slots, kv_scale))
-          << shape.describe() << " seed " << seed << " (replay: SMLA_TEST_SEED=" << seed << ")";
+          << shape.describe() << " " << seed_note(seed);
     }
 }
 

@@ -212,8 +212,8 @@ TEST(ModelPresets, ShapesOfSpec6) {
   EXPECT_EQ(v41[13].kv_source, 8);
   EXPECT_EQ(v41[42].compress_ratio, 0);
   EXPECT_EQ(v41[4].swa_group, 1);
-  test::expect_smla_error([] { model_preset("v5"); }, ErrorKind::value, "model",
-                          "one of v4-flash", "v5");
+  test::expect_smla_error([] { model_preset("v5"); }, ErrorKind::value, "name", "one of v4-flash",
+                          "v5");
 }
 
 // A preset built by hand is checked before it is read: a ratio list of another length, or a

@@ -13,6 +13,7 @@
 
 #include "direct_call.h"
 #include "error_check.h"
+#include "seed.h"
 #include "step_case.h"
 
 namespace smla::test {
@@ -71,8 +72,8 @@ std::vector<LayerSpec> layers_of(int ratio) {
 }
 
 TEST(TopkColumns, EqualTheBuiltTableBitForBit) {
-  const unsigned seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
   std::mt19937 rng(seed);
   int64_t attended = 0;
   for (int trial = 0; trial < 24; ++trial) {
@@ -91,8 +92,8 @@ TEST(TopkColumns, EqualTheBuiltTableBitForBit) {
 // the rest. Here they are valid entries (topk_tails), which neither may attend in a prefill row
 // and both must in a decode row.
 TEST(TopkColumns, PrefillRowsReadOnlyTheirVisibleEntries) {
-  const unsigned seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
   std::mt19937 rng(seed);
   for (int trial = 0; trial < 12; ++trial) {
     CaseShape shape = random_shape(rng, trial);
@@ -120,8 +121,8 @@ TEST(TopkColumns, AnEntryPastTheBlockTableIsTheBuildersError) {
 // lie past it, never attended (SPEC §4: valid ones first): the builder's error, and the decode's,
 // before the entry is converted (here it is past the block table too).
 TEST(TopkColumns, AValidEntryAfterANegativeOneIsTheBuildersErrorToo) {
-  const unsigned seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
   std::mt19937 rng(seed);
   // Ratio 2, top-k 30: a KV length below 60 sees seq_len / 2 entries, fewer than the top-k holds.
   const int seq_len = std::uniform_int_distribution<int>(4, 58)(rng);

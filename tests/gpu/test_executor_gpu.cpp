@@ -293,7 +293,7 @@ TEST(GpuExecutorWideTopk, StepsPastTheDecodesWidthReadTables) {
   widen_every_entry_topk(g, width);
   StepOnStream topk(g, CompressedIndex::topk);
   test::expect_smla_error([&] { topk.executor.run_step(g.inputs, g.queries, g.outs); },
-                          ErrorKind::unsupported, "topk_indices", "top-k widths up to 2048",
+                          ErrorKind::unsupported, "topk_indices", ", compressed_index \"topk\")",
                           std::to_string(width) + " columns for layers[3] (layer 3)");
 }
 
