@@ -80,6 +80,12 @@ TEST(IndexColumns, WidthRules) {
                           "0");
   test::expect_smla_error([] { dspark_swa_width(INT32_MAX - 10, 100); }, ErrorKind::value,
                     "num_draft_tokens", "2^31", "100");
+  // The widest that is an int, then the first width of 2^31 exactly.
+  EXPECT_EQ(dspark_swa_width(INT32_MAX - 127, 64), INT32_MAX - 63);
+  test::expect_smla_error([] { dspark_swa_width(INT32_MAX - 63, 1); }, ErrorKind::value,
+                          "num_draft_tokens", "2^31 - 64", "1");
+  test::expect_smla_error([] { dspark_swa_width(128, -200); }, ErrorKind::value, "num_draft_tokens",
+                          ">= 0", "-200");
   test::expect_smla_error([] { sparse_index_columns(-128, 4, 0); }, ErrorKind::value, "window",
                           ">= 1", "-128");
   test::expect_smla_error([] { sparse_index_columns(128, -4, 0); }, ErrorKind::value, "top_k",
@@ -137,11 +143,13 @@ TEST(IndexDecode, SwaWindowOnPackedPages) {
   EXPECT_EQ(b.lens, (std::vector<int32_t>{4, 4, 4}));
 }
 
-// The mask read at its stride too (2: every other byte, those between saying the opposite).
+// The mask read at its stride too (2: every other byte, those between saying the opposite);
+// any nonzero byte is a valid token, 0 alone padding.
 TEST(IndexDecode, InvalidTokenIsPadding) {
   for (const int64_t stride : {1, 2}) {
     SwaOnlyCase c;
-    c.valid = stride == 1 ? std::vector<uint8_t>{1, 0, 1} : std::vector<uint8_t>{1, 0, 0, 1, 1, 0};
+    c.valid =
+        stride == 1 ? std::vector<uint8_t>{2, 0, 255} : std::vector<uint8_t>{1, 0, 0, 7, 1, 0};
     SparseIndexArgs a = c.args();
     a.step.is_valid_token = make_view(c.valid.data(), DType::u8, Device{}, {3}, {stride});
     const Built b = build(a);
@@ -253,6 +261,10 @@ TEST(IndexMixed, DecodeTopkWithAValidEntryAfterANegativeOneIsRefused) {
                             "the valid ones (>= 0) first",
                             "topk_indices[0][1] = 0 after [0] = " + std::to_string(negative));
   }
+  MixedCase c;  // the message shows the first padded entry, not the one before the valid one
+  c.topk[0] = -1, c.topk[1] = -5, c.topk[2] = 0;
+  test::expect_smla_error([&] { build(c.args()); }, ErrorKind::value, "topk_indices",
+                          "the valid ones (>= 0) first", "topk_indices[0][2] = 0 after [0] = -1");
 }
 
 // A prefill row's length is its visible entries, min((pos + 1) / ratio, top_k), -1 or not (a
@@ -486,6 +498,113 @@ TEST(IndexErrors, StepAndOutputViewsNameTheArgument) {
   a.out = {i32(indices, {3, 8}), i32(lens, {3}),
            make_view(seq.data(), DType::i32, Device{}, {3}, {0})};
   EXPECT_EQ(error_argument([&] { build_sparse_indices(a); }), "out.seq_lens");
+}
+
+// Outputs of fewer than T rows are refused by name (the builder would write past them), as are
+// an absent table and a token count that is not an int32 count.
+TEST(IndexErrors, OutputsHoldTRowsAndTheTokenCountIsOne) {
+  std::vector<int32_t> indices(3 * 8), lens(3), seq(3);
+  const auto refused = [&](auto&& spoil) {
+    SwaOnlyCase c;
+    SparseIndexArgs a = c.args();
+    a.out = {i32(indices, {3, 4}), i32(lens, {3}), {}};
+    spoil(a);
+    return error_argument([&] { build_sparse_indices(a); });
+  };
+  EXPECT_EQ(refused([](SparseIndexArgs&) {}), "");
+  EXPECT_EQ(refused([&](SparseIndexArgs& a) {
+              a.out.sparse_indices = i32(indices, {2, 4});
+            }),
+            "sparse_indices");
+  EXPECT_EQ(refused([](SparseIndexArgs& a) { a.out.sparse_indices = {}; }), "sparse_indices");
+  EXPECT_EQ(refused([&](SparseIndexArgs& a) { a.out.sparse_topk_lens = i32(lens, {2}); }),
+            "sparse_topk_lens");
+  EXPECT_EQ(refused([&](SparseIndexArgs& a) {
+              a.step.decode_swa_width = 8;  // DSpark: out.seq_lens holds T lengths
+              a.out = {i32(indices, {3, 8}), i32(lens, {3}), i32(seq, {2})};
+            }),
+            "out.seq_lens");
+  EXPECT_EQ(refused([](SparseIndexArgs& a) { a.step.num_tokens = -1; }), "num_tokens");
+  EXPECT_EQ(refused([](SparseIndexArgs& a) { a.step.num_tokens = int64_t(1) << 31; }),
+            "num_tokens");
+}
+
+// Every input an output may not overlap, each named: the inputs are placed in an output's memory.
+TEST(IndexErrors, OutputsApartFromEveryInput) {
+  struct Case {
+    const char* input;
+    const char* output;
+  };
+  const Case cases[] = {
+      {"cum_seq_lens_q", "sparse_topk_lens"},    {"is_valid_token", "sparse_topk_lens"},
+      {"topk_indices", "sparse_indices"},        {"compressed.block_table", "sparse_indices"},
+      {"compressed_kv_cache", "sparse_indices"}, {"seq_lens", "out.seq_lens"}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.input);
+    MixedCase c;
+    SparseIndexArgs a = c.args();
+    std::vector<int32_t> indices(6 * 8), lens(6, 0x01010101), seq(6);
+    std::vector<uint16_t> rows(5 * 3 * kHeadDim);  // the compressed pool's rows
+    a.out = {i32(indices, {6, 8}), i32(lens, {6}), {}};
+    const std::string input = k.input;
+    if (input == "cum_seq_lens_q") {
+      std::copy(c.cum.begin(), c.cum.end(), lens.begin());
+      a.step.cum_seq_lens_q = i32(lens, {3});
+    } else if (input == "is_valid_token") {
+      a.step.is_valid_token = make_view(lens.data(), DType::u8, Device{}, {6});
+    } else if (input == "topk_indices") {
+      std::copy(c.topk.begin(), c.topk.end(), indices.begin());
+      a.compressed.topk_indices = i32(indices, {6, 3});
+    } else if (input == "compressed.block_table") {
+      std::copy(c.compressed_table.begin(), c.compressed_table.end(), indices.begin());
+      a.compressed.block_table = i32(indices, {2, 2});
+    } else if (input == "compressed_kv_cache") {
+      a.compressed.compressed_kv_cache = make_view(rows.data(), DType::bf16, Device{},
+                                                   {5, 2, kHeadDim}, {3 * kHeadDim, kHeadDim, 1});
+      a.out.sparse_indices = make_view(rows.data() + kHeadDim, DType::i32, Device{}, {6, 8});
+    } else {  // DSpark on an SWA-only layer: its out.seq_lens over the step's seq_lens
+      SwaOnlyCase s;
+      a = s.args();
+      a.step.decode_swa_width = 8;
+      a.out = {i32(indices, {3, 8}), i32(lens, {3}), i32(s.seq_lens, {2})};
+      a.out.seq_lens.shape[0] = 3;  // seq_lens and one more
+      test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, k.output,
+                              "memory apart from seq_lens", "an overlap with seq_lens");
+      continue;
+    }
+    test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, k.output,
+                            "memory apart from " + input, "an overlap with " + input);
+  }
+}
+
+// Outputs are written at their strides: a column-major table, and DSpark lengths every other
+// element with poison between.
+TEST(IndexStrides, OutputsWrittenAtTheirStrides) {
+  SwaOnlyCase c;
+  SparseIndexArgs a = c.args();
+  std::vector<int32_t> indices(3 * 4, 77), lens(3);
+  a.out = {make_view(indices.data(), DType::i32, Device{}, {3, 4}, {1, 3}), i32(lens, {3}), {}};
+  build_sparse_indices(a);
+  const Rows expected{{30, 31, 32, -1}, {13, 14, 15, 42}, {14, 15, 42, 43}};
+  for (int t = 0; t < 3; ++t)
+    for (int col = 0; col < 4; ++col)
+      EXPECT_EQ(indices[t + 3 * col], expected[t][col]) << t << ", " << col;
+
+  std::vector<int32_t> seq_lens{10, 2}, cum{0, 3, 4}, block_table{2, 0, 1, 3, 9, 9};
+  SparseIndexArgs d;  // IndexDspark.NonCausalWindowPerToken's step
+  d.window = 4;
+  d.step = {.num_tokens = 4,
+            .seq_lens = i32(seq_lens, {2}),
+            .cum_seq_lens_q = i32(cum, {3}),
+            .num_decodes = 2,
+            .max_q_len = 3,
+            .decode_swa_width = dspark_swa_width(4, 3)};
+  d.swa = {i32(block_table, {2, 3}), pool_view(10, 4, 4)};
+  std::vector<int32_t> rows(4 * 64), row_lens(4), out_seq(8, -9);
+  d.out = {i32(rows, {4, 64}), i32(row_lens, {4}),
+           make_view(out_seq.data(), DType::i32, Device{}, {4}, {2})};
+  build_sparse_indices(d);
+  EXPECT_EQ(out_seq, (std::vector<int32_t>{10, -9, 10, -9, 10, -9, 2, -9}));
 }
 
 // The same errors' kinds and messages: a pool on another device is a type error (as for every

@@ -118,6 +118,17 @@ TEST_F(QuantizeValidation, SlotOutOfThePool) {
   expect_error(ErrorKind::value, "slots", "[0, num_blocks * block_size = 12)", "slots[4] = 12");
 }
 
+// One row alone is checked as well (a row count's special cases must not skip the slots).
+TEST_F(QuantizeValidation, SlotOutOfThePoolInACallOfOneRow) {
+  rows = make_view(row_bytes.data(), DType::bf16, Device{}, {1, 512});
+  for (const int32_t slot : {int32_t(kBlocks * kBlockSize), std::numeric_limits<int32_t>::max()}) {
+    slot_values[0] = slot;
+    slots = make_view(slot_values.data(), DType::i32, Device{}, {1});
+    expect_error(ErrorKind::value, "slots", "[0, num_blocks * block_size = 12)",
+                 "slots[0] = " + std::to_string(slot));
+  }
+}
+
 // A packed page's other rows are not slots: slot 12 is out even though the view spans more rows.
 TEST_F(QuantizeValidation, SlotOutOfAPackedPool) {
   pool = make_view(pool_bytes.data(), DType::f8e4m3, Device{}, {2, 2, 512}, {6 * 512, 512, 1});
