@@ -62,7 +62,13 @@ void memory(const TensorView& v, const std::string& name) {
 }
 
 void has_data(const TensorView& v, const std::string& name) {
-  if (v.numel() > 0 && v.data == nullptr) fail(ErrorKind::value, name, "data", "a null pointer");
+  if (v.numel() == 0) return;
+  if (v.data == nullptr) fail(ErrorKind::value, name, "data", "a null pointer");
+  // Frameworks' tensors always are; a hand-made view may not be (a fault on CUDA, UB here).
+  const size_t size = dtype_size(v.dtype);
+  if (const size_t past = reinterpret_cast<uintptr_t>(v.data) % size; past != 0)
+    fail(ErrorKind::value, name, "data aligned to its " + num(int64_t(size)) + "-byte elements",
+         "an address " + num(int64_t(past)) + " bytes past a multiple of " + num(int64_t(size)));
 }
 
 void scales(float bmm1_scale, float bmm2_scale, const std::string& prefix) {

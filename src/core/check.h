@@ -32,7 +32,8 @@ void view(const TensorView& view, const std::string& name);
 // data behind it.
 void memory(const TensorView& view, const std::string& name);
 
-// Data behind a view that has elements (a null pointer with a size is refused).
+// Data behind a view that has elements (a null pointer with a size is refused), aligned to its
+// element size.
 void has_data(const TensorView& view, const std::string& name);
 
 // The decode's scales, named `prefix` + "bmm1_scale" / "bmm2_scale": finite, and bmm1_scale

@@ -524,6 +524,10 @@ TEST(IndexErrors, OutputsHoldTRowsAndTheTokenCountIsOne) {
               a.out = {i32(indices, {3, 8}), i32(lens, {3}), i32(seq, {2})};
             }),
             "out.seq_lens");
+  EXPECT_EQ(refused([](SparseIndexArgs& a) {
+              a.step.seq_lens.data = static_cast<std::byte*>(a.step.seq_lens.data) + 2;
+            }),
+            "seq_lens");  // not aligned to its 4-byte elements
   EXPECT_EQ(refused([](SparseIndexArgs& a) { a.step.num_tokens = -1; }), "num_tokens");
   EXPECT_EQ(refused([](SparseIndexArgs& a) { a.step.num_tokens = int64_t(1) << 31; }),
             "num_tokens");

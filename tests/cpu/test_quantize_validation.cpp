@@ -118,6 +118,12 @@ TEST_F(QuantizeValidation, SlotOutOfThePool) {
   expect_error(ErrorKind::value, "slots", "[0, num_blocks * block_size = 12)", "slots[4] = 12");
 }
 
+TEST_F(QuantizeValidation, SlotsNotAlignedToTheirElements) {
+  slots.data = static_cast<std::byte*>(slots.data) + 2;
+  expect_error(ErrorKind::value, "slots", "data aligned to its 4-byte elements",
+               "an address 2 bytes past a multiple of 4");
+}
+
 // One row alone is checked as well (a row count's special cases must not skip the slots).
 TEST_F(QuantizeValidation, SlotOutOfThePoolInACallOfOneRow) {
   rows = make_view(row_bytes.data(), DType::bf16, Device{}, {1, 512});
