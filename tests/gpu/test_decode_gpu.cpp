@@ -29,7 +29,7 @@ namespace {
 // A CPU-backend result as a Reference, to hold the GPU to it with the device tolerance.
 Reference reference_of(const DecodeCase& c, const Reference& exact) {
   Reference r;
-  r.lse_scale = exact.lse_scale;  // the inputs' score magnitudes
+  r.lse_terms = exact.lse_terms;  // the inputs' score magnitudes
   r.tokens = c.out.size(0), r.out_heads = static_cast<int>(c.out.size(1));
   r.heads = static_cast<int>(c.query.size(1));
   for (int64_t t = 0; t < r.tokens; ++t)
