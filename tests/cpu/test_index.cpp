@@ -313,20 +313,27 @@ TEST(IndexMixed, SwaOnlyLayerOfTheSameStep) {
   }
 }
 
-TEST(IndexDspark, NonCausalWindowPerToken) {
-  // W = 4, 3 draft tokens: rows of 64. Request 0: seq_len 10, q_len 3 sees [3, 10);
-  // request 1: seq_len 2, q_len 1 sees [0, 2).
+// W = 4, 3 draft tokens: rows of 64. Request 0: seq_len 10, q_len 3 sees [3, 10);
+// request 1: seq_len 2, q_len 1 sees [0, 2).
+struct DsparkCase {
   std::vector<int32_t> seq_lens{10, 2}, cum{0, 3, 4}, block_table{2, 0, 1, 3, 9, 9};
-  SparseIndexArgs a;
-  a.window = 4;
-  a.step = {.num_tokens = 4,
-            .seq_lens = i32(seq_lens, {2}),
-            .cum_seq_lens_q = i32(cum, {3}),
-            .num_decodes = 2,
-            .max_q_len = 3,
-            .decode_swa_width = dspark_swa_width(4, 3)};
-  a.swa = {i32(block_table, {2, 3}), pool_view(10, 4, 4)};
-  const Built b = build(a);
+  SparseIndexArgs args() {
+    SparseIndexArgs a;
+    a.window = 4;
+    a.step = {.num_tokens = 4,
+              .seq_lens = i32(seq_lens, {2}),
+              .cum_seq_lens_q = i32(cum, {3}),
+              .num_decodes = 2,
+              .max_q_len = 3,
+              .decode_swa_width = dspark_swa_width(4, 3)};
+    a.swa = {i32(block_table, {2, 3}), pool_view(10, 4, 4)};
+    return a;
+  }
+};
+
+TEST(IndexDspark, NonCausalWindowPerToken) {
+  DsparkCase c;
+  const Built b = build(c.args());
   auto row = [](std::vector<int32_t> head) {
     head.resize(64, -1);
     return head;
@@ -594,16 +601,8 @@ TEST(IndexStrides, OutputsWrittenAtTheirStrides) {
     for (int col = 0; col < 4; ++col)
       EXPECT_EQ(indices[t + 3 * col], expected[t][col]) << t << ", " << col;
 
-  std::vector<int32_t> seq_lens{10, 2}, cum{0, 3, 4}, block_table{2, 0, 1, 3, 9, 9};
-  SparseIndexArgs d;  // IndexDspark.NonCausalWindowPerToken's step
-  d.window = 4;
-  d.step = {.num_tokens = 4,
-            .seq_lens = i32(seq_lens, {2}),
-            .cum_seq_lens_q = i32(cum, {3}),
-            .num_decodes = 2,
-            .max_q_len = 3,
-            .decode_swa_width = dspark_swa_width(4, 3)};
-  d.swa = {i32(block_table, {2, 3}), pool_view(10, 4, 4)};
+  DsparkCase dspark;
+  SparseIndexArgs d = dspark.args();
   std::vector<int32_t> rows(4 * 64), row_lens(4), out_seq(8, -9);
   d.out = {i32(rows, {4, 64}), i32(row_lens, {4}),
            make_view(out_seq.data(), DType::i32, Device{}, {4}, {2})};
