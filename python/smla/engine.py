@@ -53,6 +53,9 @@ def _merge_tokens(x, name: str, ndim: int):
         except RuntimeError:
             pass
     else:  # NumPy or CuPy (strides in bytes): dims 0 and 1 merge where 0 steps over all of 1
+        if not hasattr(x, "strides"):  # another DLPack producer: no view to merge dims with
+            raise value_error(name, "[T, ...], or [B, q, ...] from PyTorch, CuPy or NumPy",
+                              f"a {ndim + 1}-D {type(x).__name__}")
         s0, s1 = x.strides[:2]
         merged = s0 if x.shape[1] == 1 else s1 if x.shape[0] == 1 or s0 == x.shape[1] * s1 else None
         if merged is not None:

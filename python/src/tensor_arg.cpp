@@ -138,7 +138,17 @@ Tensor::Tensor(nb::handle array, const std::string& name, std::optional<std::str
   // An array of a dtype DLPack cannot describe (float8_e5m2, big-endian, object): name it.
   if (nb::hasattr(array, "dtype"))
     got += " of dtype " + std::string(nb::str(nb::getattr(array, "dtype")).c_str());
-  if (writable && nb::try_cast(array, ro, false)) got = "a read-only array";
+  if (writable && nb::try_cast(array, ro, false)) {
+    got = "a read-only array";
+  } else if (nb::hasattr(array, "__dlpack__")) {
+    // The producer's own refusal, where it has one (NumPy: strides not a multiple of the
+    // element size, a dtype DLPack lacks): the reason the caller can act on.
+    try {
+      nb::getattr(array, "__dlpack__")();
+    } catch (const nb::python_error& e) {
+      got += " (its __dlpack__: " + std::string(nb::str(e.value()).c_str()) + ")";
+    }
+  }
   throw Error(ErrorKind::type, name,
               writable ? "a writable array (NumPy, PyTorch, or any DLPack producer)"
                        : "an array (NumPy, PyTorch, or any DLPack producer)",

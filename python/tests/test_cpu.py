@@ -1180,9 +1180,14 @@ def test_step_executor_matches_the_reference():
     executor.run_step(inputs, queries, outs)
     table_outs = [np.full_like(o, np.nan) for o in outs]
     tables.run_step(inputs, queries, table_outs)
-    for a, b in zip(outs, table_outs):  # the top-k read by the decode: the table's bits
+    topk = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12, compressed_index="topk")
+    topk_outs = [np.full_like(o, np.nan) for o in outs]
+    topk.run_step(inputs, queries, topk_outs)
+    for a, b, t in zip(outs, table_outs, topk_outs):  # the top-k read by the decode: the table's
         assert (a.view(np.uint16) == b.view(np.uint16)).all()
+        assert (t.view(np.uint16) == b.view(np.uint16)).all()
     assert tables.stats["forks"] == [(1, "swa_only"), (1, "2:2:4")]
+    assert topk.stats["forks"] == [(1, "swa_only")]  # no table for the compressed key
     with pytest.raises(ValueError, match="smla: compressed_index:"):
         smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12, compressed_index="tables")
     with pytest.raises(ValueError, match="smla: layers:") as info:
@@ -1884,3 +1889,100 @@ def test_layer_spec_defaults_are_the_libraries():
                           "index_source=-1, index_topk=0, num_heads=0, window=128, mtp=False)")
     compressed = smla.LayerSpec(layer=3, compress_ratio=4, index_source=3, num_heads=4)
     assert smla.sparse_index_key(compressed) == "-1:3:4"
+
+
+def test_dlpack_vector_and_wide_bfloat_types_are_refused():
+    """A native dtype in two lanes is no element of it; a 32-bit bfloat is no bf16."""
+    args, _ = make_case(ref.fresh_rng())
+    for sinks, got in ((DlpackExport(args["sinks"], CPU, FLOAT, lanes=2), "float32x2"),
+                       (DlpackExport(args["sinks"], CPU, BFLOAT), "bfloat32")):
+        with pytest.raises(TypeError, match=f"^smla: sinks: expected .*, got {got}$"):
+            smla.sparse_mla_decode(**dict(args, sinks=sinks))
+
+
+def test_strides_dlpack_cannot_carry_are_named():
+    """NumPy strides that are not a multiple of the element size do not cross DLPack: the error
+    says so (its exporter's reason), not only that an array was expected."""
+    args, _ = make_case(ref.fresh_rng())
+    B = len(args["seq_lens"])
+    packed = np.zeros(B, dtype=[("a", "<i4"), ("b", "u1")])  # 5-byte strides
+    packed["a"] = args["seq_lens"]
+    with pytest.raises(TypeError, match="smla: seq_lens: expected an array .*, got ndarray of "
+                       r"dtype int32 \(its __dlpack__: .*multiple of itemsize"):
+        smla.sparse_mla_decode(**dict(args, seq_lens=packed["a"]))
+
+
+def test_engine_call_names_a_4d_query_it_cannot_merge():
+    """A [B, q, H, D] query from a producer with no strides attribute (DLPack alone, as JAX's
+    arrays) has no view whose dims merge: refused by name ([T, H, D] crosses)."""
+    args, pools = make_case(ref.fresh_rng(), q_lens=(2, 2), seq_lens=(2, 260))
+    common = {name: args[name] for name in (
+        "swa_kv_cache", "compressed_kv_cache", "sparse_indices", "sparse_topk_lens", "seq_lens",
+        "bmm1_scale", "sinks")}
+
+    class Producer(DlpackExport):
+        shape = property(lambda self: self.array.shape)
+        ndim = property(lambda self: self.array.ndim)
+
+    bits = args["query"].view(np.uint16)
+    with pytest.raises(ValueError, match=r"^smla: query: expected \[T, \.\.\.\], or \[B, q, "
+                       r"\.\.\.\] from PyTorch, CuPy or NumPy, got a 4-D Producer$"):
+        trtllm_batch_decode_sparse_mla_dsv4(
+            query=Producer(bits.reshape(2, 2, 8, D), CPU, BFLOAT), **common, out=args["out"])
+    expected_out, _ = reference(args, pools)
+    poison_unread(args, pools)
+    trtllm_batch_decode_sparse_mla_dsv4(query=Producer(bits, CPU, BFLOAT), **common,
+                                        out=args["out"], cum_seq_lens_q=args["cum_seq_lens_q"],
+                                        max_q_len=2)
+    ref.assert_out_close(args["out"], expected_out, ref.CPU_TOL)
+
+
+def test_defaults_of_max_q_len_and_with_mtp():
+    """max_q_len defaults to 1 (a request of more tokens then names it); model_layers leaves the
+    MTP layer out unless asked."""
+    args, _ = make_case(ref.fresh_rng(), q_lens=(2, 1), seq_lens=(5, 260))
+    without = {k: v for k, v in args.items() if k != "max_q_len"}
+    with pytest.raises(ValueError, match="smla: max_q_len: expected >= every q_len .*, got 1$"):
+        smla.sparse_mla_decode(**without)
+    c = step_case(ref.fresh_rng())
+    s = c["step"]
+    assert s.max_q_len > 1
+    step = smla.StepMetadata(num_tokens=s.num_tokens, seq_lens=s.seq_lens,
+                             cum_seq_lens_q=s.cum_seq_lens_q, num_decodes=s.num_decodes)
+    assert step.max_q_len == 1
+    flash = smla.model_preset("v4-flash")
+    assert len(smla.model_layers(flash, 1)) == flash.num_layers
+    assert len(smla.model_layers(flash, 1, with_mtp=True)) == flash.num_layers + 1
+
+
+def test_counts_past_int32_reach_the_library_checks():
+    """Counts the library takes as int64 cross at 2^31: its own range check names them (a
+    Python-side int32 bound would say "an int32 value"); past int64 the binding refuses."""
+    for call, argument, expected in (
+            (lambda n: smla.workspace_bytes(4, 8, n, device="cpu"), "max_columns",
+             "0..2^31 - 1"),
+            (lambda n: smla.kv_counter_bytes(n, 8), "max_tokens", "0..2^31 - 1"),
+            (lambda n: smla.sparse_index_columns(W, n, 0), "top_k", "0..2^31 - 1")):
+        with pytest.raises(ValueError, match=f"^smla: {argument}: expected "
+                           f"{re.escape(expected)}, got 2147483648$"):
+            call(2**31)
+        with pytest.raises(ValueError, match=f"^smla: {argument}: expected an int64 value"):
+            call(2**63)
+    c = step_case(ref.fresh_rng())
+    s = c["step"]
+    topk = smla.TopkColumns(c["topk"], c["comp_table"], compress_ratio=4, num_decodes=2**31)
+    with pytest.raises(ValueError, match=r"^smla: topk_columns\.num_decodes: expected .*, got "
+                       "2147483648"):
+        smla.sparse_mla_decode(
+            query=np.zeros((4, 4, D), np.float32).astype(BF16), swa_kv_cache=c["swa_view"],
+            compressed_kv_cache=c["comp_view"], seq_lens=s.seq_lens,
+            cum_seq_lens_q=s.cum_seq_lens_q, max_q_len=s.max_q_len, bmm1_scale=D**-0.5,
+            sparse_indices=np.zeros((4, W), np.int32), sparse_topk_lens=None,
+            out=np.zeros((4, 4, D), np.float32).astype(BF16), topk_columns=topk)
+
+
+def test_streams_up_to_2_64_are_handles():
+    """A stream handle is any uint64 (the CPU ignores it): 2^63 and 2^64 - 1 are taken."""
+    args, _ = make_case(ref.fresh_rng())
+    for stream in (2**63, 2**64 - 1):
+        smla.sparse_mla_decode(**args, stream=stream)
