@@ -237,15 +237,6 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   require(aligned(args.out.data, 16) && rows_aligned(args.out), "out",
           "16-byte aligned rows on CUDA", [&] { return describe(args.out); });
 
-  // Element-aligned data (a misaligned access would kill the context).
-  for (const auto& [view, name] :
-       {std::pair{&args.sparse_indices, "sparse_indices"},
-        std::pair{&args.sparse_topk_lens, "sparse_topk_lens"},
-        std::pair{&args.seq_lens, "seq_lens"}, std::pair{&args.cum_seq_lens_q, "cum_seq_lens_q"},
-        std::pair{&args.sinks, "sinks"}, std::pair{&args.lse, "lse"},
-        std::pair{&args.topk_columns.topk_indices, "topk_columns.topk_indices"},
-        std::pair{&args.topk_columns.block_table, "topk_columns.block_table"}})
-    require_aligned(*view, name);
   const size_t workspace_have = bytes_of(args.workspace);
   const size_t counters_have = bytes_of(args.kv_counters);
   require_aligned(args.workspace, "workspace", 16);

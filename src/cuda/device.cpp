@@ -102,7 +102,6 @@ void require_stream_of(cudaStream_t stream, int device) {
 }
 
 void require_aligned(const TensorView& view, const char* argument, size_t bytes) {
-  if (bytes == 0) bytes = dtype_size(view.dtype);
   require(
       !view.defined() || aligned(view.data, bytes), argument,
       [&] { return std::to_string(bytes) + "-byte aligned " + dtype_name(view.dtype) + " data"; },

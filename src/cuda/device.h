@@ -94,7 +94,7 @@ void require_usable(Device device, const char* argument);
 // per-thread streams are every device's.
 void require_stream_of(cudaStream_t stream, int device);
 // Throws ErrorKind::unsupported naming `argument` unless `view` (if present) starts at a multiple
-// of `bytes` (0: its element size): a misaligned access would kill the CUDA context.
-void require_aligned(const TensorView& view, const char* argument, size_t bytes = 0);
+// of `bytes` (what a kernel's wide accesses need past the element alignment every view has).
+void require_aligned(const TensorView& view, const char* argument, size_t bytes);
 
 }  // namespace smla::cuda

@@ -210,18 +210,6 @@ void build_sparse_indices(const IndexProblem& problem, const SparseIndexArgs& a,
                 std::to_string(problem.num_requests));
 
   const StepMetadata& s = a.step;
-  // Element-aligned data (a misaligned access would kill the context).
-  for (const auto& [view, name] :
-       {std::pair{&s.seq_lens, "seq_lens"}, std::pair{&s.cum_seq_lens_q, "cum_seq_lens_q"},
-        std::pair{&a.swa.block_table, "block_table"},
-        std::pair{&a.out.sparse_indices, "sparse_indices"},
-        std::pair{&a.out.sparse_topk_lens, "sparse_topk_lens"},
-        std::pair{&a.out.seq_lens, "out.seq_lens"}})
-    require_aligned(*view, name);
-  if (problem.compress_ratio > 0) {
-    require_aligned(a.compressed.block_table, "compressed.block_table");
-    require_aligned(a.compressed.topk_indices, "topk_indices");
-  }
   IndexParams p{};
   p.seq_lens = i32_view(s.seq_lens);
   p.cum = i32_view(s.cum_seq_lens_q);

@@ -97,12 +97,6 @@ void quantize_kv(const QuantizeProblem& problem, const TensorView& rows, const T
                  void* stream) {
   require_usable(problem.device, "pool");
   if (problem.num_rows == 0) return;
-  // Element-aligned data (what a typed tensor has): a misaligned access would kill the context.
-  require_aligned(rows, "rows");
-  require_aligned(slots, "slots");
-  require(problem.pool.layout != KvLayout::bf16 || aligned(problem.pool.base, 2), "pool",
-          "2-byte aligned bf16 data",
-          [&] { return misalignment(problem.pool.base, 2); });  // a KvPool, not a view
   const int64_t ctas = (problem.num_rows + kRowsPerCta - 1) / kRowsPerCta;
   require(ctas <= INT32_MAX, "rows", "at most 2^31 - 1 CTAs of 4 rows on CUDA",
           [&] { return std::to_string(problem.num_rows) + " rows"; });
