@@ -18,6 +18,9 @@ BlockCache::~BlockCache() {
 }
 
 std::shared_ptr<void> BlockCache::allocate(size_t bytes, bool fresh) {
+  if (bytes > SIZE_MAX - (kGranule - 1))  // rounded up, it would wrap to a small block
+    check::fail(ErrorKind::value, "allocate", "a block size that rounds up within size_t",
+                std::to_string(bytes) + " B");
   const size_t size = (std::max<size_t>(bytes, 1) + kGranule - 1) / kGranule * kGranule;
   void* block = nullptr;
   {

@@ -10,6 +10,7 @@
 
 #include "core/block_cache.h"
 #include "cpu/streams.h"
+#include "error_check.h"
 #include "smla/error.h"
 #include "smla/tables.h"
 #include "step_case.h"
@@ -46,6 +47,12 @@ TEST(BlockCache, ReusesAReleasedBlockOfItsSize) {
   EXPECT_EQ(device.allocations, 2);
   EXPECT_EQ(cache->blocks(), 2u);
   EXPECT_EQ(cache->bytes(), 1024u + 1536u);
+  // A size past the largest that rounds up within size_t would wrap to a 0-byte block: refused
+  // by name, nothing asked of the device.
+  const size_t largest = SIZE_MAX - (BlockCache::kGranule - 1);
+  test::expect_smla_error([&] { cache->allocate(largest + 1); }, ErrorKind::value, "allocate",
+                          "rounds up within size_t", std::to_string(largest + 1) + " B");
+  EXPECT_EQ(device.allocations, 2);
 }
 
 TEST(BlockCache, HeldBlocksAreDistinctAndAllComeBack) {

@@ -301,6 +301,9 @@ TEST(Executor, DSparkStepRefusesTopkReads) {
   test::expect_smla_error([&] { executor.run_step(c.inputs, queries, outs); }, ErrorKind::value,
                           "compress_ratio", "0 (the DSpark window is for SWA-only layers)",
                           "1 (layer 38)");
+  // A width of W is the causal window, no DSpark one: the top-k reads run.
+  c.inputs.metadata.decode_swa_width = kWindow;
+  EXPECT_NO_THROW(executor.run_step(c.inputs, queries, outs));
 }
 
 // The caller runs an index source's indexer between the layer before it and its own run_layer:
@@ -374,13 +377,23 @@ TEST(Executor, TopkWiderThanTheDecodeReadsComesFromTables) {
       [&] { table_specs(specs, CompressedIndex::topk, TableSharing::shared, 2344, cuda); },
       ErrorKind::unsupported, "compressed_index",
       "for compressed_index \"topk\"; \"table\" or \"auto\" build tables", layer);
-  // A step's width: its layers reading every entry take their index source's top-k.
+}
+
+// A step's width is that of the top-k its layers reading every entry take (their index
+// sources'), whatever the indexed layers' (wider here) are; none given, 0.
+TEST(Executor, EveryEntryTopkWidthIsTheirIndexSourcesOnly) {
+  const auto specs = model_layers(model_preset("v4-flash"), 1);
+  std::set<int> every_entry_sources;
+  for (const LayerSpec& s : specs)
+    if (s.compress_ratio > 0 && s.index_topk == 0) every_entry_sources.insert(s.index_source);
+  ASSERT_FALSE(every_entry_sources.empty());
   StepInputs inputs;
   std::vector<int32_t> none;
   for (const LayerSpec& s : specs)
     if (s.compress_ratio > 0)
       inputs.topk_indices[s.index_source] =
-          make_view(none.data(), DType::i32, Device{}, {2, s.index_topk > 0 ? s.index_topk : 2344});
+          make_view(none.data(), DType::i32, Device{},
+                    {2, every_entry_sources.contains(s.index_source) ? 2344 : 3000});
   EXPECT_EQ(every_entry_topk_width(specs, inputs), 2344);
   EXPECT_EQ(every_entry_topk_width(specs, StepInputs{}), 0);
 }
@@ -415,6 +428,11 @@ TEST(Executor, StepOutsApartFromAllTheStepReads) {
   o[1].shape[0] = T, o[1].shape[1] = kHeads, o[1].shape[2] = kHeadDim;
   o[1].strides[0] = kHeads * kHeadDim, o[1].strides[1] = kHeadDim, o[1].strides[2] = 1;
   refused(o, "outs[1]", "layers[3].swa_kv_cache");
+  ASSERT_FALSE(c.inputs.topk_indices.empty());
+  const auto& [key, topk] = *c.inputs.topk_indices.begin();
+  o = outs;
+  o[2].data = topk.data;  // an out over the top-k a later layer's table or decode reads
+  refused(o, "outs[2]", ("topk_indices[" + std::to_string(key) + "]").c_str());
 }
 
 TEST(Executor, RunLayerNeedsABegunStep) {
@@ -432,6 +450,61 @@ TEST(Executor, RunLayerNeedsABegunStep) {
   executor.begin_step(c.inputs);
   EXPECT_NO_THROW(executor.run_layer(0, q, o));
   executor.end_step();
+  // An ended step, and a refused one after a good one, leave no inputs for a layer to read.
+  test::expect_smla_error([&] { executor.run_layer(1, q, o); }, ErrorKind::value, "run_layer",
+                          "a step begun by begin_step(inputs) first", "no step begun");
+  executor.begin_step(c.inputs);
+  StepInputs refused = c.inputs;  // a strided cum_seq_lens_q, which the decodes cannot read
+  std::vector<int32_t> cum{0, -1, 1, -1};
+  refused.metadata.cum_seq_lens_q = make_view(cum.data(), DType::i32, Device{}, {2}, {2});
+  EXPECT_THROW(executor.begin_step(refused), Error);
+  test::expect_smla_error([&] { executor.run_layer(0, q, o); }, ErrorKind::value, "run_layer",
+                          "a step begun by begin_step(inputs) first", "no step begun");
+}
+
+// A build without the CUDA backend says so when asked for CUDA streams (the executor's, the
+// CLI's), rather than handing out CPU ones.
+TEST(Streams, CudaWithoutTheBackendIsUnsupported) {
+#if SMLA_WITH_CUDA
+  GTEST_SKIP() << "this build has the CUDA backend";
+#else
+  test::expect_smla_error(
+      [] {
+        make_streams(Device{DeviceKind::cuda, 0});
+      },
+      ErrorKind::unsupported, "device", "this build has no CUDA backend", "cuda:0");
+#endif
+}
+
+// One block table per SWA group a layer uses: a step with one too few is refused by name.
+TEST(Executor, ABlockTableForEverySwaGroup) {
+  const auto all = model_layers(model_preset("v41-flash"), 3, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 3);  // groups 0, 1, 2
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  ASSERT_EQ(specs[2].swa_group, 2);
+  test::StepCase c(specs, kThreeRequests, test::fresh_seed());
+  std::vector<TensorView> queries, outs;
+  add_layer_buffers(c, queries, outs);
+  const auto streams = make_streams(Device{});
+  StepExecutor executor(c.layers, *streams, c.num_tokens(), max_columns_of(c));
+  StepInputs inputs = c.inputs;
+  inputs.block_tables.pop_back();
+  test::expect_smla_error([&] { executor.run_step(inputs, queries, outs); }, ErrorKind::value,
+                          "block_tables", "a block table for SWA group 2", "2 block tables");
+  // A compressed layer's pages and top-k, by the role of the layer that keys them.
+  const auto compressed = std::ranges::find_if(specs, [](auto& s) { return s.compress_ratio; });
+  ASSERT_NE(compressed, specs.end());
+  inputs = c.inputs;
+  inputs.compressed_block_tables.erase(compressed->kv_source);
+  test::expect_smla_error([&] { executor.run_step(inputs, queries, outs); }, ErrorKind::value,
+                          "compressed_block_tables",
+                          "an entry for kv source layer " + std::to_string(compressed->kv_source),
+                          "none");
+  inputs = c.inputs;
+  inputs.topk_indices.erase(compressed->index_source);
+  test::expect_smla_error(
+      [&] { executor.run_step(inputs, queries, outs); }, ErrorKind::value, "topk_indices",
+      "an entry for index source layer " + std::to_string(compressed->index_source), "none");
 }
 
 // A query of another step's tokens or another layer's heads is the query's error, not a table's

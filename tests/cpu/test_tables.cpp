@@ -214,6 +214,10 @@ TEST(ModelPresets, ShapesOfSpec6) {
   EXPECT_EQ(v41[4].swa_group, 1);
   test::expect_smla_error([] { model_preset("v5"); }, ErrorKind::value, "name", "one of v4-flash",
                           "v5");
+  // Groups are dealt round-robin: none would divide by zero.
+  for (const int groups : {0, -3})
+    test::expect_smla_error([&] { model_layers(model_preset("v4-flash"), groups); },
+                            ErrorKind::value, "num_swa_groups", ">= 1", std::to_string(groups));
 }
 
 // A preset built by hand is checked before it is read: a ratio list of another length, or a
@@ -512,6 +516,11 @@ TEST(SparseIndexTables, UnknownLayerIsAnError) {
   SparseIndexTables tables(layers, streams);
   test::expect_smla_error([&] { tables.lookup(99, [](int) { return SparseIndexArgs{}; }); },
                           ErrorKind::value, "layer", "a layer these tables were made for", "99");
+  // An id between two of the tables' layers is no layer of theirs either.
+  const std::vector<LayerSpec> apart{layers[0], layers[2]};
+  SparseIndexTables gap(apart, streams);
+  test::expect_smla_error([&] { gap.lookup(1, [](int) { return SparseIndexArgs{}; }); },
+                          ErrorKind::value, "layer", "a layer these tables were made for", "1");
 }
 
 // num_tokens sizes the table's allocation: a negative count is refused by name before it (it
