@@ -456,8 +456,9 @@ TEST(Decode, PaddedHeadStrides) {
     DecodeCase padded = c;
     padded.query = restrided(c.query, {H * 576, 576, 1});
     // The outputs all 0xff bytes (NaNs unlike c's poison: an element neither call writes
-    // differs); lse's heads contiguous, SPEC's only lse layout.
-    padded.out = HostTensor::make(c.out.dtype, c.out.shape, {H_out * 640, 640, 1});
+    // differs); out's tokens a stride of their own, lse's heads contiguous, SPEC's only lse
+    // layout.
+    padded.out = HostTensor::make(c.out.dtype, c.out.shape, {H_out * 640 + 64, 640, 1});
     padded.lse = HostTensor::make(c.lse.dtype, c.lse.shape, {H + 3, 1});
     for (HostTensor* t : {&padded.out, &padded.lse})
       std::fill(t->bytes.begin(), t->bytes.end(), std::byte{0xff});

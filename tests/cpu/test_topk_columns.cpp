@@ -173,6 +173,8 @@ TEST(TopkColumns, ArgumentsAreCheckedByName) {
          ">= 1", "0");
   expect([](DecodeArgs& a) { a.topk_columns.num_decodes = 3; }, "topk_columns.num_decodes",
          "0..B = 2", "3");
+  expect([](DecodeArgs& a) { a.topk_columns.num_decodes = -1; }, "topk_columns.num_decodes",
+         "0..B = 2", "-1");
   expect([](DecodeArgs& a) { a.topk_columns.block_table.shape[0] = 1; }, "topk_columns.block_table",
          "[>= B=2, pages]", "[1, ");
   expect([](DecodeArgs& a) { a.topk_columns.topk_indices.shape[0] = 2; },
@@ -203,6 +205,20 @@ TEST(TopkColumns, ArgumentsAreCheckedByName) {
                "as topk_columns.compress_ratio is given");
   without_topk([](TopkColumns& t, const TopkColumns&) { t.num_decodes = 1; },
                "as topk_columns.num_decodes is given");
+  // Inputs only the top-k reads are apart from the outputs too: each moved into out's memory.
+  for (const auto& [field, name] :
+       {std::pair{&TopkColumns::topk_indices, "topk_columns.topk_indices"},
+        std::pair{&TopkColumns::block_table, "topk_columns.block_table"}}) {
+    DecodeArgs a = good;
+    TensorView& input = a.topk_columns.*field;
+    ASSERT_TRUE(input.is_contiguous());
+    ASSERT_LE(input.numel() * 4, a.out.numel() * 2);
+    std::memcpy(a.out.data, input.data, static_cast<size_t>(input.numel()) * 4);
+    input.data = a.out.data;
+    expect_smla_error([&] { sparse_mla_decode(a); }, ErrorKind::value, "out",
+                      std::string("memory apart from ") + name,
+                      std::string("an overlap with ") + name);
+  }
   DecodeArgs table = good;
   table.topk_columns = {};
   table.sparse_topk_lens = swa.out.sparse_topk_lens;

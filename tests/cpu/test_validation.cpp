@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
@@ -291,6 +292,41 @@ TEST_F(Validation, OutputsApartFromEachOtherAndTheInputs) {
   expect_error(ErrorKind::value, "out", "memory apart from query", "an overlap with query");
 }
 
+// Every input is apart from lse: each small one moved into lse's memory (its bytes copied there,
+// so only the overlap is wrong), and lse moved inside the compressed pool. A byte in common is
+// enough: workspace's first byte on out's last.
+TEST_F(Validation, LseApartFromEveryInput) {
+  const size_t lse_bytes = static_cast<size_t>(a.lse.numel()) * 4;
+  for (const char* name : {"sinks", "cum_seq_lens_q", "sparse_topk_lens", "seq_lens"}) {
+    SCOPED_TRACE(name);
+    for (const Field& f : kTensorFields) {
+      if (std::string(f.name) != name) continue;
+      TensorView& input = a.*f.member;
+      const TensorView saved = input;
+      const size_t bytes = static_cast<size_t>(input.numel()) * dtype_size(input.dtype);
+      ASSERT_TRUE(input.is_contiguous());
+      ASSERT_LE(bytes, lse_bytes);
+      std::memcpy(a.lse.data, saved.data, bytes);
+      input.data = a.lse.data;
+      expect_error(ErrorKind::value, "lse", std::string("memory apart from ") + name,
+                   std::string("an overlap with ") + name);
+      input = saved;
+    }
+  }
+  const TensorView lse = a.lse;
+  a.lse = make_view(a.compressed_kv_cache.data, DType::f32, Device{}, {lse.size(0), lse.size(1)});
+  expect_error(ErrorKind::value, "lse", "memory apart from compressed_kv_cache",
+               "an overlap with compressed_kv_cache");
+  a.lse = lse;
+  set_scratch_buffers();
+  ASSERT_NO_THROW(validate_decode(a));
+  ASSERT_TRUE(a.out.is_contiguous());
+  const size_t out_bytes = static_cast<size_t>(a.out.numel()) * 2;
+  a.workspace =
+      make_view(static_cast<std::byte*>(a.out.data) + out_bytes - 1, DType::u8, Device{}, {64});
+  expect_error(ErrorKind::value, "out", "memory apart from workspace", "an overlap with workspace");
+}
+
 // An fp8_ds_mla pool is read at its pages' first block_size * 584 bytes whatever its token
 // stride: an output in the gaps between a wider stride's rows (lse at byte 600 of page 0,
 // inside token 1's record) would be written while those bytes are read.
@@ -507,6 +543,8 @@ TEST_F(Validation, SpanBelowBlockSize) {
 TEST_F(Validation, TokenStrideBelowRow) {
   a.swa_kv_cache = view(DType::bf16, {4, 16, 512}, {16 * 256, 256, 1});
   expect_error(ErrorKind::value, "swa_kv_cache", "token stride >= 512", "256");
+  a.swa_kv_cache = view(DType::bf16, {4, 16, 512}, {16 * 511, 511, 1});  // rows one element apart
+  expect_error(ErrorKind::value, "swa_kv_cache", "token stride >= 512", "511");
 }
 
 TEST_F(Validation, DsMlaPageStride) {
