@@ -100,12 +100,9 @@ class Columns {
     if (valid.defined() && !valid.ptr<const uint8_t>()[t * valid.stride(0)]) return p_.window;
     if (row.request >= c.num_decodes)
       return p_.window + rules::topk_used(false, row.pos, c.compress_ratio, p_.top_k);
-    const int64_t count =
-        decode_topk_count(c.topk_indices, t, p_.top_k, "topk_columns.topk_indices");
-    // The builder converts every entry of a decode row, also the -1 padding: converted here
-    // too, for the same error at an entry past the block table.
-    for (int64_t j = 0; j < p_.top_k; ++j) at(t, row, p_.window + j);
-    return p_.window + count;
+    // Valid entries first (the builder's error otherwise): the gather converts each of them,
+    // with the builder's error at an entry past the block table; the rest are negative.
+    return p_.window + decode_topk_count(c.topk_indices, t, p_.top_k, "topk_columns.topk_indices");
   }
 
   int32_t at(int64_t t, const TokenRow& row, int64_t col) const {
