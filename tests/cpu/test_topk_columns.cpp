@@ -23,8 +23,10 @@ constexpr int kHeads = 3;
 
 // Both decodes of every compressed layer of `c` (a query of `query`): outputs and lse equal bit
 // for bit. Returns the compressed columns the built tables attend (so that a test can see it
-// checked something).
-int64_t expect_equal_decodes(StepCase& c, DType query = DType::bf16) {
+// checked something). `fill_padding`: each padding token's SWA columns (all -1 as built) are
+// hand-set to the first valid token's in both tables: a padding row's length is W either way
+// (the tables', and TopkColumns' with is_valid_token 0), so both attend them.
+int64_t expect_equal_decodes(StepCase& c, DType query = DType::bf16, bool fill_padding = false) {
   const int64_t T = c.num_tokens();
   int64_t attended = 0;
   for (const AttentionLayer& l : c.layers) {
@@ -36,6 +38,22 @@ int64_t expect_equal_decodes(StepCase& c, DType query = DType::bf16) {
     const SparseIndexArgs swa = built(swa_only(full), make);
     for (int64_t t = 0; t < T; ++t)
       attended += full.out.sparse_topk_lens.ptr<const int32_t>()[t] - kWindow;
+    const TensorView& valid = full.step.is_valid_token;
+    if (fill_padding && valid.defined()) {
+      const auto is_valid = [&](int64_t t) {
+        return valid.ptr<const uint8_t>()[t * valid.stride(0)];
+      };
+      int64_t from = 0;
+      while (from < T && !is_valid(from)) ++from;
+      for (int64_t t = 0; t < T && from < T; ++t)
+        if (!is_valid(t))
+          for (const SparseIndexArgs* a : {&full, &swa}) {
+            const TensorView& table = a->out.sparse_indices;
+            int32_t* rows = table.ptr<int32_t>();
+            std::copy_n(rows + from * table.stride(0), kWindow, rows + t * table.stride(0));
+            attended += a == &full;  // a padding row attended
+          }
+    }
 
     const TensorView q = c.query(T, kHeads, query);
     TensorView outs[2], lses[2];
@@ -85,6 +103,22 @@ TEST(TopkColumns, EqualTheBuiltTableBitForBit) {
     attended += expect_equal_decodes(c, kind.query);
   }
   EXPECT_GT(attended, 0);  // the compressed columns were there to compare
+}
+
+// A padding token's row is W long with TopkColumns too: SWA columns a caller's table gives it
+// are read as the table's own length says.
+TEST(TopkColumns, PaddingRowsReadTheirSwaColumns) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937 rng(seed);
+  int64_t filled = 0;
+  for (int trial = 0; trial < 4; ++trial) {
+    CaseShape shape = random_shape(rng, trial);
+    shape.invalid_fraction = 0.4;
+    StepCase c(layers_of(1 + trial % 4), shape, rng());
+    filled += expect_equal_decodes(c, DType::bf16, true);
+  }
+  EXPECT_GT(filled, 0);
 }
 
 // A prefill row's table takes its first min((pos + 1) / ratio, top-k) entries, whatever the rest
