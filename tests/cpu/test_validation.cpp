@@ -234,6 +234,8 @@ TEST_F(Validation, NullScratchBuffers) {
 TEST_F(Validation, RankOutsideTheViewAndSizesPastInt64) {
   a.query.ndim = 50;
   expect_error(ErrorKind::value, "query", "1..4 dims", "50 dims");
+  a.query.ndim = 0;  // no dims: an absent tensor (TensorView::defined), whatever its data
+  expect_error(ErrorKind::value, "query", "a [T, H, 512] tensor", "absent");
   a.query = c.args().query;
   a.sinks.ndim = -1;  // defined() is false for it: an absent optional tensor
   EXPECT_NO_THROW(validate_decode(a));
