@@ -301,7 +301,7 @@ TEST(Decode, AllMaskedRowsGiveZero) {
 TEST(Decode, PosInfSinkZeroesAHeadAttendingANanRow) {
   for (KvLayout layout : kKvLayouts) {
     const uint64_t seed = fresh_seed();
-    SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+    SCOPED_TRACE(test::seed_note(seed));
     DecodeCase c =
         make_case({.layout = layout, .heads = 8, .sinks = SinkKind::mixed, .masked = 0.1}, seed);
     Rng rng(seed + 1);

@@ -87,7 +87,7 @@ TEST_P(ExecutorMatchesDirectCalls, BitForBit) {
     s.window = p.window;
   }
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   test::StepCase c(specs, p.shape, seed);
   c.punch_topk_holes();  // the decode's num_decodes then matters
   const int64_t T = c.num_tokens();
@@ -167,7 +167,7 @@ TEST(Executor, SecondStepRebuildsItsTables) {
   test::CaseShape shape{
       .q_lens = {1, 1}, .seq_lens = {300, 200}, .num_decodes = 2, .block_size = 64, .span = 64};
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   test::StepCase c(specs, shape, seed);
   const int64_t T = c.num_tokens();
   std::vector<TensorView> queries, outs, direct_outs;
@@ -244,7 +244,7 @@ TEST(Executor, DecodeErrorsNameTheLayer) {
   std::vector<LayerSpec> specs(all.begin() + 20, all.begin() + 26);  // ids 20..25
   for (LayerSpec& s : specs) s.num_heads = kHeads;
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   const size_t bad = seed % specs.size();  // not the layer's id: that is 20 more
   const std::string layer = "(layer " + std::to_string(specs[bad].layer) + ")";
   SCOPED_TRACE("bad query for " + layer);
@@ -264,7 +264,7 @@ TEST(Executor, TableErrorsNameTheLayerAndGroup) {
   std::vector<LayerSpec> specs(all.begin(), all.begin() + 6);
   for (LayerSpec& s : specs) s.num_heads = kHeads;
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   for (int group = 0; group < 3; ++group) {
     const auto e = step_error(specs, seed, [&](test::StepCase& c, auto&) {
       c.inputs.block_tables[static_cast<size_t>(group)].dtype = DType::u8;
@@ -286,7 +286,7 @@ TEST(Executor, DSparkStepRefusesTopkReads) {
   std::vector<LayerSpec> specs(all.begin() + 38, all.end());  // 38, 39: ratio 1; MTP: SWA-only
   for (LayerSpec& s : specs) s.num_heads = kHeads;
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   std::mt19937 rng(seed);
   test::CaseShape shape = test::random_dspark_shape(rng, static_cast<int>(seed % 2));
   ASSERT_GT(shape.decode_swa_width, kWindow);
@@ -314,7 +314,7 @@ TEST(Executor, JoinsBeforeTheNextIndexSourcesIndexer) {
   for (LayerSpec& s : specs) s.num_heads = kHeads;
   ASSERT_EQ(specs[2].index_source, 2);  // layer 2 computes its own top-k
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   test::StepCase c(specs, kThreeRequests, seed);
   const int64_t T = c.num_tokens();
   test::RecordingStreams streams;

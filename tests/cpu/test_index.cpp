@@ -880,7 +880,7 @@ void expect_matches(const test::StepCase& c, int layer) {
 // Fresh steps each run; a failure names the seed (SMLA_TEST_SEED replays it).
 TEST(IndexRandom, MatchesThePlainRules) {
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   std::mt19937 rng(static_cast<uint32_t>(seed));
   for (int trial = 0; trial < 30; ++trial) {
     const test::CaseShape s = test::random_shape(rng, trial);
@@ -892,7 +892,7 @@ TEST(IndexRandom, MatchesThePlainRules) {
 
 TEST(IndexRandom, DsparkMatchesThePlainRules) {
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   std::mt19937 rng(static_cast<uint32_t>(seed));
   for (int trial = 0; trial < 10; ++trial) {
     const test::CaseShape s = test::random_dspark_shape(rng, trial);
@@ -905,7 +905,7 @@ TEST(IndexRandom, DsparkMatchesThePlainRules) {
 // (build passes none; one is required only past W).
 TEST(IndexRandom, WidthUpToTheWindowIsCausal) {
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   std::mt19937 rng(static_cast<uint32_t>(seed));
   for (int trial = 0; trial < 10; ++trial) {
     const test::CaseShape s = test::random_shape(rng, trial);
@@ -928,7 +928,7 @@ TEST(IndexRandom, WidthUpToTheWindowIsCausal) {
 TEST(IndexRandom, ThreadCountDoesNotChangeTheRows) {
   test::CaseShape s{.q_lens = {3, 700, 450}, .seq_lens = {900, 1500, 450}, .num_decodes = 1};
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   const test::StepCase c(test::three_layers(4), s, seed);
   const SparseIndexArgs a = c.args(2);
   test::ThreadsEnv threads("1");

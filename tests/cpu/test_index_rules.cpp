@@ -26,7 +26,7 @@ int64_t counted_request(int64_t t, int64_t step, const std::vector<int64_t>& sta
 
 TEST(IndexRules, RequestCountEqualsTheSearch) {
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   Rng rng(seed);
   for (int round = 0; round < 200; ++round) {
     const int64_t num_requests = rng.uniform(1, 1500);
@@ -43,7 +43,7 @@ TEST(IndexRules, RequestCountEqualsTheSearch) {
 // Whatever the starts (device data is not trusted), the count is a request: in [0, B).
 TEST(IndexRules, RequestCountOfBadStartsStaysARequest) {
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   Rng rng(seed);
   for (int round = 0; round < 200; ++round) {
     const int64_t num_requests = rng.uniform(1, 900);
@@ -61,7 +61,7 @@ TEST(IndexRules, RequestCountOfBadStartsStaysARequest) {
 // would wrap to 5). Pages drawn at the last one whose rows int32 reaches, or anywhere.
 TEST(IndexRules, OffsetsPastInt32ArePadding) {
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   Rng rng(seed);
   int within = 0, past = 0, below = 0;
   for (int round = 0; round < 4000; ++round) {
@@ -96,7 +96,7 @@ TEST(IndexRules, OffsetsPastInt32ArePadding) {
 // A negative top-k entry is copied as it is, whatever its page (-1 padding or another value).
 TEST(IndexRules, NegativeTopkEntryIsCopied) {
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   Rng rng(seed);
   for (int round = 0; round < 200; ++round) {
     const int32_t x =

@@ -243,7 +243,7 @@ TEST(ModelPresets, MalformedPresetsNameTheirField) {
 TEST(SparseIndexTables, V41ThreeGroupsByHand) {
   LoggedStep logged(model_layers(model_preset("v41-flash"), 3), 3);
   auto& [layers, seed, c, streams, tables] = logged;
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   run_step(tables, c, layers);
   // Layer 0 (group 0) forks group 1's swa_only table; each compressed run's first layer forks
   // the two other groups' tables.
@@ -296,7 +296,7 @@ TEST_P(TablesOverPatterns, EachTableBuiltOnceForkedAsSpecSays) {
   const auto [model, groups] = GetParam();
   LoggedStep logged(model_layers(model_preset(model), groups, true), groups);
   auto& [layers, seed, c, streams, tables] = logged;
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   for (int step = 0; step < 2; ++step) {  // reset between steps: the same work again
     run_step(tables, c, layers);
     const TableStats& stats = tables.stats();
@@ -325,7 +325,7 @@ TEST_P(TablesOverPatterns, AGroupDropsOnlyItsOwnPreviousTable) {
   const auto [model, groups] = GetParam();
   LoggedStep logged(model_layers(model_preset(model), groups, true), groups);
   auto& [layers, seed, c, streams, tables] = logged;
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   const auto key_of = [](const LayerSpec& s) { return TableKey{s.swa_group, sparse_index_key(s)}; };
   // A layer of the step that looks `key` up (all of them build tables of one size).
   const auto layer_of = [&](const TableKey& key) {
@@ -378,7 +378,7 @@ TEST_P(TablesOverPatterns, WithoutSharingEveryLayerBuildsAlone) {
   const auto [model, groups] = GetParam();
   const auto layers = model_layers(model_preset(model), groups, true);
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   const test::StepCase c(layers, small_step(groups), seed);
   test::RecordingStreams shared_streams, streams;
   SparseIndexTables shared(layers, shared_streams);
@@ -411,7 +411,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TablesOverPatterns,
 TEST(SparseIndexTables, ErrorInAForkJoinsBeforePropagating) {
   LoggedStep logged(model_layers(model_preset("v41-flash"), 2), 2);
   auto& [layers, seed, c, streams, tables] = logged;
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   tables.reset();
   // Layer 3, in group 1, is the fork target of the run that layer 2 leads.
   const TableInputs inputs = [&](int layer) {
@@ -442,7 +442,7 @@ TEST(SparseIndexTables, ErrorInAForkJoinsBeforePropagating) {
 TEST(SparseIndexTables, DroppedForkedTableIsWaitedFor) {
   LoggedStep logged(model_layers(model_preset("v41-flash"), 2), 2);
   auto& [layers, seed, c, streams, tables] = logged;
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   const TableInputs inputs = [&](int layer) { return c.args(layer); };
   tables.lookup(0, inputs);
   tables.lookup(1, inputs);
@@ -460,7 +460,7 @@ TEST(SparseIndexTables, DroppedForkedTableIsWaitedFor) {
 TEST(SparseIndexTables, PeakBytesOutlastADrop) {
   LoggedStep logged(model_layers(model_preset("v4-flash"), 1, true), 1);
   auto& [layers, seed, c, streams, tables] = logged;
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   const TableInputs inputs = [&](int layer) { return c.args(layer); };
   size_t most = 0;
   int drops = 0;
@@ -481,7 +481,7 @@ TEST(SparseIndexTables, PeakBytesOutlastADrop) {
 TEST(SparseIndexTables, WidthUpToTheWindowIsCausal) {
   const auto layers = model_layers(model_preset("v4-flash"), 2, true);
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   std::mt19937 rng(static_cast<uint32_t>(seed));
   for (const int width : {kWindow, std::uniform_int_distribution<int>(1, kWindow)(rng)}) {
     test::CaseShape shape = small_step(2);
@@ -528,7 +528,7 @@ TEST(SparseIndexTables, UnknownLayerIsAnError) {
 TEST(SparseIndexTables, NegativeTokenCountIsRefusedBeforeTheAllocation) {
   LoggedStep logged(model_layers(model_preset("v4-flash"), 1), 1);
   auto& [layers, seed, c, streams, tables] = logged;
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   const TableInputs inputs = [&](int layer) {
     SparseIndexArgs a = c.args(layer);
     a.step.num_tokens = -1;

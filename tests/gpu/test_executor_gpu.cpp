@@ -190,7 +190,7 @@ class GpuExecutor : public testing::TestWithParam<Pattern> {};
 
 void step_equals_direct_calls(GpuStep& g, CompressedIndex compressed) {
   const char* mode = compressed_index_name(compressed);
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
+  SCOPED_TRACE(test::seed_note(g.seed));
   StepOnStream on(g, compressed);
   const auto stepped = on.eager_step(g);
   TestStream& stream = on.stream;
@@ -268,7 +268,7 @@ TEST(GpuExecutorWideTopk, StepsPastTheDecodesWidthReadTables) {
     step_equals_direct_calls(g, compressed);
   }
   GpuStep g(p);
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
+  SCOPED_TRACE(test::seed_note(g.seed));
   StepOnStream on(g);
   const auto builds = [&] {
     int n = 0;
@@ -303,7 +303,7 @@ TEST(GpuExecutorWideTopk, StepsPastTheDecodesWidthReadTables) {
 TEST_P(GpuExecutor, CapturedStepReplaysBitwise) {
   SKIP_WITHOUT_GPU();
   GpuStep g(GetParam());
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
+  SCOPED_TRACE(test::seed_note(g.seed));
   StepOnStream on(g);
   const auto eager = on.eager_step(g);
   TestStream& stream = on.stream;
@@ -410,7 +410,7 @@ TEST(GpuTables, BookkeepingEqualsTheCpuPath) {
       const int all = static_cast<int>(model_layers(model_preset(model), groups, true).size());
       const Pattern p{model, groups, 0, all, decode_shape(groups)};
       GpuStep g(p, 4);  // few heads: the CPU decodes the step too
-      SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
+      SCOPED_TRACE(test::seed_note(g.seed));
       const auto cpu_streams = make_streams(Device{});
       StepExecutor cpu(g.c.layers, *cpu_streams, g.c.num_tokens(), g.max_columns);
       std::vector<TensorView> host_outs;
@@ -451,7 +451,7 @@ TEST(GpuTables, BookkeepingEqualsTheCpuPath) {
 TEST(GpuTables, CaptureBeforeAnEagerStepSaysSo) {
   SKIP_WITHOUT_GPU();
   GpuStep g({"v4-flash", 2, 0, 6, decode_shape(2)});
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
+  SCOPED_TRACE(test::seed_note(g.seed));
   StepOnStream on(g);
   TestStream& stream = on.stream;
   StepExecutor& executor = on.executor;
@@ -543,7 +543,7 @@ TEST(GpuTables, StepOnTheSecondDevice) {
 TEST(GpuTables, UnreadablePoolFailsWithTheDecodeError) {
   SKIP_WITHOUT_GPU();
   GpuStep g({"v4-flash", 1, 0, 4, decode_shape(1)});
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(g.seed));
+  SCOPED_TRACE(test::seed_note(g.seed));
   for (AttentionLayer& l : g.layers)
     l.swa_kv_cache.data = static_cast<char*>(l.swa_kv_cache.data) + 2;  // one bf16 off
   StepOnStream on(g);

@@ -96,7 +96,7 @@ void add_odd_entries(StepCase& c, std::mt19937& rng) {
 TEST(GpuIndex, RandomStepsMatchTheCpuBitForBit) {
   SKIP_WITHOUT_GPU();
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   std::mt19937 rng(static_cast<uint32_t>(seed));
   for (int trial = 0; trial < 40; ++trial) {
     const CaseShape s = random_shape(rng, trial);
@@ -111,7 +111,7 @@ TEST(GpuIndex, RandomStepsMatchTheCpuBitForBit) {
 TEST(GpuIndex, RandomDsparkStepsMatchTheCpuBitForBit) {
   SKIP_WITHOUT_GPU();
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   std::mt19937 rng(static_cast<uint32_t>(seed));
   for (int trial = 0; trial < 16; ++trial) {
     const StepCase c({{.layer = 0, .num_heads = 1}}, random_dspark_shape(rng, trial), rng());
@@ -133,7 +133,7 @@ TEST(GpuIndex, WideAndLongTablesMatchTheCpu) {
                     .compressed_span = 64,
                     .topk_tails = true};
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   for (const int topk : {1024, 2000}) {
     std::vector<LayerSpec> layers = three_layers(4);
     layers[2].index_topk = topk;
@@ -149,7 +149,7 @@ TEST(GpuIndex, WideAndLongTablesMatchTheCpu) {
 TEST(GpuIndex, ManyRequestsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::vector<LayerSpec> layers = three_layers(2);
   layers[2].index_topk = 1500;
@@ -189,7 +189,7 @@ TEST(GpuIndex, OutOfRangePagesAndIndicesBecomePadding) {
                     .block_size = 16,
                     .span = 16};
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   StepCase c(three_layers(4), s, seed);
   const int64_t T = c.num_tokens();
   const int W = kWindow;

@@ -170,10 +170,9 @@ TEST(GpuQuantize, EveryBf16ValueMatchesTheCpu) {
     const HostTensor pool = poisoned_pool(pages_for(layout, 128));
     const std::vector<int32_t> slots = shuffled_slots(128, rng);
     for (float kv_scale : {1.0f, 0.5f, 3.0f, 1.0f / 448, 7.5e5f, 1e-30f, 1e30f, random_scale}) {
-      EXPECT_TRUE(same_bytes(on_gpu(rows, slots, pool, kv_scale),
-                             on_cpu(rows, slots, pool, kv_scale)))
-          << kv_layout_name(layout) << " kv_scale " << kv_scale << " (SMLA_TEST_SEED=" << seed
-          << ")";
+      EXPECT_TRUE(
+          same_bytes(on_gpu(rows, slots, pool, kv_scale), on_cpu(rows, slots, pool, kv_scale)))
+          << kv_layout_name(layout) << " kv_scale " << kv_scale << " " << seed_note(seed);
       if (layout != KvLayout::fp8_e4m3) break;  // kv_scale is unused
     }
   }
@@ -198,7 +197,7 @@ TEST(GpuQuantize, EveryUe8m0ExponentMatchesTheCpu) {
   const HostTensor pool = poisoned_pool(pages_for(KvLayout::fp8_ds_mla, n));
   const std::vector<int32_t> slots = shuffled_slots(n, rng);
   EXPECT_TRUE(same_bytes(on_gpu(rows, slots, pool, 1.0f), on_cpu(rows, slots, pool, 1.0f)))
-      << "SMLA_TEST_SEED=" << seed;
+      << seed_note(seed);
 }
 
 // Random pools (packed pages, padded token strides, rank 4), a random subset of the slots in
@@ -216,9 +215,9 @@ TEST(GpuQuantize, RandomPagesAndPaddingSlotsMatchTheCpu) {
       const float kv_scale = static_cast<float>(std::exp(rng.real(-8, 8)));
       Rows rows(static_cast<int64_t>(slots.size()), round % 3 == 0 ? 0 : round % 3 == 1 ? 64 : 3);
       fill_rows(rows, rng, kv_scale);
-      EXPECT_TRUE(same_bytes(on_gpu(rows, slots, pool, kv_scale),
-                             on_cpu(rows, slots, pool, kv_scale)))
-          << shape.describe() << " kv_scale " << kv_scale << " (SMLA_TEST_SEED=" << seed << ")";
+      EXPECT_TRUE(
+          same_bytes(on_gpu(rows, slots, pool, kv_scale), on_cpu(rows, slots, pool, kv_scale)))
+          << shape.describe() << " kv_scale " << kv_scale << " " << seed_note(seed);
     }
 }
 
@@ -245,7 +244,7 @@ TEST(GpuQuantize, SlotsPastThePoolAreSkipped) {
     test::expect_smla_error([&] { on_cpu(rows, slots, pool, 1.0f); }, ErrorKind::value, "slots",
                             "slots in [0, num_blocks * block_size", "slots[");
     EXPECT_TRUE(same_bytes(on_gpu(rows, slots, pool, 1.0f), on_cpu(rows, as_padding, pool, 1.0f)))
-        << shape.describe() << " (SMLA_TEST_SEED=" << seed << ")";
+        << shape.describe() << " " << seed_note(seed);
     const std::vector<int32_t> all_past(4, past);
     EXPECT_TRUE(same_bytes(on_gpu(Rows(4), all_past, pool, 1.0f), pool.bytes))
         << shape.describe() << ": only slots past the pool";

@@ -63,7 +63,7 @@ TensorView poisoned(StepCase& c, DType dtype, std::initializer_list<int64_t> sha
 TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
   SKIP_WITHOUT_GPU();
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   std::mt19937 rng(static_cast<uint32_t>(seed));
   const int heads_of[] = {1, 16, 64, 100, 128};
   int64_t attended = 0;
@@ -162,7 +162,7 @@ TEST(GpuTopkColumns, AnEmptyTopkReadsTheWindowAlone) {
   std::vector<LayerSpec> specs = three_layers(2);
   for (LayerSpec& s : specs) s.num_heads = 16;
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("SMLA_TEST_SEED=" + std::to_string(seed));
+  SCOPED_TRACE(test::seed_note(seed));
   StepCase c(specs, {.q_lens = {1, 2}, .seq_lens = {200, 9000}, .num_decodes = 2}, seed);
   const int64_t T = c.num_tokens();
   const int H = specs[2].num_heads;
