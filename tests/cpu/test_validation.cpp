@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,6 +75,13 @@ const Field kTensorFields[] = {
     {"kv_counters", &DecodeArgs::kv_counters},
 };
 
+// The tensor of `args` that kTensorFields names `name`.
+TensorView& field(DecodeArgs& args, const std::string& name) {
+  for (const Field& f : kTensorFields)
+    if (name == f.name) return args.*f.member;
+  throw std::logic_error("no DecodeArgs tensor named " + name);
+}
+
 // The shared check helpers' own bounds (core/check.h), which the calls above reach only in part.
 TEST(CheckHelpers, BoundsOfCountsViewsAndOverlaps) {
   EXPECT_NO_THROW(check::int32_count(0, "n"));
@@ -139,13 +147,11 @@ TEST_F(Validation, WrongDtypeOfEachTensor) {
   ASSERT_NO_THROW(validate_decode(a));
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
-    for (const Field& f : kTensorFields) {
-      if (std::string(f.name) != k.name) continue;
-      const DType saved = (a.*f.member).dtype;
-      (a.*f.member).dtype = k.wrong;
-      expect_error(ErrorKind::type, k.name, k.expected, dtype_name(k.wrong));
-      (a.*f.member).dtype = saved;
-    }
+    TensorView& v = field(a, k.name);
+    const DType saved = v.dtype;
+    v.dtype = k.wrong;
+    expect_error(ErrorKind::type, k.name, k.expected, dtype_name(k.wrong));
+    v.dtype = saved;
   }
 }
 
@@ -181,8 +187,7 @@ TEST_F(Validation, RequiredTensorAbsent) {
        {"query", "swa_kv_cache", "sparse_indices", "sparse_topk_lens", "seq_lens", "out"}) {
     SCOPED_TRACE(name);
     DecodeArgs broken = a;
-    for (const Field& f : kTensorFields)
-      if (std::string(f.name) == name) broken.*f.member = TensorView{};
+    field(broken, name) = TensorView{};
     std::swap(a, broken);
     expect_error(ErrorKind::value, name, "[", "absent");  // its shape
     std::swap(a, broken);
@@ -301,19 +306,16 @@ TEST_F(Validation, LseApartFromEveryInput) {
   const size_t lse_bytes = static_cast<size_t>(a.lse.numel()) * 4;
   for (const char* name : {"sinks", "cum_seq_lens_q", "sparse_topk_lens", "seq_lens"}) {
     SCOPED_TRACE(name);
-    for (const Field& f : kTensorFields) {
-      if (std::string(f.name) != name) continue;
-      TensorView& input = a.*f.member;
-      const TensorView saved = input;
-      const size_t bytes = static_cast<size_t>(input.numel()) * dtype_size(input.dtype);
-      ASSERT_TRUE(input.is_contiguous());
-      ASSERT_LE(bytes, lse_bytes);
-      std::memcpy(a.lse.data, saved.data, bytes);
-      input.data = a.lse.data;
-      expect_error(ErrorKind::value, "lse", std::string("memory apart from ") + name,
-                   std::string("an overlap with ") + name);
-      input = saved;
-    }
+    TensorView& input = field(a, name);
+    const TensorView saved = input;
+    const size_t bytes = static_cast<size_t>(input.numel()) * dtype_size(input.dtype);
+    ASSERT_TRUE(input.is_contiguous());
+    ASSERT_LE(bytes, lse_bytes);
+    std::memcpy(a.lse.data, saved.data, bytes);
+    input.data = a.lse.data;
+    expect_error(ErrorKind::value, "lse", std::string("memory apart from ") + name,
+                 std::string("an overlap with ") + name);
+    input = saved;
   }
   const TensorView lse = a.lse;
   a.lse = make_view(a.compressed_kv_cache.data, DType::f32, Device{}, {lse.size(0), lse.size(1)});
