@@ -427,6 +427,28 @@ TEST_F(Validation, TokensFromInt32) {
 TEST_F(Validation, ColumnsPastWholeTilesOfInt) {
   a.sparse_indices = view(DType::i32, {6, int64_t(INT32_MAX) - 27}, {0, 1});
   expect_error(ErrorKind::unsupported, "sparse_indices", "K <= 2^31 - 32", "[6, 2147483620]");
+  a.sparse_indices = view(DType::i32, {6, int64_t(INT32_MAX) - 31}, {0, 1});  // 2^31 - 32
+  EXPECT_NO_THROW(validate_decode(a));
+}
+
+// Request indices are int with B + 1 bounds: B = 2^31 - 1 is refused by seq_lens' shape, and
+// B = 2^31 - 2 passes to the next check (cum_seq_lens_q's [B+1]).
+TEST_F(Validation, RequestsBelowInt32Max) {
+  a.seq_lens = view(DType::i32, {INT32_MAX});  // only its shape is read before the refusal
+  expect_error(ErrorKind::unsupported, "seq_lens", "[B] with B < 2^31 - 1", "[2147483647]");
+  a.seq_lens = view(DType::i32, {INT32_MAX - 1});
+  expect_error(ErrorKind::value, "cum_seq_lens_q", "[B+1=2147483647]", "[4]");
+}
+
+// Output heads are int in the kernels: H_out = 2^31 is refused by out's shape, 2^31 - 1 passes
+// to the next check (its stride-0 heads overlap).
+TEST_F(Validation, OutHeadsFromInt32) {
+  a.out = view(DType::bf16, {6, int64_t(1) << 31, 512}, {512, 0, 1});
+  expect_error(ErrorKind::unsupported, "out", "[T=6, H_out, 512] with H_out < 2^31",
+               "[6, 2147483648, 512]");
+  a.out = view(DType::bf16, {6, INT32_MAX, 512}, {512, 0, 1});
+  expect_error(ErrorKind::value, "out", "non-overlapping elements",
+               "[6, 2147483647, 512] with strides [512, 0, 1]");
 }
 
 TEST_F(Validation, ColumnsBelowWindow) {
