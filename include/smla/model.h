@@ -42,7 +42,7 @@ struct ModelPreset {
 };
 
 std::span<const ModelPreset> model_presets();  // v4-flash, v4-pro, v41-flash
-// Throws smla::Error (argument "model") listing the names when there is none called `name`.
+// Throws smla::Error (argument "name") listing the names when there is none called `name`.
 const ModelPreset& model_preset(std::string_view name);
 
 // The layers of `preset` in order (main ones, then MTP ones when with_mtp), layer l in SWA
