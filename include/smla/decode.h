@@ -72,7 +72,9 @@ void sparse_mla_decode(const DecodeArgs& args, void* stream = nullptr);
 // SPEC §3's max_rows = max_tokens x the finest head groups a plan may pick, computed here.
 size_t kv_counter_bytes(int64_t max_tokens, int num_heads);
 // Bytes of split-KV workspace enough for every launch of `num_heads` heads with at most
-// `max_tokens` tokens and `max_columns` columns on `device` (0 on the CPU).
+// `max_tokens` tokens and `max_columns` columns on `device` (0 on the CPU). Columns: K, the
+// width of sparse_indices; with topk_columns, sparse_index_columns(W, top_k, 0) (top_k rounded
+// up to 4, past W).
 size_t workspace_bytes(int64_t max_tokens, int num_heads, int64_t max_columns, Device device);
 
 // The widest top-k (TopkColumns' top_k) the op reads on `device`: 2048 on CUDA (the kernel

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <string>
+#include <utility>
 
 #include "cuda/backend.h"
 #include "cuda/check.h"
@@ -62,9 +63,17 @@ std::string unsupported_reason(int device) {
   if (device < 0 || device >= count)
     return "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
            " visible)";
+  // The per-device caches (sm_count, the decode's occupancy) hold this many.
+  if (device >= PerDevice<int>::kDevices)
+    return "CUDA device " + std::to_string(device) + " is past the first " +
+           std::to_string(PerDevice<int>::kDevices) + ", the devices this library runs on";
   int major = 0, minor = 0;
-  SMLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  SMLA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  for (const auto& [value, attribute] : {std::pair{&major, cudaDevAttrComputeCapabilityMajor},
+                                         std::pair{&minor, cudaDevAttrComputeCapabilityMinor}})
+    if (const cudaError_t e = cudaDeviceGetAttribute(value, attribute, device); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return "its compute capability could not be read: " + describe(e);
+    }
   if (major != 9 || minor != 0)
     return "the kernels are built for sm_90a (Hopper, compute capability 9.0); device " +
            std::to_string(device) + " is " + std::to_string(major) + "." + std::to_string(minor);
@@ -79,12 +88,12 @@ void require_supported(int device, const char* argument) {
   require_device_id(device, argument);
   // A fact of the hardware: asked once a device (three runtime calls), then read from here.
   static PerDevice<std::atomic<bool>> supported;
-  const bool cacheable = device < decltype(supported)::kDevices;
-  if (cacheable && supported.at(device).load(std::memory_order_relaxed)) return;
+  const bool cached = device < decltype(supported)::kDevices;  // else unsupported_reason says so
+  if (cached && supported.at(device).load(std::memory_order_relaxed)) return;
   const std::string why = unsupported_reason(device);
   require(why.empty(), argument, "a Hopper GPU that this build runs on",
           [&] { return "cuda:" + std::to_string(device) + ": " + why; });
-  if (cacheable) supported.at(device).store(true, std::memory_order_relaxed);
+  supported.at(device).store(true, std::memory_order_relaxed);
 }
 
 void require_stream_of(cudaStream_t stream, int device) {

@@ -24,7 +24,14 @@ using OwnedEvent = std::unique_ptr<CUevent_st, EventDestroy>;
 
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  SMLA_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  const cudaError_t e = cudaStreamIsCapturing(stream, &status);
+  // The legacy stream, asked while another stream of its device captures: the question itself
+  // would join that capture, so the answer is yes.
+  if (e == cudaErrorStreamCaptureImplicit) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  SMLA_CUDA_CHECK(e);
   return status != cudaStreamCaptureStatusNone;
 }
 

@@ -113,7 +113,11 @@ class DeviceMirror {
 // A non-blocking stream for a test's scope.
 class TestStream {
  public:
-  TestStream() { CUDA_THROW(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  // Non-blocking unless `blocking`: a blocking stream synchronizes with the legacy one.
+  explicit TestStream(bool blocking = false) {
+    CUDA_THROW(
+        cudaStreamCreateWithFlags(&stream_, blocking ? cudaStreamDefault : cudaStreamNonBlocking));
+  }
   ~TestStream() { cudaStreamDestroy(stream_); }
   TestStream(const TestStream&) = delete;
   TestStream& operator=(const TestStream&) = delete;

@@ -484,6 +484,20 @@ TEST(GpuTables, StreamsMadeDuringACaptureAreRefused) {
   ASSERT_NE(graph, nullptr);
   CUDA_OK(cudaGraphDestroy(graph));
   EXPECT_NO_THROW(make_streams({DeviceKind::cuda, 0}, stream.get()));
+  // The legacy stream while a blocking stream captures: its work would join that capture
+  // (cudaStreamIsCapturing answers cudaErrorStreamCaptureImplicit), so it counts as capturing.
+  TestStream blocking(true);
+  ASSERT_CUDA(cudaStreamBeginCapture(blocking.get(), cudaStreamCaptureModeThreadLocal));
+  test::expect_smla_error(
+      [&] {
+        make_streams({DeviceKind::cuda, 0}, nullptr);
+      },
+      ErrorKind::unsupported, "stream", "a stream that is not capturing", "a capturing stream");
+  graph = nullptr;
+  ASSERT_CUDA(cudaStreamEndCapture(blocking.get(), &graph));
+  ASSERT_NE(graph, nullptr);
+  CUDA_OK(cudaGraphDestroy(graph));
+  EXPECT_NO_THROW(make_streams({DeviceKind::cuda, 0}, nullptr));
 }
 
 // What a capture cannot hold (a memset rerun on every replay; a wait for the stream) is refused
