@@ -10,4 +10,11 @@ namespace smla::bench {
 // warm-up, and returns the median milliseconds per replay.
 double median_graph_ms(const std::function<void(cudaStream_t)>& launches, int replays);
 
+// Median milliseconds per launch of `launch(stream, s)` for s = 0..count-1. Chained: one graph
+// of all `count`, each launch's start overlapping the previous one's end (programmatic
+// dependent launch, as a step's layers run); alone: a graph each, replayed in turn with an event
+// between, so each starts after the one before has ended, as after a kernel launched without it.
+double median_launch_ms(int count, const std::function<void(cudaStream_t, int)>& launch,
+                        int replays, bool chained);
+
 }  // namespace smla::bench

@@ -44,10 +44,19 @@ Graph capture_graph(cudaStream_t stream, const std::function<void()>& enqueue) {
   return Graph(graph);
 }
 
-double median_replay_ms(cudaGraph_t graph, cudaStream_t stream, int replays) {
-  cudaGraphExec_t exec_handle = nullptr;
-  SMLA_CUDA_CHECK(cudaGraphInstantiate(&exec_handle, graph, 0));
-  const std::unique_ptr<CUgraphExec_st, ExecDestroy> exec(exec_handle);
+double median_replay_ms(std::span<const cudaGraph_t> graphs, cudaStream_t stream, int replays) {
+  std::vector<std::unique_ptr<CUgraphExec_st, ExecDestroy>> execs;
+  for (cudaGraph_t graph : graphs) {
+    cudaGraphExec_t exec = nullptr;
+    SMLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    execs.emplace_back(exec);
+    SMLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // uploads it; the first replay untimed
+  }
+  size_t next = 0;  // the graphs replay in turn
+  const auto replay = [&] {
+    SMLA_CUDA_CHECK(cudaGraphLaunch(execs[next].get(), stream));
+    next = (next + 1) % execs.size();
+  };
   // Replays queued back to back with an event between each two, behind enough untimed ones
   // that the GPU is still busy with those when the host has submitted the last timed one: an
   // interval is then one replay's kernels, not the host's launch of it (an event recorded on an
@@ -56,14 +65,13 @@ double median_replay_ms(cudaGraph_t graph, cudaStream_t stream, int replays) {
   const int n = std::max(replays, 1);
   std::vector<Event> marks;
   for (int i = 0; i <= n; ++i) marks.push_back(new_event());
-  SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));  // uploads the graph
   const auto host_start = std::chrono::steady_clock::now();
-  for (int i = 0; i < 2; ++i) SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));
+  for (int i = 0; i < 2; ++i) replay();
   const double host_ms =  // a replay's submission
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start)
           .count() / 2;
   SMLA_CUDA_CHECK(cudaEventRecord(marks[0].get(), stream));
-  SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));
+  replay();
   SMLA_CUDA_CHECK(cudaEventRecord(marks[1].get(), stream));
   SMLA_CUDA_CHECK(cudaEventSynchronize(marks[1].get()));
   float alone_ms = 0;  // one replay on an idle stream: at least its kernels
@@ -72,10 +80,10 @@ double median_replay_ms(cudaGraph_t graph, cudaStream_t stream, int replays) {
   const double lead_ms = alone_ms - host_ms;
   const int pads =
       lead_ms > 0 ? int(std::min(2000.0, 3 + 2 * std::ceil(n * host_ms / lead_ms))) : 3;
-  for (int i = 0; i < pads; ++i) SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));
+  for (int i = 0; i < pads; ++i) replay();
   for (int i = 0; i < n; ++i) {
     SMLA_CUDA_CHECK(cudaEventRecord(marks[i].get(), stream));
-    SMLA_CUDA_CHECK(cudaGraphLaunch(exec.get(), stream));
+    replay();
   }
   SMLA_CUDA_CHECK(cudaEventRecord(marks[n].get(), stream));
   SMLA_CUDA_CHECK(cudaEventSynchronize(marks[n].get()));

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 
 namespace smla::cli {
 
@@ -18,10 +19,14 @@ using Graph = std::unique_ptr<CUgraph_st, GraphDestroy>;
 // An exception from `enqueue` ends the capture (dropping its graph) and propagates.
 Graph capture_graph(cudaStream_t stream, const std::function<void()>& enqueue);
 
-// Median milliseconds per replay of `graph` on `stream` over `replays` replays, after four
-// others (the first uploads the graph, two time its submission, one its kernels alone) and,
-// queued before the timed ones, enough more that the GPU is busy until all are submitted: no
-// interval holds the host's launch.
-double median_replay_ms(cudaGraph_t graph, cudaStream_t stream, int replays);
+// Median milliseconds per replay (the upper of the middle two of an even count) on `stream` over
+// `replays` replays of `graphs` in turn, one an interval, after each one's first and three
+// others (two time a submission, one a replay's kernels alone) and, queued before the timed
+// ones, enough more that the GPU is busy until all are submitted: no interval holds the host's
+// launch.
+double median_replay_ms(std::span<const cudaGraph_t> graphs, cudaStream_t stream, int replays);
+inline double median_replay_ms(cudaGraph_t graph, cudaStream_t stream, int replays) {
+  return median_replay_ms({&graph, 1}, stream, replays);
+}
 
 }  // namespace smla::cli

@@ -57,8 +57,9 @@ int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing,
 // fork without sharing. One phrase per difference; empty when there is none or it was not run.
 std::vector<std::string> graph_problems(const StepGraph& graph);
 
-// The builds alone over the whole step: what index building would cost if nothing overlapped
-// it (in the step, forked builds overlap decodes, so this bounds their cost from above).
+// The builds alone over the whole step: an estimate of what index building costs it, not a
+// bound either way (in the step forked builds overlap decodes, but their inputs may be cold,
+// where the builds timed alone find them in L2).
 double build_share(const StepGraph& graph);
 
 // What `graph` saves of the step's time with every layer building its own table (negative:
