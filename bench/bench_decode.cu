@@ -135,6 +135,20 @@ void fill_pool(void* pool, const Layout& l, std::mt19937& rng) {
                                cudaMemcpyHostToDevice));
 }
 
+__global__ void empty_kernel() {}
+
+// What alone_us holds besides the kernel: an empty kernel's time measured the same way (a graph
+// replay's start on the GPU and the events around it).
+double empty_alone_us() {
+  return 1e3 * bench::median_launch_ms(
+                   8,
+                   [](cudaStream_t stream, int) {
+                     empty_kernel<<<1, 32, 0, stream>>>();
+                     SMLA_CUDA_CHECK(cudaGetLastError());
+                   },
+                   30, false);
+}
+
 template <class T>
 T* device_copy(const std::vector<T>& host) {
   T* p;
@@ -438,6 +452,7 @@ int main(int argc, char** argv) {
       std::printf(" H=%d %.1f%s", heads, ws / 1048576.0, heads == 128 ? "\n" : ",");
     }
 
+    std::printf("an empty kernel alone: %.1f us\n", empty_alone_us());
     std::printf("each launch of a replay has its own %s\n",
                 o.rotate_all ? "indices, query and output buffer"
                              : "indices (one query and output buffer a shape)");
