@@ -308,8 +308,12 @@ std::vector<Shape> issue_shapes() {
     for (int tokens : {1, 2})
       for (int requests : {1, 2, 8, 32, 64, 128, 256})
         shapes.push_back({heads, requests, tokens, heads == 64 ? 512 : 1024});
-  for (int heads : {8, 16, 32})
-    for (int tokens : {1, 2}) shapes.push_back({heads, 128, tokens, 512});
+  // Fewer heads a GPU at 128 requests, against H=64 at the same top-k: 512 (V4-Flash), and 1024
+  // (V4-Pro's 128 heads sharded over 4-16 GPUs).
+  for (int topk : {512, 1024})
+    for (int heads : {8, 16, 32, 64})
+      for (int tokens : {1, 2})
+        if (heads < 64 || topk != 512) shapes.push_back({heads, 128, tokens, topk});
   return shapes;
 }
 
