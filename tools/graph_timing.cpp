@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "cuda/check.h"
@@ -45,6 +46,7 @@ Graph capture_graph(cudaStream_t stream, const std::function<void()>& enqueue) {
 }
 
 double median_replay_ms(std::span<const cudaGraph_t> graphs, cudaStream_t stream, int replays) {
+  if (graphs.empty()) throw std::invalid_argument("median_replay_ms: no graph to replay");
   std::vector<std::unique_ptr<CUgraphExec_st, ExecDestroy>> execs;
   for (cudaGraph_t graph : graphs) {
     cudaGraphExec_t exec = nullptr;

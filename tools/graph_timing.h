@@ -20,8 +20,8 @@ using Graph = std::unique_ptr<CUgraph_st, GraphDestroy>;
 Graph capture_graph(cudaStream_t stream, const std::function<void()>& enqueue);
 
 // Median milliseconds per replay (the upper of the middle two of an even count) on `stream` over
-// `replays` replays of `graphs` in turn, one an interval, after each one's first and three
-// others (two time a submission, one a replay's kernels alone) and, queued before the timed
+// `replays` replays of `graphs` (at least one) in turn, one an interval, after each one's first and
+// three others (two time a submission, one a replay's kernels alone) and, queued before the timed
 // ones, enough more that the GPU is busy until all are submitted: no interval holds the host's
 // launch.
 double median_replay_ms(std::span<const cudaGraph_t> graphs, cudaStream_t stream, int replays);
