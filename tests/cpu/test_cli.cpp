@@ -498,6 +498,8 @@ TEST(RunStep, CheckCountsEveryRowOrNone) {
   for (const char* kind : {"\nswa-only        2 ", "\nratio 4        21 ", "\nratio 128      20 ",
                            "\ntotal          43 "})
     EXPECT_NE(p.out.find(kind), std::string::npos) << kind << "\n" << p.out;
+  // The executor's own count: one SWA group's table; the compressed layers read their top-k.
+  EXPECT_NE(p.out.find("\ntables: 1 built (0 forked), "), std::string::npos) << p.out;
   EXPECT_EQ(p.err, "");
 }
 
@@ -546,6 +548,23 @@ TEST(RunStep, CudaAskedForWithoutIt) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "--device");
   }
+}
+
+// --device auto (the default) where no CUDA device can run the step: the CPU runs it, and a note
+// on stderr, not in the report, says why.
+TEST(RunStep, AutoFallsBackToTheCpuWithANote) {
+  if (query_capability(kHeadDim, DType::bf16, DType::bf16, kSwaBlockSize, {DeviceKind::cuda, 0})
+          .supported)
+    GTEST_SKIP() << "a CUDA device here runs the step";
+  const test::ThreadsEnv threads("1");
+  const RunOptions o{.requests = 1, .context = 64, .check = 0};
+  ASSERT_EQ(o.device, DeviceChoice::auto_);
+  int status = -1;
+  const Printed p = run_printed(o, status);
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(p.err.rfind("note: running on the CPU; cuda: ", 0), 0u) << p.err;
+  EXPECT_EQ(p.out.find("note:"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find(", on cpu (1 thread), no warm-up step\n"), std::string::npos) << p.out;
 }
 
 // What a synthetic step attends, from its options alone: each token's causal window of W rows
@@ -653,6 +672,9 @@ TEST(SynthStep, HostLimitIsTwoThirdsOfMemory) {
                                          std::to_string(int64_t(bytes * 2 / 3 / 1048576)) +
                                          " MiB (two thirds of "),
               std::string::npos)
+        << e.what();
+    // The CPU's rows are the host's: not said to be on a device.
+    EXPECT_NE(std::string(e.what()).find("of queries and outputs and"), std::string::npos)
         << e.what();
   }
 }
@@ -853,10 +875,11 @@ TEST(Progress, LinesOnAPipeEveryInterval) {
   const int saved = dup(2);
   dup2(pipe_ends[1], 2);
   {
-    Progress progress("work", 4, std::chrono::milliseconds(50));
+    Progress progress("work", 5, std::chrono::milliseconds(50));
     progress.advance();  // before the interval: nothing
     std::this_thread::sleep_for(std::chrono::milliseconds(60));
-    progress.advance();  // "work: 2/4 after 0s"
+    progress.advance();  // "work: 2/5 after 0s"
+    progress.advance();  // the interval starts again at that line: nothing
     std::this_thread::sleep_for(std::chrono::milliseconds(60));
     progress.advance(2);  // the end: nothing
   }
@@ -868,7 +891,7 @@ TEST(Progress, LinesOnAPipeEveryInterval) {
   char buffer[4096];
   for (ssize_t n; (n = read(pipe_ends[0], buffer, sizeof buffer)) > 0;) written.append(buffer, n);
   close(pipe_ends[0]);
-  EXPECT_EQ(written, "work: 2/4 after 0s\n");
+  EXPECT_EQ(written, "work: 2/5 after 0s\n");
 }
 
 // The check's figures are maxima over every row merged, and rows add up.

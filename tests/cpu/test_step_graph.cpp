@@ -407,6 +407,9 @@ TEST(SynthStep, UncheckedDeviceStepCountsItsHostTables) {
     EXPECT_EQ(e.argument(), "--requests, --context, --q-len (with --model and --kv)");
     EXPECT_NE(std::string(e.what()).find("of block tables and top-k"), std::string::npos)
         << e.what();
+    EXPECT_NE(std::string(e.what()).find("of queries and outputs (on the device) and"),
+              std::string::npos)
+        << e.what();
   }
 }
 
