@@ -152,5 +152,35 @@ TEST(BlockCache, ACapturedStepReusesTheEagerStepsBlocks) {
   }
 }
 
+// The device is asked for the request rounded up to the granule, and a block is reused only for
+// requests it holds; the largest size that rounds within size_t is passed on.
+TEST(BlockCache, AsksTheDeviceForTheRoundedSize) {
+  std::vector<size_t> sizes;
+  const auto cache = BlockCache::create({.allocate =
+                                             [&](size_t n) {
+                                               sizes.push_back(n);
+                                               return std::malloc(n);
+                                             },
+                                         .release = [](void* b) { std::free(b); },
+                                         .capturing = [] { return false; }});
+  cache->allocate(600);  // dropped: serves the next 1024-byte request
+  std::shared_ptr<void> block = cache->allocate(1000);
+  EXPECT_EQ(sizes, std::vector<size_t>{1024});
+  // The largest size that rounds up within size_t is passed on (the device refuses it).
+  const size_t largest = SIZE_MAX - (BlockCache::kGranule - 1);
+  EXPECT_NO_THROW(cache->allocate(largest));
+  EXPECT_EQ(sizes.back(), largest);
+}
+
+// A block no free one serves, asked for during a capture, is refused, naming its size.
+TEST(BlockCache, ACaptureRefusalNamesTheBlock) {
+  FakeDevice device;
+  const auto cache = BlockCache::create(device.memory());
+  device.capturing = true;
+  test::expect_smla_error([&] { cache->allocate(8192); }, ErrorKind::unsupported, "allocate",
+                          "a free block of 8192 B during a CUDA-graph capture",
+                          "none in the cache");
+}
+
 }  // namespace
 }  // namespace smla

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -251,6 +252,19 @@ TEST_F(QuantizeValidation, PoolOnAnUnusableCudaDeviceIsUnsupported) {
 #else
   expect_error(ErrorKind::unsupported, "pool", "a cpu pool", "cuda:63");
 #endif
+}
+
+// No rows: slots must be [0] too (a size of 0 is no wildcard).
+TEST_F(QuantizeValidation, SlotsForNoRowsAreEmpty) {
+  rows = view(DType::bf16, {0, 512});
+  expect_error(ErrorKind::value, "slots", "[N = 0]", "[5]");
+}
+
+// A refused float is quoted with the nine digits that read back as itself.
+TEST_F(QuantizeValidation, KvScaleQuotedToNineDigits) {
+  uint32_t bits = 0xbdccccd0u;  // -0.100000024f: 8 digits read back as another float
+  std::memcpy(&kv_scale, &bits, 4);
+  expect_error(ErrorKind::value, "kv_scale", "finite float > 0", "-0.100000024");
 }
 
 }  // namespace

@@ -76,5 +76,10 @@ TEST(TensorView, NamesSizesAndDevices) {
   EXPECT_FALSE((Device{DeviceKind::cuda, 0}) == (Device{DeviceKind::cpu, 0}));
 }
 
+// make_view's default strides are contiguous, a size-1 dim's too.
+TEST(TensorView, SizeOneDimsGetContiguousStrides) {
+  EXPECT_EQ(make_view(nullptr, DType::u8, Device{}, {1, 4}).strides[0], 4);
+}
+
 }  // namespace
 }  // namespace smla

@@ -259,5 +259,25 @@ TEST(TopkColumns, ArgumentsAreCheckedByName) {
   EXPECT_NO_THROW(sparse_mla_decode(table));  // none set: the SWA table alone
 }
 
+// A top-k whose K = W + top_k (rounded up to 4) passes 2^31 - 32 is unsupported, by name.
+TEST(TopkColumns, WidthPastWholeTilesOfIntIsUnsupported) {
+  StepCase c(layers_of(2), {.q_lens = {1, 2}, .seq_lens = {300, 200}, .num_decodes = 2}, 6);
+  const AttentionLayer& l = c.layers[2];
+  const CompressedColumns compressed = c.args(l.spec.layer).compressed;
+  const SparseIndexArgs swa = swa_table(c, l.spec.layer);
+  const DecodeArgs good =
+      topk_decode_args(l, swa, compressed, c.bf16(3, kHeads), c.bf16(3, kHeads));
+  // K = W + top_k rounded up to 4: 2^31 - 28 (one step past 2^31 - 32), and one where top_k
+  // alone is below 2^31 - 32 but W + top_k is not.
+  for (const int64_t top_k : {int64_t(INT32_MAX) - 27 - good.window, int64_t(INT32_MAX) - 64}) {
+    DecodeArgs a = good;
+    a.topk_columns.topk_indices =
+        make_view(good.topk_columns.topk_indices.data, DType::i32, Device{}, {3, top_k}, {0, 1});
+    expect_smla_error([&] { sparse_mla_decode(a); }, ErrorKind::unsupported,
+                      "topk_columns.topk_indices", "<= 2^31 - 32",
+                      "[3, " + std::to_string(top_k) + "]");
+  }
+}
+
 }  // namespace
 }  // namespace smla::test

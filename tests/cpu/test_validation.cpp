@@ -1,6 +1,7 @@
 // Every bad decode argument gets its own smla::Error: the right kind, the DecodeArgs field name
 // as argument(), and a message that says what was expected and what came.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cmath>
 #include <cstring>
@@ -41,6 +42,15 @@ class Validation : public ::testing::Test {
   TensorView view(DType dtype, std::initializer_list<int64_t> shape,
                   std::initializer_list<int64_t> strides) {
     return make_view(scratch.data(), dtype, Device{}, shape, strides);
+  }
+  // A view spanning up to 9 GiB whose data is never read, in address space reserved for it:
+  // from scratch it could span the case's own buffers, an overlap the checks refuse.
+  static TensorView far_view(DType dtype, std::initializer_list<int64_t> shape,
+                             std::initializer_list<int64_t> strides) {
+    static void* const reserved = mmap(nullptr, size_t(9) << 30, PROT_NONE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (reserved == MAP_FAILED) throw std::runtime_error("no 9 GiB of address space to reserve");
+    return make_view(reserved, dtype, Device{}, shape, strides);
   }
   // Scratch buffers apart from each other (and from view()'s): workspace and kv_counters.
   void set_scratch_buffers() {
@@ -425,18 +435,18 @@ TEST_F(Validation, TokensFromInt32) {
 }
 
 TEST_F(Validation, ColumnsPastWholeTilesOfInt) {
-  a.sparse_indices = view(DType::i32, {6, int64_t(INT32_MAX) - 27}, {0, 1});
+  a.sparse_indices = far_view(DType::i32, {6, int64_t(INT32_MAX) - 27}, {0, 1});
   expect_error(ErrorKind::unsupported, "sparse_indices", "K <= 2^31 - 32", "[6, 2147483620]");
-  a.sparse_indices = view(DType::i32, {6, int64_t(INT32_MAX) - 31}, {0, 1});  // 2^31 - 32
+  a.sparse_indices = far_view(DType::i32, {6, int64_t(INT32_MAX) - 31}, {0, 1});  // 2^31 - 32
   EXPECT_NO_THROW(validate_decode(a));
 }
 
 // Request indices are int with B + 1 bounds: B = 2^31 - 1 is refused by seq_lens' shape, and
 // B = 2^31 - 2 passes to the next check (cum_seq_lens_q's [B+1]).
 TEST_F(Validation, RequestsBelowInt32Max) {
-  a.seq_lens = view(DType::i32, {INT32_MAX});  // only its shape is read before the refusal
+  a.seq_lens = far_view(DType::i32, {INT32_MAX}, {1});  // only its shape is read before the refusal
   expect_error(ErrorKind::unsupported, "seq_lens", "[B] with B < 2^31 - 1", "[2147483647]");
-  a.seq_lens = view(DType::i32, {INT32_MAX - 1});
+  a.seq_lens = far_view(DType::i32, {INT32_MAX - 1}, {1});
   expect_error(ErrorKind::value, "cum_seq_lens_q", "[B+1=2147483647]", "[4]");
 }
 
@@ -721,6 +731,82 @@ TEST(Capability, EveryRefusalSaysWhy) {
   refused(query_capability(512, DType::bf16, DType::bf16, 64, kCuda),
           "this build has no CUDA backend");
 #endif
+}
+
+// A view's rank past 4 and a stride of INT64_MIN (no |stride| in int64) are refused.
+TEST(CheckHelpers, RankAndLeastStride) {
+  std::vector<std::byte> buf(64);
+  TensorView five = make_view(buf.data(), DType::f32, Device{}, {1, 1, 1, 4});
+  five.ndim = 5;  // one past kMaxDims: refused before shape[4] is read
+  test::expect_smla_error([&] { check::view(five, "v"); }, ErrorKind::value, "v", "1..4 dims",
+                          "5 dims");
+  // |INT64_MIN| is no int64: refused even for 1-byte elements.
+  EXPECT_THROW(check::view(make_view(buf.data(), DType::u8, Device{}, {2}, {INT64_MIN}), "v"),
+               Error);
+}
+
+// Two outputs' runs of bytes that overlap only at one run's end are not apart; a size-1 dim's
+// stride, never stepped, makes no overlap.
+TEST(CheckHelpers, ApartSeesAnOverlapAtARunsEnd) {
+  std::vector<std::byte> buf(64);
+  const auto u8 = [&](int64_t offset) {
+    return make_view(buf.data() + offset, DType::u8, Device{}, {4, 4}, {8, 1});
+  };
+  const auto heads = [&](int64_t offset) {
+    return make_view(buf.data() + offset, DType::u8, Device{}, {2, 2, 4}, {16, 4, 1});
+  };
+  // b's runs start past a's but end in a's next run.
+  EXPECT_THROW(check::apart(u8(0), "a", u8(5), "b"), Error);
+  EXPECT_THROW(check::apart(heads(0), "a", heads(9), "b"), Error);
+  // A size-1 dim's stride is never used: it does not break the interleave.
+  EXPECT_NO_THROW(check::apart(make_view(buf.data(), DType::u8, Device{}, {4, 1, 4}, {8, 3, 1}),
+                               "a", u8(4), "b"));
+}
+
+// A required size of 0 is a size (only -1 is any).
+TEST(CheckHelpers, ASizeOfZeroIsNoWildcard) {
+  std::vector<std::byte> buf(64);
+  test::expect_smla_error(
+      [&] {
+        check::tensor(make_view(buf.data(), DType::i32, Device{}, {3}), "x", DType::i32, Device{},
+                      {0}, "[N=0]");
+      },
+      ErrorKind::value, "x", "[N=0]", "[3]");
+}
+
+// cum_seq_lens_q decreasing at its last request is refused there, naming both bounds.
+TEST_F(Validation, CumSeqLensDecreasingAtTheLastRequest) {
+  c.cum_seq_lens_q.set<int32_t>(2, 7);  // {0, 1, 4, 6} -> {0, 1, 7, 6}
+  expect_error(ErrorKind::value, "cum_seq_lens_q", "non-decreasing",
+               "cum_seq_lens_q[2] = 7 > cum_seq_lens_q[3] = 6");
+}
+
+// One token and no request: the token belongs to none, refused by seq_lens' shape.
+TEST_F(Validation, OneTokenWithoutRequests) {
+  const int64_t K = a.sparse_indices.size(1);
+  a.query = view(DType::bf16, {1, 8, 512});
+  a.sparse_indices = view(DType::i32, {1, K});
+  a.sparse_topk_lens = view(DType::i32, {1});
+  a.seq_lens = view(DType::i32, {0});
+  a.cum_seq_lens_q = view(DType::i32, {1});
+  expect_error(ErrorKind::value, "seq_lens", "[B >= 1] (the T=1 tokens belong to requests)", "[0]");
+}
+
+// fp8_ds_mla page: 3 records of 576 B, then 3 scale records of 8 B at [1728, 1752); token stride
+// 1152 leaves [1736, 1752) between the view's rows: only the records view covers it.
+TEST_F(Validation, OutputsApartFromDsMlaScaleRecords) {
+  a.swa_kv_cache = view(DType::u8, {2, 3, 584}, {2304, 1152, 1});
+  a.compressed_kv_cache = TensorView{};
+  ASSERT_NO_THROW(validate_decode(a));
+  a.workspace = make_view(scratch.data() + 1736, DType::u8, Device{}, {16});
+  expect_error(ErrorKind::value, "workspace", "memory apart from swa_kv_cache",
+               "an overlap with swa_kv_cache");
+}
+
+// An error's text is "smla: <argument>: expected <expected>, got <got>".
+TEST(ErrorText, ArgumentExpectedGot) {
+  const Error e(ErrorKind::type, "query", "bf16", "f32");
+  EXPECT_STREQ(e.what(), "smla: query: expected bf16, got f32");
 }
 
 }  // namespace
