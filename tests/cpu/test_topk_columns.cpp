@@ -257,18 +257,8 @@ TEST(TopkColumns, ArgumentsAreCheckedByName) {
   table.topk_columns = {};
   table.sparse_topk_lens = swa.out.sparse_topk_lens;
   EXPECT_NO_THROW(sparse_mla_decode(table));  // none set: the SWA table alone
-}
-
-// A top-k whose K = W + top_k (rounded up to 4) passes 2^31 - 32 is unsupported, by name.
-TEST(TopkColumns, WidthPastWholeTilesOfIntIsUnsupported) {
-  StepCase c(layers_of(2), {.q_lens = {1, 2}, .seq_lens = {300, 200}, .num_decodes = 2}, 6);
-  const AttentionLayer& l = c.layers[2];
-  const CompressedColumns compressed = c.args(l.spec.layer).compressed;
-  const SparseIndexArgs swa = swa_table(c, l.spec.layer);
-  const DecodeArgs good =
-      topk_decode_args(l, swa, compressed, c.bf16(3, kHeads), c.bf16(3, kHeads));
-  // K = W + top_k rounded up to 4: 2^31 - 28 (one step past 2^31 - 32), and one where top_k
-  // alone is below 2^31 - 32 but W + top_k is not.
+  // A K = W + top_k (rounded up to 4) past 2^31 - 32 is unsupported: 2^31 - 28, one step past,
+  // and one where top_k alone is below 2^31 - 32 but W + top_k is not.
   for (const int64_t top_k : {int64_t(INT32_MAX) - 27 - good.window, int64_t(INT32_MAX) - 64}) {
     DecodeArgs a = good;
     a.topk_columns.topk_indices =
