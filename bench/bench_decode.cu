@@ -467,9 +467,9 @@ int main(int argc, char** argv) {
     FILE* csv = csv_file.get();
     if (csv)
       std::fprintf(csv,
-                   "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,alone_us,tflops,gbps,floor_us,"
-                   "floor_fraction,flashmla_us,columns,cluster,rotate,gather_tbps,matmul_tflops,"
-                   "e4m3_matmul_tflops,device\n");
+                   "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,alone_us,tflops,gbps,"
+                   "floor_us,floor_fraction,flashmla_us,columns,cluster,rotate,gather_tbps,"
+                   "matmul_tflops,e4m3_matmul_tflops,device\n");
     std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %9s %8s %8s %9s %6s %9s\n", "kv", "H", "req",
                 "q", "topk", "splits", "ctas", "us", "alone_us", "TFLOP/s", "GB/s", "floor_us",
                 "floor%", "FlashMLA");
@@ -490,7 +490,8 @@ int main(int argc, char** argv) {
                        "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.2f,%.1f,%.0f,%.2f,%.3f,%s,%d,%d,%s,%.3f,"
                        "%.1f,%s,\"%s\"\n",
                        l.name, s.heads, s.requests, s.tokens_per_request, s.topk, r.splits,
-                       (long long)r.ctas, r.us, r.alone_us, r.tflops, r.gbps, r.floor_us, r.floor_us / r.us,
+                       (long long)r.ctas, r.us, r.alone_us, r.tflops, r.gbps, r.floor_us,
+                       r.floor_us / r.us,
                        r.anchor_us > 0 ? anchor.c_str() : "", kWindow + s.topk, int(r.cluster),
                        o.rotate_all ? "all" : "indices", gather_bw[li] / 1e12,
                        matmul.bf16 / 1e12, e4m3_csv.c_str(), gpu.name.c_str());

@@ -110,10 +110,9 @@ class DeviceMirror {
   std::vector<std::unique_ptr<DeviceMemory>> outputs_;
 };
 
-// A non-blocking stream for a test's scope.
+// A stream for a test's scope: non-blocking, or blocking (synchronized with the legacy stream).
 class TestStream {
  public:
-  // Non-blocking unless `blocking`: a blocking stream synchronizes with the legacy one.
   explicit TestStream(bool blocking = false) {
     CUDA_THROW(
         cudaStreamCreateWithFlags(&stream_, blocking ? cudaStreamDefault : cudaStreamNonBlocking));
