@@ -1,6 +1,7 @@
 #include "args.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string_view>
 #include <vector>
 
@@ -47,6 +48,15 @@ constexpr RunFlag kRunFlags[] = {
     {"--context", [](RunOptions& o, Text f, Text v) { o.context = number(f, v, 1, kMaxInt); }},
     {"--q-len", [](RunOptions& o, Text f, Text v) { o.q_len = number(f, v, 1, 1024); }},
     {"--check", [](RunOptions& o, Text f, Text v) { o.check = number(f, v, 0, kMaxInt); }},
+    {"--tolerance",
+     [](RunOptions& o, Text f, Text v) {
+       double x = 0;
+       const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+       if (ec != std::errc() || end != v.data() + v.size() || !(x > 0) || !std::isfinite(x))
+         throw UsageError(std::string(f) + ": expected a finite number > 0, got '" +
+                          std::string(v) + "'");
+       o.tolerance = x;
+     }},
     {"--groups", [](RunOptions& o, Text f, Text v) { o.groups = number(f, v, 1, 64); }},
     {"--seed",
      [](RunOptions& o, Text f, Text v) { o.seed = number<uint64_t>(f, v, 0, UINT64_MAX); }},
@@ -182,6 +192,8 @@ std::string usage() {
          std::to_string(d.check) +
          ", 0: no check;\n"
          "                    on CUDA a check keeps host copies of the pools)\n"
+         "  --tolerance X     the check's bound on its relative error (default 1e-2; 3e-2 for\n"
+         "                    fp8_e4m3 on CUDA, whose scores are e4m3 wgmma)\n"
          "  --groups N        interleaved SWA KV-cache groups, 1..64 and at most the model's\n"
          "                    layers (default " +
          std::to_string(d.groups) +

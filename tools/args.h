@@ -23,6 +23,7 @@ struct RunOptions {
   KvLayout kv = KvLayout::bf16;
   DeviceChoice device = DeviceChoice::auto_;
   int check = 8;   // sampled (token, head) rows per layer checked against the oracle
+  double tolerance = 0;  // on the check's relative error; 0: the layout's and device's own
   int groups = 1;  // interleaved SWA groups
   uint64_t seed = 0;
   CompressedIndex compressed_index = CompressedIndex::automatic;  // executor.h

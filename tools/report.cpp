@@ -1,6 +1,7 @@
 #include "report.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "graph_table.h"
 #include "synth.h"
@@ -17,6 +18,16 @@ struct Totals {
 void print_row(const Totals& t) {
   std::printf("%-10s %6d %10.3f %10.3f %9.2f %9.3f\n", t.kind.c_str(), t.layers, t.seconds * 1e3,
               t.seconds * 1e3 / t.layers, t.bytes / t.seconds / 1e9, t.flops / t.seconds / 1e12);
+}
+
+// `x` in the fewest digits that read back as itself: 1e-02, 1.5e-02.
+std::string shortest(double x) {
+  char text[32];
+  for (int digits = 0; digits < 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*e", digits, x);
+    if (std::strtod(text, nullptr) == x) break;
+  }
+  return text;
 }
 
 }  // namespace
@@ -72,10 +83,9 @@ void print_report(const RunReport& r) {
   const CheckResult& c = *r.check;
   std::printf(
       "check: %lld (token, head) rows%s vs a float64 oracle: max |error| %.2e, "
-      "max relative %.2e (tolerance %.0e): %s\n",
-      static_cast<long long>(c.rows), c.every_row ? " (every row of each layer)" : "",
-      c.max_error, c.max_relative_error, r.tolerance,
-      check_passed(r) ? "ok" : "FAILED");
+      "max relative %.2e (tolerance %s): %s\n",
+      static_cast<long long>(c.rows), c.every_row ? " (every row of each layer)" : "", c.max_error,
+      c.max_relative_error, shortest(r.tolerance).c_str(), check_passed(r) ? "ok" : "FAILED");
 }
 
 bool check_passed(const RunReport& r) {

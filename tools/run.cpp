@@ -73,7 +73,9 @@ int run_step(const RunOptions& o) {
   StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
                         TableSharing::shared, o.compressed_index);
 
-  RunReport report{.options = o, .kv_bytes = step.kv_bytes, .tolerance = tolerance(o.kv, device)};
+  RunReport report{.options = o,
+                   .kv_bytes = step.kv_bytes,
+                   .tolerance = o.tolerance > 0 ? o.tolerance : tolerance(o.kv, device)};
   if (device.kind == DeviceKind::cpu) {
     const int threads = cpu::num_threads();
     // A CPU step can take minutes: its one pass is timed, cold (the threads' start and the

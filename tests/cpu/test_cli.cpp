@@ -109,6 +109,16 @@ TEST(RunArgs, BelowTheLeastNamesTheFlag) {
                      "--check: expected an integer in [0, 1073741824], got '-1'");
 }
 
+// --tolerance takes a finite number > 0 (0, the default, is the layout's own bound).
+TEST(RunArgs, ToleranceIsAPositiveFiniteNumber) {
+  EXPECT_EQ(parse({"run"}).run.tolerance, 0.0);
+  EXPECT_EQ(parse({"run", "--tolerance", "0.015"}).run.tolerance, 0.015);
+  EXPECT_EQ(parse({"run", "--tolerance=1e-12"}).run.tolerance, 1e-12);
+  for (const char* bad : {"0", "-1e-2", "nan", "inf", "1e-2x", "", "1e999"})
+    expect_usage_error({"run", "--tolerance", bad},
+                       std::string("--tolerance: expected a finite number > 0, got '") + bad + "'");
+}
+
 // A switch (smla_step_bench's --quick) stands alone: `--quick=1` is refused, not read as --quick,
 // and a word after it is not its value.
 TEST(RunArgs, SwitchesTakeNoValue) {
