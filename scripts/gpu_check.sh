@@ -19,6 +19,10 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SMLA_REQUIRE_GPU=1  # the GPU tests fail, not skip, where no device is visible
 export SMLA_TEST_HEADROOM=1  # the tests end with how close each tolerance came (headroom.h)
 steps=${*:-tests sanitize bench probe run step python}
+known="tests sanitize bench probe profile run step python"
+for step in $steps; do  # before the build and the first step, not after them
+  [[ " $known " == *" $step "* ]] || { echo "unknown step '$step' ($known)"; exit 2; }
+done
 status=()
 failed=0
 declare -A begun  # logs written by this call: the first step to use one truncates it
@@ -68,10 +72,11 @@ for step in $steps; do
       # (prefetch_next_wave reads the next wave's table: ~6 s under memcheck), and padding
       # heads in every reduction
       more=GpuDecode.ANanQuantizedIntoADsMlaRowReachesItsTokens:GpuDecode.OddWindowsAgainstOracleAndCpu:GpuDecode.TokensPastTheLastRequestReadNothingPastTheViews:GpuDecode.SizeOneDimsTakeAnyStride:GpuDecode.LargeQueriesAgainstOracleAndCpu
-      run_step memcheck tests.log timeout 260 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      sanitize=(timeout -k 30 260 compute-sanitizer --error-exitcode 9)
+      run_step memcheck tests.log "${sanitize[@]}" --tool memcheck \
         "$BUILD/tests/smla_gpu_tests" --gtest_filter=$more:$filter
       for tool in racecheck synccheck initcheck; do
-        run_step $tool tests.log timeout 260 compute-sanitizer --tool $tool --error-exitcode 9 \
+        run_step $tool tests.log "${sanitize[@]}" --tool $tool \
           "$BUILD/tests/smla_gpu_tests" --gtest_filter=$filter
       done ;;
     bench) run_step bench bench.log timeout -s KILL 300 "$BUILD/smla_bench" --csv "$OUT/bench.csv" ;;
@@ -91,29 +96,35 @@ for step in $steps; do
           ncu -i '$OUT/profile.ncu-rep' --page source --csv --print-source sass >'$OUT/profile.csv' &&
           scripts/ncu_stalls.py '$OUT/profile.csv'; rc=\$?; rm -f '$OUT'/profile.*; exit \$rc"
       done ;;
-    run)
-      run_step info run.log "$BUILD/smla" info
-      run_step run run.log "$BUILD/smla" run --device cuda --requests 64 --q-len 2 --context 16384 --check 4
-      run_step run-v41 run.log "$BUILD/smla" run --device cuda --model v41-flash --groups 3 --q-len 2 --check 4
-      run_step run-fp8 run.log "$BUILD/smla" run --device cuda --kv fp8_ds_mla --requests 64 --q-len 2 --check 4
-      run_step run-e4m3 run.log "$BUILD/smla" run --device cuda --kv fp8_e4m3 --requests 64 --q-len 2 --check 8
+    run)  # each under a time limit, so that a hang still leaves the summary
+      smla=(timeout -s KILL 120 "$BUILD/smla")
+      run_step info run.log "${smla[@]}" info
+      run_step run run.log "${smla[@]}" run --device cuda --requests 64 --q-len 2 --context 16384 \
+        --check 4
+      run_step run-v41 run.log "${smla[@]}" run --device cuda --model v41-flash --groups 3 \
+        --q-len 2 --check 4
+      run_step run-fp8 run.log "${smla[@]}" run --device cuda --kv fp8_ds_mla --requests 64 \
+        --q-len 2 --check 4
+      run_step run-e4m3 run.log "${smla[@]}" run --device cuda --kv fp8_e4m3 --requests 64 \
+        --q-len 2 --check 8
       # ratio-128 top-k of 2343 columns, past the decode's 2048: those layers read built tables
-      run_step run-300k run.log "$BUILD/smla" run --device cuda --requests 2 --context 300000 --check 4 ;;
+      run_step run-300k run.log "${smla[@]}" run --device cuda --requests 2 --context 300000 \
+        --check 4 ;;
     step)  # the whole step four ways: auto, top-k in the decode, shared tables, none
-      run_step step step.log "$BUILD/smla_step_bench" --csv "$OUT/step.csv" ;;
+      run_step step step.log timeout -s KILL 300 "$BUILD/smla_step_bench" --csv "$OUT/step.csv" ;;
     python)  # builds the package with CUDA here (wheels it lacks come from a carried .whl/),
       # then, where that passed, times an eager call's host side with the same interpreter
-      run_step python python.log env SMLA_PYTHON_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 \
-        scripts/python_test.sh &&
+      run_step python python.log timeout -s KILL 500 env SMLA_PYTHON_CUDA=ON \
+        CMAKE_BUILD_PARALLEL_LEVEL=16 scripts/python_test.sh &&
         run_step host-cost python.log timeout -s KILL 120 "$(cat build-python/interpreter)" \
           bench/python_host_cost.py ;;
-    *) echo "unknown step '$step' (tests sanitize bench probe profile run step python)"; exit 2 ;;
   esac
 done
 
 echo "== summary"
 printf '%s\n' "${status[@]}"
 # the issues' target shapes: H=64/128 at 2 and 128 requests x 2 tokens, H=8/16/32 at 128 x 2
-[ -f "$OUT/bench.log" ] && grep -E "^(ceilings|workspace|kv )|^(bf16|fp8)[a-z0-9_]* +((64|128) +(2|128)|(8|16|32) +128) +2 " "$OUT/bench.log"
-[ -f "$OUT/step.log" ] && grep -E "^(model|v4|  graph WRONG)" "$OUT/step.log"
+# (from this call's logs only: an earlier call's may still lie in $OUT)
+[ -n "${begun[bench.log]:-}" ] && grep -E "^(ceilings|workspace|kv )|^(bf16|fp8)[a-z0-9_]* +((64|128) +(2|128)|(8|16|32) +128) +2 " "$OUT/bench.log"
+[ -n "${begun[step.log]:-}" ] && grep -E "^(model|v4|  graph WRONG)" "$OUT/step.log"
 exit $failed

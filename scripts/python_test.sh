@@ -20,15 +20,20 @@ sys.exit(not (sys.prefix == sys.base_prefix and
   PY=build-python/venv/bin/python
 fi
 # Which interpreter holds the package, for scripts run after this one (gpu_check.sh's host time).
-mkdir -p build-python && command -v "$PY" >build-python/interpreter
+# (its own path, not a shim on PATH that picks one at each call)
+mkdir -p build-python && "$PY" -c 'import sys; print(sys.executable)' >build-python/interpreter
 pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
 # Offline machines (the GPU machine) install missing modules from wheels carried in .whl/.
 wheels=(); [ -d .whl ] && wheels=(--no-index --find-links .whl)
 
 need=()
-for mod in numpy:numpy ml_dtypes:ml_dtypes pytest:pytest scikit_build_core:scikit-build-core; do
+for mod in numpy:numpy ml_dtypes:ml_dtypes pytest:pytest; do
   "$PY" -c "import ${mod%%:*}" 2>/dev/null || need+=("${mod#*:}")
 done
+# scikit-build-core 0.10 or later (pyproject.toml): --no-build-isolation below does not check it.
+"$PY" -c 'import scikit_build_core, sys
+sys.exit(tuple(map(int, scikit_build_core.__version__.split(".")[:2])) < (0, 10))' 2>/dev/null ||
+  need+=("scikit-build-core>=0.10")
 # nanobind: 2.10 or later, the first with the float8_e4m3fn DLPack code the bindings use.
 "$PY" -c 'import nanobind, sys
 sys.exit(tuple(map(int, nanobind.__version__.split(".")[:2])) < (2, 10))' 2>/dev/null ||

@@ -3,7 +3,13 @@
 # nvcc (the CUDA toolkit) is optional: with it the sm_90a kernels are built too.
 set -euo pipefail
 need=()
-command -v cmake >/dev/null || need+=(cmake)
+# CMake 3.25 or later (CMakeLists.txt); an older one is replaced by Debian's.
+cmake_ok() {
+  local v
+  v=$(cmake --version 2>/dev/null | sed -n '1s/[^0-9]*\([0-9]*\)\.\([0-9]*\).*/\1 \2/p')
+  [ -n "$v" ] && set -- $v && { [ "$1" -gt 3 ] || { [ "$1" -eq 3 ] && [ "$2" -ge 25 ]; }; }
+}
+cmake_ok || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
@@ -15,7 +21,13 @@ python3 -c 'import os, sysconfig; assert os.path.isfile(sysconfig.get_paths()["i
   2>/dev/null || need+=(python3-dev)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo=sudo
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null ||
+      { echo "$0: needs root or sudo to install: ${need[*]}" >&2; exit 1; }
+    sudo=sudo
+  fi
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
+  cmake_ok || { echo "$0: CMake 3.25 or later is needed; found: $(cmake --version | head -1)" >&2
+    exit 1; }
 fi

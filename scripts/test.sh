@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
-ctest --test-dir "${SMLA_BUILD:-build}" --output-on-failure -j "$(nproc)"
+ctest --test-dir "${SMLA_BUILD:-build}" --output-on-failure --no-tests=error -j "$(nproc)"
 scripts/python_test.sh

@@ -127,6 +127,14 @@ struct DeviceCase {
 
   void* device_ptr(const HostTensor& t) const { return tensors.at(&t)->get(); }
 
+  // NaN in the case's outputs (out, and lse where it has one) on `stream`: an element a launch
+  // leaves unwritten then fails every comparison.
+  void poison_outputs(const DecodeCase& c, cudaStream_t stream = nullptr) const {
+    CUDA_THROW(cudaMemsetAsync(device_ptr(c.out), 0xff, c.out.bytes.size(), stream));
+    if (c.lse.defined())
+      CUDA_THROW(cudaMemsetAsync(device_ptr(c.lse), 0xff, c.lse.bytes.size(), stream));
+  }
+
   // The plan sparse_mla_decode(args) makes now, from the launch's inputs: the shape, the cache
   // layout (swa_kv_cache's dtype), the occupancy (clusters off under CountersOnly) and the
   // workspace and counter bytes given, which cap the counter-reduced splits.

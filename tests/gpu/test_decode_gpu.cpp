@@ -139,13 +139,20 @@ TEST(GpuDecode, TokensFindTheirRequestPastAWarp) {
 }
 
 // Device offsets are not checked: tokens past cum_seq_lens_q[B] read nothing past seq_lens or
-// cum_seq_lens_q (values placed right after them change no output bit), whether the token's
-// request is found by one warp's loads (B <= 32) or by the scan; the other requests' tokens
-// still match the oracle.
+// cum_seq_lens_q (values placed right after them change no output or lse bit), whether the
+// token's request is found by one warp's loads (B <= 32) or by the scan; the other requests'
+// tokens still match the oracle.
 TEST(GpuDecode, TokensPastTheLastRequestReadNothingPastTheViews) {
   SKIP_WITHOUT_GPU();
   for (int requests : {5, 40}) {
-    DecodeCase c = make_case({.heads = 8, .requests = requests, .max_q = 2}, fresh_seed());
+    // 0 to 2 tokens a request, but 1 or 2 in the last, whose tokens are cut past cum[B] (from
+    // an empty one, cum_seq_lens_q would decrease).
+    const uint64_t seed = fresh_seed();
+    Rng rng(seed);
+    std::vector<int> q_lens(requests);
+    for (int& q : q_lens) q = static_cast<int>(rng.uniform(0, 2));
+    q_lens.back() = static_cast<int>(rng.uniform(1, 2));
+    DecodeCase c = make_case({.heads = 8, .q_lens = q_lens}, seed);
     SCOPED_TRACE(c.summary);
     DeviceCase d(c);
     const int B = requests;
@@ -153,27 +160,29 @@ TEST(GpuDecode, TokensPastTheLastRequestReadNothingPastTheViews) {
     CUDA_THROW(cudaMemcpy(seq.data(), d.args.seq_lens.data, 4 * B, cudaMemcpyDeviceToHost));
     CUDA_THROW(cudaMemcpy(cum.data(), d.args.cum_seq_lens_q.data, 4 * (B + 1),
                           cudaMemcpyDeviceToHost));
+    ASSERT_GT(cum[B], cum[B - 1]);
     cum[B] -= c.query.shape[0] > cum[B - 1] + 1 ? 2 : 1;  // the last one or two tokens: past it
     const DeviceMemory seq_mem(4 * (B + 1)), cum_mem(4 * (B + 2));
     DecodeArgs args = d.args;
     args.seq_lens = make_view(seq_mem.get(), DType::i32, d.device, {B});
     args.cum_seq_lens_q = make_view(cum_mem.get(), DType::i32, d.device, {B + 1});
-    std::vector<std::byte> first;
+    std::vector<std::byte> first, first_lse;
     for (int32_t past : {0, 1 << 20}) {
       seq[B] = past, cum[B + 1] = past;
       CUDA_THROW(cudaMemcpy(seq_mem.get(), seq.data(), 4 * (B + 1), cudaMemcpyHostToDevice));
       CUDA_THROW(cudaMemcpy(cum_mem.get(), cum.data(), 4 * (B + 2), cudaMemcpyHostToDevice));
-      CUDA_THROW(cudaMemset(d.device_ptr(c.out), 0xff, c.out.bytes.size()));
+      d.poison_outputs(c);
       sparse_mla_decode(args);
       ASSERT_CUDA(cudaDeviceSynchronize());
       d.fetch(c);
       if (first.empty()) {
-        first = c.out.bytes;
+        first = c.out.bytes, first_lse = c.lse.bytes;
         Reference in_requests = oracle(c);  // requests 0..B-2 are as generated
         in_requests.tokens = cum[B - 1];
         EXPECT_TRUE(matches(c, in_requests, Tolerance::device(DType::bf16)));
       } else {
         EXPECT_TRUE(first == c.out.bytes) << B << " requests: the output read past a view";
+        EXPECT_TRUE(first_lse == c.lse.bytes) << B << " requests: the lse read past a view";
       }
     }
   }
@@ -193,16 +202,17 @@ TEST(GpuDecode, SizeOneDimsTakeAnyStride) {
     ASSERT_CUDA(cudaDeviceSynchronize());
     d.fetch(c);
     EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(DType::bf16)));
-    const std::vector<std::byte> row_major = c.out.bytes;
+    const std::vector<std::byte> row_major = c.out.bytes, row_major_lse = c.lse.bytes;
     DecodeArgs args = d.args;
     for (TensorView* v : {&args.query, &args.out})
       for (int dim : {0, 1})
         if (v->size(dim) == 1) v->strides[dim] = 1;
-    CUDA_THROW(cudaMemset(d.device_ptr(c.out), 0xff, c.out.bytes.size()));
+    d.poison_outputs(c);
     sparse_mla_decode(args);
     ASSERT_CUDA(cudaDeviceSynchronize());
     d.fetch(c);
     EXPECT_TRUE(row_major == c.out.bytes) << "H=" << heads;
+    EXPECT_TRUE(row_major_lse == c.lse.bytes) << "H=" << heads << ": lse";
   }
 }
 
@@ -466,9 +476,7 @@ void expect_replays_equal_eager(DecodeCase& c, int replays) {
   // a replay reading a split's partial before it is published would otherwise find the last
   // replay's, bit for bit the same.
   const auto poison = [&] {
-    ASSERT_CUDA(cudaMemsetAsync(d.device_ptr(c.out), 0xff, c.out.bytes.size(), stream));
-    if (c.lse.defined())
-      ASSERT_CUDA(cudaMemsetAsync(d.device_ptr(c.lse), 0xff, c.lse.bytes.size(), stream));
+    d.poison_outputs(c, stream);
     ASSERT_CUDA(cudaMemsetAsync(d.workspace->get(), 0xff, d.workspace_size, stream));
   };
 
@@ -593,26 +601,36 @@ TEST(GpuDecode, AnotherDevicesTensorsOrStreamAreRefused) {
 }
 
 // Too small a counter buffer or workspace, or none, falls back to fewer splits: still right.
+// A byte short of what the full plan takes still splits (through those buffers, filled to the
+// byte), so the reduction runs on the buffers' exact fit.
 TEST(GpuDecode, SmallCountersOrWorkspaceFallBack) {
   SKIP_WITHOUT_GPU();
   const CountersOnly counters_only;
-  for (auto [counters, workspace] :
-       {std::pair<size_t, size_t>{0, 0}, {4, SIZE_MAX}, {SIZE_MAX, 1 << 16}}) {
+  enum Short { none, counters, workspace };
+  for (Short shortened : {none, counters, workspace}) {
     DecodeCase c = make_case({.heads = 32, .requests = 2, .max_q = 2, .compressed_width = 1024},
                              fresh_seed());
     poison_unattended_rows(c);
-    DeviceCase d(c, counters, workspace);
-    const std::string what =
-        "counters " + std::to_string(counters) + " workspace " + std::to_string(workspace);
     // Unlimited buffers split the rows (else nothing falls back); the given ones split fewer.
     const cuda::DecodePlan full =
         cuda::plan_decode(c.query.size(0), 32, c.sparse_indices.size(1), KvLayout::bf16,
                           cuda::decode_occupancy(0), SIZE_MAX, SIZE_MAX);
-    ASSERT_GT(full.num_splits, 1) << what << "; " << c.summary;
-    EXPECT_LT(d.plan().num_splits, full.num_splits) << what << "; " << c.summary;
+    ASSERT_GT(full.num_splits, 1) << c.summary;
+    const size_t counter_bytes = shortened == none       ? 0
+                                 : shortened == counters ? full.counter_bytes - 1
+                                                         : SIZE_MAX,
+                 ws_bytes = shortened == none        ? 0
+                            : shortened == workspace ? full.workspace_bytes - 1
+                                                     : SIZE_MAX;
+    DeviceCase d(c, counter_bytes, ws_bytes);
+    const std::string what = "counters " + std::to_string(d.counter_size) + " workspace " +
+                             std::to_string(d.workspace_size) + "; " + c.summary;
+    EXPECT_LT(d.plan().num_splits, full.num_splits) << what;
+    if (shortened != none) ASSERT_GT(d.plan().num_splits, 1) << what;
     sparse_mla_decode(d.args);
     ASSERT_CUDA(cudaDeviceSynchronize());
     d.fetch(c);
+    if (shortened != none) EXPECT_TRUE(d.workspace_written()) << what;
     EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(DType::bf16))) << what;
     EXPECT_TRUE(all_zero(d.counter_values())) << what;
     EXPECT_TRUE(d.guards_intact()) << "bytes past the buffers given written; " << what;
@@ -621,15 +639,19 @@ TEST(GpuDecode, SmallCountersOrWorkspaceFallBack) {
 
 // Both fp8 layouts (and an e4m3 or bf16 query with the per-tensor one), with every e4m3 code
 // and extreme UE8M0 exponents (0..2 and up to 2^(200-127): P.V sums in float32) on half of
-// the cases.
+// the cases. The e4m3 query's bound (its scores' rounding) would pass a kernel that drops an
+// attended column in about a third of cases, so it runs on integer rows (CaseSpec::integer_fp8,
+// exact scores) under bf16's bounds too.
 TEST(GpuDecode, Fp8CachesAgainstOracleAndCpu) {
   SKIP_WITHOUT_GPU();
   struct Kind {
     KvLayout layout;
     DType query;
+    bool integer = false;
   };
   const Kind kinds[] = {{KvLayout::fp8_ds_mla, DType::bf16},
                         {KvLayout::fp8_e4m3, DType::f8e4m3},
+                        {KvLayout::fp8_e4m3, DType::f8e4m3, true},
                         {KvLayout::fp8_e4m3, DType::bf16}};
   // Cases of each kind whose rows split in clusters, and through the counters (every other
   // case has clusters off).
@@ -639,8 +661,13 @@ TEST(GpuDecode, Fp8CachesAgainstOracleAndCpu) {
     for (size_t k = 0; k < std::size(kinds); ++k)
       for (int h : {1, 16, 64, 100, 128})
         for (int width : {4, 64, 512, 1024}) {  // 4: a last tile of 4 columns
-          CaseSpec spec{.layout = kinds[k].layout, .query_dtype = kinds[k].query, .heads = h,
-                        .compressed_width = width, .extremes = round == 1, .top_exponent = 200};
+          CaseSpec spec{.layout = kinds[k].layout,
+                        .query_dtype = kinds[k].query,
+                        .heads = h,
+                        .compressed_width = width,
+                        .extremes = round == 1 && !kinds[k].integer,
+                        .top_exponent = 200,
+                        .integer_fp8 = kinds[k].integer};
           spec.requests = h >= 64 ? 2 : 3;
           spec.max_q = 1 + (h + width) % 4;
           const cuda::DecodePlan plan =
@@ -651,7 +678,8 @@ TEST(GpuDecode, Fp8CachesAgainstOracleAndCpu) {
         }
   for (size_t k = 0; k < std::size(kinds); ++k) {
     const std::string kind = std::string(kv_layout_name(kinds[k].layout)) + " cache, " +
-                             dtype_name(kinds[k].query) + " query";
+                             dtype_name(kinds[k].query) + " query" +
+                             (kinds[k].integer ? ", integer rows" : "");
     EXPECT_GT(in_clusters[k], 0) << "cases split in clusters, " << kind;
     EXPECT_GT(through_counters[k], 0) << "cases split through the counters, " << kind;
   }
@@ -707,23 +735,30 @@ TEST(GpuDecode, OddWindowsAgainstOracleAndCpu) {
   EXPECT_LT(split, cases) << "every case split: no unsplit plan";
 }
 
-// fp8 launches split over many CTAs, captured and replayed: bitwise equal to eager. Both kinds
+// fp8 launches split over many CTAs, reduced in clusters and through the counters, captured and
+// replayed: bitwise equal to eager. Both kinds
 // of fp8 kernel: fp8_ds_mla (converted to bf16) and e4m3 with an e4m3 query (f16).
 TEST(GpuDecode, Fp8GraphReplayEqualsEagerBitwise) {
   SKIP_WITHOUT_GPU();
   const std::pair<KvLayout, DType> kinds[] = {{KvLayout::fp8_ds_mla, DType::bf16},
                                               {KvLayout::fp8_e4m3, DType::f8e4m3}};
-  for (const auto& [layout, query] : kinds) {
-    DecodeCase c = make_case({.layout = layout, .query_dtype = query, .heads = 64, .requests = 1,
-                              .max_q = 2, .compressed_width = 1024},
-                             fresh_seed());
-    poison_unattended_rows(c);
-    const cuda::DecodePlan plan =
-        cuda::plan_decode(c.query.size(0), 64, c.sparse_indices.size(1), layout,
-                          cuda::decode_occupancy(0), SIZE_MAX, SIZE_MAX);
-    ASSERT_GT(plan.num_splits, 1) << "the case must split rows";
-    expect_replays_equal_eager(c, 20);
-  }
+  for (const auto& [layout, query] : kinds)
+    for (bool counters : {false, true}) {
+      std::optional<CountersOnly> counters_only;
+      if (counters) counters_only.emplace();
+      DecodeCase c = make_case({.layout = layout,
+                                .query_dtype = query,
+                                .heads = 64,
+                                .requests = 1,
+                                .max_q = 2,
+                                .compressed_width = 1024},
+                               fresh_seed());
+      poison_unattended_rows(c);
+      const cuda::DecodePlan plan = DeviceCase(c).plan();
+      ASSERT_GT(plan.num_splits, 1) << "the case must split rows";
+      ASSERT_EQ(plan.cluster, !counters) << "the reduction under test";
+      expect_replays_equal_eager(c, 20);
+    }
 }
 
 // Views the kernel cannot read or write aligned are refused by name before any launch (`out`

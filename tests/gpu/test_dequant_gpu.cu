@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <bitset>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -46,7 +47,8 @@ TEST(GpuDequant, Fp8DsMlaCodesTimesEveryScaleAsTheCpu) {
     std::vector<uint16_t> out(kThreads * 8);
     ASSERT_CUDA(cudaMemcpy(u.data(), d_u.get(), d_u.bytes(), cudaMemcpyDeviceToHost));
     ASSERT_CUDA(cudaMemcpy(out.data(), d_out.get(), d_out.bytes(), cudaMemcpyDeviceToHost));
-    int checked = 0, twice = 0;
+    std::bitset<kScales * kCodes> seen;  // (scale, code) pairs checked
+    int twice = 0;
     for (int t = 0; t < kThreads; ++t) {
       twice += u[t] > cuda::kOneFactor;
       for (int i = 0; i < 8; ++i) {
@@ -63,10 +65,10 @@ TEST(GpuDequant, Fp8DsMlaCodesTimesEveryScaleAsTheCpu) {
           ASSERT_EQ(got, want) << "code " << int(code) << " scale byte " << u[t]
                                << (mixed ? " (mixed warp)" : "");
         }
-        ++checked;
+        seen.set(u[t] * kCodes + code);
       }
     }
-    EXPECT_EQ(checked, kScales * (kCodes - 2));
+    EXPECT_EQ(seen.count(), size_t{kScales} * (kCodes - 2)) << "pairs not every (scale, code)";
     EXPECT_GT(twice, 0);
   }
 }

@@ -77,8 +77,11 @@ CaseShape dspark_shape(int groups) {
           .decode_swa_width = dspark_swa_width(kWindow, 3)};
 }
 
-// Each model's slices on 1, 2 and 3 SWA groups, whose pools are bf16, fp8_ds_mla (V4's) and
-// per-tensor e4m3 (bf16 queries).
+// The pools of a step on 1, 2 and 3 SWA groups: bf16, fp8_ds_mla (V4's), per-tensor e4m3 (bf16
+// queries).
+constexpr KvLayout kGroupsLayout[] = {KvLayout::bf16, KvLayout::fp8_ds_mla, KvLayout::fp8_e4m3};
+
+// Each model's slices on 1, 2 and 3 SWA groups, their pools kGroupsLayout's.
 std::vector<Pattern> patterns() {
   std::vector<Pattern> all;
   for (int groups = 1; groups <= 3; ++groups) {
@@ -87,8 +90,7 @@ std::vector<Pattern> patterns() {
     all.push_back({"v41-flash", groups, 0, 43, decode_shape(groups)});
     all.push_back({"v41-flash", groups, 40, 3, dspark_shape(groups)});
   }
-  const KvLayout layouts[] = {KvLayout::bf16, KvLayout::fp8_ds_mla, KvLayout::fp8_e4m3};
-  for (Pattern& p : all) p.shape.layout = layouts[p.groups - 1];
+  for (Pattern& p : all) p.shape.layout = kGroupsLayout[p.groups - 1];
   return all;
 }
 
@@ -164,11 +166,54 @@ struct GpuStep {
   int64_t max_columns = 0;
 };
 
+// The CUDA streams, remembering each block allocate() serves (tables, the decodes' workspace;
+// not the counters, which are allocate_persistent's), so that a test can poison them.
+class BlockLoggingStreams final : public Streams {
+ public:
+  explicit BlockLoggingStreams(std::unique_ptr<Streams> inner) : inner_(std::move(inner)) {}
+  Device device() const override { return inner_->device(); }
+  void* current() const override { return inner_->current(); }
+  void* side() const override { return inner_->side(); }
+  void reserve_events(int count) override { inner_->reserve_events(count); }
+  void fork() override { inner_->fork(); }
+  void record(int event) override { inner_->record(event); }
+  void wait(int event) override { inner_->wait(event); }
+  void join() override { inner_->join(); }
+  std::shared_ptr<void> allocate(size_t bytes) override {
+    std::shared_ptr<void> memory = inner_->allocate(bytes);
+    size_t& logged = blocks_[memory.get()];
+    logged = std::max(logged, bytes);
+    return memory;
+  }
+  std::shared_ptr<void> allocate_persistent(size_t bytes) override {
+    return inner_->allocate_persistent(bytes);
+  }
+  void zero(void* dst, size_t bytes) override { inner_->zero(dst, bytes); }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    inner_->upload(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    inner_->download(dst, src, bytes);
+  }
+  void synchronize() override { inner_->synchronize(); }
+
+  // Every block served so far, 0xa5 bytes, on `stream`; how many.
+  size_t poison_blocks(cudaStream_t stream) const {
+    for (const auto& [block, bytes] : blocks_)
+      CUDA_THROW(cudaMemsetAsync(block, 0xa5, bytes, stream));
+    return blocks_.size();
+  }
+
+ private:
+  std::unique_ptr<Streams> inner_;
+  std::map<void*, size_t> blocks_;  // the most bytes each was served for
+};
+
 // The executor of a step on its own non-blocking stream.
 struct StepOnStream {
   explicit StepOnStream(const GpuStep& g, CompressedIndex compressed = CompressedIndex::automatic)
       : streams(make_streams(g.gpu.device, stream.get())),
-        executor(g.layers, *streams, g.c.num_tokens(), g.max_columns, TableSharing::shared,
+        executor(g.layers, streams, g.c.num_tokens(), g.max_columns, TableSharing::shared,
                  compressed) {}
   // One step of `g`, run and waited for: its outputs' bytes, every element written (the
   // outputs were poisoned with NaN), so that comparisons with them cannot pass on poison.
@@ -182,7 +227,7 @@ struct StepOnStream {
     return bytes;
   }
   TestStream stream;  // declared first: made before the streams that use it
-  std::unique_ptr<Streams> streams;
+  BlockLoggingStreams streams;
   StepExecutor executor;
 };
 
@@ -299,7 +344,9 @@ TEST(GpuExecutorWideTopk, StepsPastTheDecodesWidthReadTables) {
 
 // (c) The step captured on a non-default stream after one eager step, replayed 10 times, equals
 // the eager step bitwise; its graph is one table build per distinct (group, key), one decode
-// per layer, and no memset, memcpy or allocation node.
+// per layer, and no memset, memcpy or allocation node. Before each replay its tables and
+// workspace are poisoned, so that a decode reading a table before its (forked) build has
+// rewritten it, an edge missing from the graph, fails.
 TEST_P(GpuExecutor, CapturedStepReplaysBitwise) {
   SKIP_WITHOUT_GPU();
   GpuStep g(GetParam());
@@ -351,6 +398,7 @@ TEST_P(GpuExecutor, CapturedStepReplaysBitwise) {
   ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 10; ++replay) {
     g.poison_outs(stream.get());
+    ASSERT_GE(on.streams.poison_blocks(stream.get()), size_t{1}) << "no table was served";
     ASSERT_CUDA(cudaGraphLaunch(exec, stream.get()));
     stream.synchronize();
     const auto replayed = g.out_bytes();
@@ -402,13 +450,15 @@ testing::AssertionResult near_cpu(const std::vector<std::byte>& gpu, const Tenso
 
 // (d) The same step's table bookkeeping through the CUDA path equals the CPU path's: builds,
 // forks in order, waiting layers, tables per group, bytes. Two steps: reset() starts afresh.
-// Each GPU step's outputs (poisoned before it) match the CPU's within the device tolerance.
+// Each GPU step's outputs (poisoned before it) match the CPU's within the device tolerance, on
+// every layout of pool (kGroupsLayout).
 TEST(GpuTables, BookkeepingEqualsTheCpuPath) {
   SKIP_WITHOUT_GPU();
   for (const char* model : {"v4-flash", "v4-pro", "v41-flash"})
     for (int groups = 1; groups <= 3; ++groups) {
       const int all = static_cast<int>(model_layers(model_preset(model), groups, true).size());
-      const Pattern p{model, groups, 0, all, decode_shape(groups)};
+      Pattern p{model, groups, 0, all, decode_shape(groups)};
+      p.shape.layout = kGroupsLayout[groups - 1];
       GpuStep g(p, 4);  // few heads: the CPU decodes the step too
       SCOPED_TRACE(test::seed_note(g.seed));
       const auto cpu_streams = make_streams(Device{});
@@ -429,8 +479,9 @@ TEST(GpuTables, BookkeepingEqualsTheCpuPath) {
         gpu.run_step(g.inputs, g.queries, g.outs);
         stream.synchronize();
         const TableStats &want = cpu.tables().stats(), &got = gpu.tables().stats();
-        const std::string where = std::string(model) + ", " + std::to_string(groups) +
-                                  " groups, step " + std::to_string(step);
+        const std::string where = std::string(model) + ", " + std::to_string(groups) + " groups, " +
+                                  kv_layout_name(p.shape.layout) + " pools, step " +
+                                  std::to_string(step);
         EXPECT_EQ(got.builds, want.builds) << where;
         EXPECT_EQ(got.forks, want.forks) << where;
         EXPECT_EQ(got.waits, want.waits) << where;
