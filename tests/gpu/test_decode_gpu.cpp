@@ -126,12 +126,12 @@ TEST(GpuDecode, RandomCasesAgainstOracleAndCpu) {
   EXPECT_GT(counter_reduced, 0) << "split cases reduced through the counters, of " << cases;
 }
 
-// A token's request (its position, so its window) found on both of the kernel's paths: one warp's
-// loads for up to 32 requests, a scan past that; ragged tokens per request, against the oracle
-// and the CPU.
+// A token's request (its position, so its window) found by the warp's search: one round of loads
+// for up to 32 requests, then one, two and three rounds of probes before it; ragged tokens per
+// request, against the oracle and the CPU.
 TEST(GpuDecode, TokensFindTheirRequestPastAWarp) {
   SKIP_WITHOUT_GPU();
-  for (int requests : {1, 31, 32, 33, 70})
+  for (int requests : {1, 31, 32, 33, 70, 1024, 1025, 1500})
     for (int max_q : {1, 4}) {
       check_against_oracle_and_cpu({.heads = 8, .requests = requests, .max_q = max_q});
       if (HasFailure()) return;
@@ -140,11 +140,11 @@ TEST(GpuDecode, TokensFindTheirRequestPastAWarp) {
 
 // Device offsets are not checked: tokens past cum_seq_lens_q[B] read nothing past seq_lens or
 // cum_seq_lens_q (values placed right after them change no output or lse bit), whether the
-// token's request is found by one warp's loads (B <= 32) or by the scan; the other requests'
-// tokens still match the oracle.
+// token's request is found by one round of the warp's loads (B <= 32) or after probes; the other
+// requests' tokens still match the oracle.
 TEST(GpuDecode, TokensPastTheLastRequestReadNothingPastTheViews) {
   SKIP_WITHOUT_GPU();
-  for (int requests : {5, 40}) {
+  for (int requests : {5, 32, 40, 1500}) {
     // 0 to 2 tokens a request, but 1 or 2 in the last, whose tokens are cut past cum[B] (from
     // an empty one, cum_seq_lens_q would decrease).
     const uint64_t seed = fresh_seed();
