@@ -206,18 +206,21 @@ __device__ __forceinline__ Work locate_work(const DecodeParams& p) {
   int request = w.token, first = w.token, q_len = 1, seq_len;
   if (p.cum_seq_lens_q) {
     const int lane = threadIdx.x % 32;
-    int64_t lo = 0, hi = p.num_requests;  // requests before lo end at or before the token,
-    while (hi - lo > 32) {                // those from hi on after it
+    const int64_t requests = p.num_requests;
+    int64_t lo = 0, hi = requests;  // the token's request is in [lo, hi] (B: past the last)
+    // Until requests lo .. min(hi, B - 1) fit the lanes: which of 32 equal slices holds it.
+    while (min(hi + 1, requests) - lo > 32) {
       const int64_t step = (hi - lo + 31) / 32, probe = lo + (lane + 1) * step - 1;
       const bool ended = probe < hi && __ldg(p.cum_seq_lens_q + probe + 1) <= w.token;
       const int slices = __popc(__ballot_sync(~0u, ended));
-      hi = min(hi, lo + (slices + 1) * step - 1);  // the first probe past the token, if any
+      hi = min(hi, lo + (slices + 1) * step - 1);  // the first probe not ended, if any
       lo += slices * step;
     }
     const int64_t b = lo + lane;
-    const int end = b < hi ? __ldg(p.cum_seq_lens_q + b + 1) : INT_MAX;
-    const int start = b < hi ? __ldg(p.cum_seq_lens_q + b) : 0;
-    const int len = b < hi ? __ldg(p.seq_lens + b) : 0;
+    const bool in = b < min(hi + 1, requests);
+    const int end = in ? __ldg(p.cum_seq_lens_q + b + 1) : INT_MAX;
+    const int start = in ? __ldg(p.cum_seq_lens_q + b) : 0;
+    const int len = in ? __ldg(p.seq_lens + b) : 0;
     const int k = __popc(__ballot_sync(~0u, end <= w.token));
     request = static_cast<int>(lo) + k;
     first = __shfl_sync(~0u, start, k);
