@@ -190,13 +190,13 @@ __device__ __forceinline__ int cta_token(const DecodeParams& p) {
 }
 
 // The token's request is how many requests end at or before it (cum_seq_lens_q nondecreasing),
-// found by the warp in ceil(log32 B) memory round trips: while more than 32 requests remain,
-// lane l reads the end of the (l+1)-th of 32 equal slices and the ballot keeps one slice; then
-// lane l reads request lo + l's start, end and length, the token's coming by shuffle. A scan of
-// B / 32 loads a lane cost bf16 H=128 256 x 2 5.4%, 512 x 1 8.5% (seventy-eighth session). A
-// token past cum[B]
-// (device offsets are unchecked) finds request B, whose lane holds no request (or, 32 left,
-// lane 0's): no read past the views; stage_topk clamps it.
+// found by the warp in max(1, ceil(log32 B)) memory round trips: while more than 32 requests
+// remain, lane l reads the end of the (l+1)-th of 32 equal slices and the ballot keeps one
+// slice; then lane l reads request lo + l's start, end and length, the token's coming by
+// shuffle. A scan of B / 32 loads a lane cost bf16 H=128 256 x 2 5.4%, 512 x 1 8.5%
+// (seventy-eighth session). A token past cum[B] (device offsets are unchecked) finds request B,
+// whose lane holds no request (or, 32 left, lane 0's): no read past the views; stage_topk
+// clamps it.
 __device__ __forceinline__ Work locate_work(const DecodeParams& p) {
   Work w;
   w.split = cta_split(p);

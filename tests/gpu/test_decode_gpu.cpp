@@ -127,8 +127,8 @@ TEST(GpuDecode, RandomCasesAgainstOracleAndCpu) {
 }
 
 // A token's request (its position, so its window) found by the warp's search: one round of loads
-// for up to 32 requests, then one, two and three rounds of probes before it; ragged tokens per
-// request, against the oracle and the CPU.
+// for up to 32 requests, after one round of probes up to 1024 and two past that; ragged tokens
+// per request, against the oracle and the CPU.
 TEST(GpuDecode, TokensFindTheirRequestPastAWarp) {
   SKIP_WITHOUT_GPU();
   for (int requests : {1, 31, 32, 33, 70, 1024, 1025, 1500})
