@@ -58,6 +58,8 @@ constexpr RunFlag kRunFlags[] = {
        o.tolerance = x;
      }},
     {"--groups", [](RunOptions& o, Text f, Text v) { o.groups = number(f, v, 1, 64); }},
+    {"--progress", [](RunOptions& o, Text f,
+                      Text v) { o.progress = std::chrono::seconds(number(f, v, 0, 86400)); }},
     {"--seed",
      [](RunOptions& o, Text f, Text v) { o.seed = number<uint64_t>(f, v, 0, UINT64_MAX); }},
     {"--compressed-index",
@@ -198,6 +200,10 @@ std::string usage() {
          "                    layers (default " +
          std::to_string(d.groups) +
          ")\n"
+         "  --progress S      seconds between progress lines where stderr is not a terminal,\n"
+         "                    0..86400 (default " +
+         std::to_string(d.progress.count()) +
+         "; 0: a line a layer; a terminal gets a bar)\n"
          "  --seed N          seed of the synthetic step (default " +
          std::to_string(d.seed) +
          ")\n"

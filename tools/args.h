@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "progress.h"
 #include "smla/decode.h"
 #include "smla/executor.h"
 
@@ -27,6 +28,7 @@ struct RunOptions {
   int groups = 1;  // interleaved SWA groups
   uint64_t seed = 0;
   CompressedIndex compressed_index = CompressedIndex::automatic;  // executor.h
+  std::chrono::seconds progress = kProgressEvery;  // between progress lines off a terminal
 };
 
 enum class Command { help, info, run };

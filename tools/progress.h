@@ -8,10 +8,11 @@
 
 namespace smla::cli {
 
+inline constexpr std::chrono::seconds kProgressEvery{10};  // plain lines' default interval
+
 class Progress {
  public:
-  Progress(std::string label, int64_t total,
-           std::chrono::milliseconds log_every = std::chrono::seconds(10));
+  Progress(std::string label, int64_t total, std::chrono::milliseconds log_every = kProgressEvery);
   ~Progress();  // clears the bar if one was drawn
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;

@@ -88,7 +88,7 @@ int run_step(const RunOptions& o) {
     report.device = device_name(device) + ", after a warm-up step";
   }
   {
-    Progress progress("running", static_cast<int64_t>(specs.size()));
+    Progress progress("running", static_cast<int64_t>(specs.size()), o.progress);
     const std::unique_ptr<StepClock> clock = make_clock(*streams);
     executor.begin_step(step.device.inputs);
     clock->mark();
@@ -109,7 +109,7 @@ int run_step(const RunOptions& o) {
     std::mt19937_64 rng(o.seed ^ 0x5eed);
     CheckResult check;
     check.every_row = true;
-    Progress progress("checking", static_cast<int64_t>(specs.size()));
+    Progress progress("checking", static_cast<int64_t>(specs.size()), o.progress);
     for (size_t i = 0; i < specs.size(); ++i) {
       const TensorView& query = step.host.queries[i];
       const std::vector<Row> rows = sample_rows(query, o.check, rng);
@@ -122,7 +122,7 @@ int run_step(const RunOptions& o) {
   }
   if (device.kind == DeviceKind::cuda) {  // after the check, which reads the timed step's outs
     report.graphs = measure_step_graphs(step.device, *streams, step.num_tokens, step.max_columns,
-                                        kGraphReplays);
+                                        kGraphReplays, o.progress);
     report.graph_replays = kGraphReplays;
   }
   print_report(report);

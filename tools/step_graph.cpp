@@ -139,10 +139,12 @@ double saves(const StepGraph& g, const StepGraphs& graphs) {
 }
 
 StepGraphs measure_step_graphs(const StepData& data, Streams& streams, int64_t max_tokens,
-                               int64_t max_columns, int replays) {
+                               int64_t max_columns, int replays,
+                               std::chrono::milliseconds progress_every) {
 #if SMLA_WITH_CUDA
   if (streams.device().kind == DeviceKind::cuda) {
-    Progress progress("timing the step as graphs", 4);  // a large step takes minutes
+    // A large step takes minutes.
+    Progress progress("timing the step as graphs", 4, progress_every);
     const auto way = [&](TableSharing sharing, CompressedIndex compressed_index) {
       StepGraph graph =
           measure(data, streams, max_tokens, max_columns, sharing, compressed_index, replays);

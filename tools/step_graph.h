@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "progress.h"
 #include "smla/executor.h"
 #include "smla/tables.h"
 #include "synth.h"
@@ -75,6 +76,7 @@ double saves(const StepGraph& graph, const StepGraphs& graphs);
 // of the run's own (RunStream): the legacy default stream cannot be captured. Elsewhere:
 // smla::Error, unsupported.
 StepGraphs measure_step_graphs(const StepData& data, Streams& streams, int64_t max_tokens,
-                               int64_t max_columns, int replays);
+                               int64_t max_columns, int replays,
+                               std::chrono::milliseconds progress_every = kProgressEvery);
 
 }  // namespace smla::cli

@@ -237,7 +237,7 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
     place(bytes_of(block_table(B, swa_pages, evicted, rng)), DType::i32, {B, swa_pages},
           {swa_pages, 1}, host.inputs.block_tables[g], device.inputs.block_tables[g]);
 
-  Progress progress("synthesizing", static_cast<int64_t>(specs.size()));
+  Progress progress("synthesizing", static_cast<int64_t>(specs.size()), o.progress);
   std::map<int64_t, std::vector<std::byte>> tiles;  // by page bytes: pages repeated in pools
   auto random_pages = [&](int64_t pages, int64_t block_size, int64_t bytes_per_page) {
     std::vector<std::byte> bytes(pages * bytes_per_page);

@@ -119,6 +119,17 @@ TEST(RunArgs, ToleranceIsAPositiveFiniteNumber) {
                        std::string("--tolerance: expected a finite number > 0, got '") + bad + "'");
 }
 
+// --progress takes whole seconds from 0 (a line a layer) to a day; 10 by default.
+TEST(RunArgs, ProgressIsWholeSecondsUpToADay) {
+  EXPECT_EQ(parse({"run"}).run.progress, std::chrono::seconds(10));
+  EXPECT_EQ(parse({"run", "--progress", "0"}).run.progress, std::chrono::seconds(0));
+  EXPECT_EQ(parse({"run", "--progress=86400"}).run.progress, std::chrono::seconds(86400));
+  for (const char* bad : {"-1", "86401", "1.5", ""})
+    expect_usage_error(
+        {"run", "--progress", bad},
+        std::string("--progress: expected an integer in [0, 86400], got '") + bad + "'");
+}
+
 // A switch (smla_step_bench's --quick) stands alone: `--quick=1` is refused, not read as --quick,
 // and a word after it is not its value.
 TEST(RunArgs, SwitchesTakeNoValue) {
