@@ -1,6 +1,8 @@
 """Errors raised in Python look like the C++ ones: "smla: <argument>: expected X, got Y",
 with the parts as attributes (argument, expected, got), so callers handle both alike."""
 
+import re
+
 
 def _error(cls, argument, expected, got):
     err = cls(f"smla: {argument}: expected {expected}, got {got}")
@@ -22,3 +24,15 @@ def import_error(argument, expected, got):
 
 def runtime_error(argument, expected, got):
     return _error(RuntimeError, argument, expected, got)
+
+
+def renamed(error, names: dict):
+    """`error` raised by a call that a wrapper made, its arguments renamed as the wrapper's caller
+    spelled them (`names`: the call's name -> the caller's), wherever its argument, expected or
+    got names one; `error` itself when it names none or is not an smla error."""
+    parts = [getattr(error, part, None) for part in ("argument", "expected", "got")]
+    if not all(isinstance(part, str) for part in parts):
+        return error
+    name = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, names)) + r")(?!\w)")
+    spelled = [name.sub(lambda m: names[m.group(1)], part) for part in parts]
+    return error if spelled == parts else _error(type(error), *spelled)

@@ -16,7 +16,7 @@ from .buffers import kv_counter_buffer, workspace_buffer  # noqa: F401  (engines
 from . import _smla
 from .decode import WINDOW, sparse_mla_decode
 from ._arrays import Typed, framework_of, on_a_device, stream_handle, tensor
-from ._errors import import_error, value_error
+from ._errors import import_error, renamed, value_error
 
 HEAD_DIM = _smla.HEAD_DIM
 
@@ -145,14 +145,20 @@ def trtllm_batch_decode_sparse_mla_dsv4(
     sparse_indices = _merge_tokens(sparse_indices, "sparse_indices", 2)
     if max_q_len is None:
         max_q_len = 1 if cum_seq_lens_q is None else _max_q_len(cum_seq_lens_q)
-    sparse_mla_decode(
-        query=query, swa_kv_cache=swa_kv_cache, compressed_kv_cache=compressed_kv_cache,
-        sparse_indices=sparse_indices, sparse_topk_lens=sparse_topk_lens, seq_lens=seq_lens,
-        cum_seq_lens_q=cum_seq_lens_q, max_q_len=max_q_len, sinks=sinks,
-        bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale, out=out, lse=lse,
-        workspace=workspace_buffer, kv_counters=multi_ctas_kv_counter_buffer, window=window,
-        stream=stream)
+    try:
+        sparse_mla_decode(
+            query=query, swa_kv_cache=swa_kv_cache, compressed_kv_cache=compressed_kv_cache,
+            sparse_indices=sparse_indices, sparse_topk_lens=sparse_topk_lens, seq_lens=seq_lens,
+            cum_seq_lens_q=cum_seq_lens_q, max_q_len=max_q_len, sinks=sinks,
+            bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale, out=out, lse=lse,
+            workspace=workspace_buffer, kv_counters=multi_ctas_kv_counter_buffer, window=window,
+            stream=stream)
+    except Exception as e:  # named as this call's keywords, not the op's
+        raise renamed(e, _ENGINE_NAMES) from None
     return result
+
+
+_ENGINE_NAMES = {"workspace": "workspace_buffer", "kv_counters": "multi_ctas_kv_counter_buffer"}
 
 
 def _is_true(flag) -> bool:
@@ -176,6 +182,9 @@ def _max_q_len(cum_seq_lens_q) -> int:
 
 def trtllm_decode_sparse_mla_dsv4(*, kv_counters=None, **kwargs):
     """The seeds' wrapper shape: `kv_counters` (from kv_counter_buffer) in place of
-    `multi_ctas_kv_counter_buffer`, indices always storage offsets."""
-    return trtllm_batch_decode_sparse_mla_dsv4(multi_ctas_kv_counter_buffer=kv_counters,
-                                               **kwargs)
+    `multi_ctas_kv_counter_buffer` (and so in its errors), indices always storage offsets."""
+    try:
+        return trtllm_batch_decode_sparse_mla_dsv4(multi_ctas_kv_counter_buffer=kv_counters,
+                                                   **kwargs)
+    except Exception as e:
+        raise renamed(e, {"multi_ctas_kv_counter_buffer": "kv_counters"}) from None

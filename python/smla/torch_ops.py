@@ -11,12 +11,13 @@ smla.sparse_mla_decode and smla.quantize_kv (pass them by name: torch.library wa
 positional, scalars may be keyword-only). The outputs `lse`, `workspace` and `kv_counters` have
 no default (pass None for none): a mutated argument left to its default breaks torch 2.11's
 dispatch. TopkColumns' fields are flattened into `topk_indices`, `topk_block_table`,
-`compress_ratio`, `num_decodes` and `is_valid_token`."""
+`compress_ratio`, `num_decodes` and `is_valid_token`, and its errors name them so."""
 
 from typing import Optional
 
 import torch
 
+from ._errors import renamed
 from .decode import WINDOW, TopkColumns
 from .decode import sparse_mla_decode as _traced_decode
 from .quantize import quantize_kv as _traced_quantize_kv
@@ -44,11 +45,21 @@ def sparse_mla_decode(query: Tensor, swa_kv_cache: Tensor, sparse_indices: Tenso
     TopkColumns(topk_indices, topk_block_table, compress_ratio, num_decodes, is_valid_token)."""
     # Built whatever is given: the call refuses a top-k's other fields without its indices.
     topk = TopkColumns(topk_indices, topk_block_table, compress_ratio, num_decodes, is_valid_token)
-    _decode(query=query, swa_kv_cache=swa_kv_cache, sparse_indices=sparse_indices,
-            sparse_topk_lens=sparse_topk_lens, seq_lens=seq_lens, out=out, bmm1_scale=bmm1_scale,
-            compressed_kv_cache=compressed_kv_cache, cum_seq_lens_q=cum_seq_lens_q,
-            max_q_len=max_q_len, sinks=sinks, bmm2_scale=bmm2_scale, lse=lse,
-            workspace=workspace, kv_counters=kv_counters, window=window, topk_columns=topk)
+    try:
+        _decode(query=query, swa_kv_cache=swa_kv_cache, sparse_indices=sparse_indices,
+                sparse_topk_lens=sparse_topk_lens, seq_lens=seq_lens, out=out,
+                bmm1_scale=bmm1_scale, compressed_kv_cache=compressed_kv_cache,
+                cum_seq_lens_q=cum_seq_lens_q, max_q_len=max_q_len, sinks=sinks,
+                bmm2_scale=bmm2_scale, lse=lse, workspace=workspace, kv_counters=kv_counters,
+                window=window, topk_columns=topk)
+    except Exception as e:  # the top-k's fields named as this op's flat arguments
+        raise renamed(e, _FLAT_TOPK_NAMES) from None
+
+
+_FLAT_TOPK_NAMES = {f"topk_columns.{field}": name for field, name in (
+    ("topk_indices", "topk_indices"), ("block_table", "topk_block_table"),
+    ("compress_ratio", "compress_ratio"), ("num_decodes", "num_decodes"),
+    ("is_valid_token", "is_valid_token"))}
 
 
 @sparse_mla_decode.register_fake

@@ -1422,9 +1422,18 @@ def test_engine_call_argument_checks():
     # A given max_q_len is the op's to check, for a [B, q, H, D] query too.
     raises_named(ValueError, "max_q_len", lambda: trtllm_batch_decode_sparse_mla_dsv4(
         query=query4, **common, max_q_len=1))
-    # workspace_buffer reaches the op.
-    raises_named(TypeError, "workspace", lambda: trtllm_batch_decode_sparse_mla_dsv4(
+    # workspace_buffer and multi_ctas_kv_counter_buffer reach the op, whose errors name them so.
+    raises_named(TypeError, "workspace_buffer", lambda: trtllm_batch_decode_sparse_mla_dsv4(
         query=query4, **common, workspace_buffer=np.zeros(64, np.float32)))
+    raises_named(TypeError, "multi_ctas_kv_counter_buffer",
+                 lambda: trtllm_batch_decode_sparse_mla_dsv4(
+                     query=query4, **common, multi_ctas_kv_counter_buffer=np.zeros(64, np.float32)))
+    out = np.zeros((2, 2, 8, D), BF16)
+    with pytest.raises(ValueError) as info:  # named in what it overlaps, too
+        trtllm_batch_decode_sparse_mla_dsv4(query=query4, **common, out=out,
+                                            multi_ctas_kv_counter_buffer=out.view(np.uint8))
+    assert "multi_ctas_kv_counter_buffer" in str(info.value)
+    assert not re.search(r"\bkv_counters\b", str(info.value))
     # No query, no output to allocate: the named error, not an AttributeError.
     raises_named(ValueError, "query", lambda: trtllm_batch_decode_sparse_mla_dsv4(
         query=None, **common))

@@ -98,6 +98,26 @@ def test_decode_op_reads_a_topk_as_the_call_does(device):
     torch.library.opcheck(torch.ops.smla.sparse_mla_decode.default, (), fresh_outputs(op))
 
 
+def test_decode_op_names_the_topk_fields_as_its_arguments():
+    """The op's errors name a top-k field by the op's own argument (topk_block_table), not as
+    TopkColumns' field (topk_columns.block_table), which its callers never wrote."""
+    case = dict(decode_case("cpu", q_lens=(1, 1, 1), top_p=0), sparse_topk_lens=None,
+                seq_lens=torch.tensor([9, 21, 33], dtype=torch.int32),
+                topk_indices=torch.full((3, 12), -1, dtype=torch.int32),
+                topk_block_table=torch.zeros(3, 4, dtype=torch.int32),
+                is_valid_token=torch.ones(3, dtype=torch.uint8), compress_ratio=4, num_decodes=3)
+    torch.ops.smla.sparse_mla_decode(**case)  # the case itself is taken
+    for error, name, bad in (
+            (TypeError, "topk_indices", case["topk_indices"].long()),
+            (TypeError, "topk_block_table", case["topk_block_table"].long()),
+            (TypeError, "is_valid_token", case["is_valid_token"].int()),
+            (ValueError, "compress_ratio", 0), (ValueError, "num_decodes", 4)):
+        with pytest.raises(error, match=f"^smla: {name}: expected ") as info:
+            torch.ops.smla.sparse_mla_decode(**dict(fresh_outputs(case), **{name: bad}))
+        assert info.value.argument == name
+        assert "topk_columns" not in str(info.value)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiled_call_with_topk_columns_equals_eager(device):
     """The plain call with TopkColumns, traced (fullgraph: it becomes the op), reads the top-k
