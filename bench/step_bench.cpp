@@ -30,19 +30,19 @@ constexpr int kReplays = 30;
 struct Options {
   std::string csv_path;
   bool quick = false;  // one model, one shape: a smoke run
-  int groups = 3;      // SWA groups: with one, nothing forks
+  int swa_groups = 3;  // with one, nothing forks
 };
 
 // One step to measure: bf16 caches on the GPU, nothing kept on the host for a check.
-RunOptions step_of(const Options& o, const char* model, int context, int requests, int q_len) {
+RunOptions step_of(const Options& o, const char* model, int seq_len, int requests, int q_len) {
   return {.model = model,
           .requests = requests,
-          .context = context,
+          .seq_len = seq_len,
           .q_len = q_len,
           .kv = KvLayout::bf16,
           .device = DeviceChoice::cuda,
           .check = 0,
-          .groups = o.groups};
+          .swa_groups = o.swa_groups};
 }
 
 // Every step the bench measures, smallest caches first within a model.
@@ -50,26 +50,26 @@ std::vector<RunOptions> steps(const Options& o) {
   if (o.quick) return {step_of(o, "v41-flash", 16384, 64, 2)};
   std::vector<RunOptions> all;
   for (const char* model : {"v4-flash", "v41-flash"})
-    for (int context : {16384, 65536})
+    for (int seq_len : {16384, 65536})
       for (int requests : {64, 128})
-        for (int q_len : {1, 2}) all.push_back(step_of(o, model, context, requests, q_len));
+        for (int q_len : {1, 2}) all.push_back(step_of(o, model, seq_len, requests, q_len));
   return all;
 }
 
 constexpr const char* kUsage =
-    "usage: smla_step_bench [--csv PATH] [--quick] [--groups N (default 3)]\n";
+    "usage: smla_step_bench [--csv PATH] [--quick] [--swa-groups N (default 3)]\n";
 
-// Throws UsageError; the groups are at most the layers of the smaller model (layer l is in
-// SWA group l % groups).
+// Throws UsageError; the SWA groups are at most the layers of the smaller model (layer l is in
+// SWA group l % swa_groups).
 Options parse(int argc, char** argv) {
   Options o;
   const std::vector<std::string_view> words(argv + 1, argv + argc);
-  constexpr std::string_view valued[] = {"--csv", "--groups"}, switches[] = {"--quick"};
+  constexpr std::string_view valued[] = {"--csv", "--swa-groups"}, switches[] = {"--quick"};
   parse_flags(words, valued, switches, [&](std::string_view flag, std::string_view value) {
     if (flag == "--csv") o.csv_path = csv_path(value);
     if (flag == "--quick") o.quick = true;
-    if (flag == "--groups")
-      o.groups = number(flag, value, 1, model_preset("v41-flash").num_layers);
+    if (flag == "--swa-groups")
+      o.swa_groups = number(flag, value, 1, model_preset("v41-flash").num_layers);
   });
   return o;
 }
@@ -78,7 +78,7 @@ Options parse(int argc, char** argv) {
 // (the Streams, whose block cache holds them, are made and dropped here).
 StepGraphs measure(const RunOptions& r, Device device, const RunStream& stream, double& kv_gib) {
   const std::unique_ptr<Streams> streams = make_streams(device, stream.get());
-  const SynthStep step(r, model_layers(model_preset(r.model), r.groups), *streams);
+  const SynthStep step(r, model_layers(model_preset(r.model), r.swa_groups), *streams);
   kv_gib = step.kv_bytes / double(1 << 30);
   return measure_step_graphs(step.device, *streams, step.num_tokens, step.max_columns, kReplays);
 }
@@ -103,13 +103,13 @@ int main(int argc, char** argv) {
     std::printf(
         "%s; bf16 caches, %d SWA group%s; each step captured as one CUDA graph after an eager "
         "step, median of %d replays; builds: its table builds captured alone\n",
-        device_name(device).c_str(), o.groups, o.groups > 1 ? "s" : "", kReplays);
-    std::printf("%-9s %6s %4s %3s %7s %6s  %s\n", "model", "layers", "req", "q", "context",
+        device_name(device).c_str(), o.swa_groups, o.swa_groups > 1 ? "s" : "", kReplays);
+    std::printf("%-9s %6s %4s %3s %7s %6s  %s\n", "model", "layers", "req", "q", "seq_len",
                 "KV GiB", graph_table_header().c_str());
     CsvFile csv_file(o.csv_path);
     FILE* csv = csv_file.get();
     if (csv)
-      std::fprintf(csv, "model,layers,requests,tokens_per_request,context,groups,kv_gib,%s\n",
+      std::fprintf(csv, "model,layers,requests,tokens_per_request,seq_len,swa_groups,kv_gib,%s\n",
                    graph_csv_header().c_str());
     int wrong = 0;
     for (const RunOptions& r : steps(o)) {
@@ -118,11 +118,11 @@ int main(int argc, char** argv) {
       const int layers = graphs.shared.layers;
       for (const std::string& row : graph_table_rows(graphs))
         std::printf("%-9s %6d %4d %3d %7d %6.1f  %s\n", r.model.c_str(), layers, r.requests,
-                    r.q_len, r.context, kv_gib, row.c_str());
+                    r.q_len, r.seq_len, kv_gib, row.c_str());
       for (const std::string& row : graph_csv_rows(graphs))
         if (csv)
           std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%.2f,%s\n", r.model.c_str(), layers, r.requests,
-                       r.q_len, r.context, r.groups, kv_gib, row.c_str());
+                       r.q_len, r.seq_len, r.swa_groups, kv_gib, row.c_str());
       for (const std::string& line : graph_problem_lines(graphs)) {
         std::printf("  %s\n", line.c_str());
         ++wrong;

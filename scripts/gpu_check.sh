@@ -99,16 +99,16 @@ for step in $steps; do
     run)  # each under a time limit, so that a hang still leaves the summary
       smla=(timeout -s KILL 120 "$BUILD/smla")
       run_step info run.log "${smla[@]}" info
-      run_step run run.log "${smla[@]}" run --device cuda --requests 64 --q-len 2 --context 16384 \
+      run_step run run.log "${smla[@]}" run --device cuda --requests 64 --q-len 2 --seq-len 16384 \
         --check 4
-      run_step run-v41 run.log "${smla[@]}" run --device cuda --model v41-flash --groups 3 \
+      run_step run-v41 run.log "${smla[@]}" run --device cuda --model v41-flash --swa-groups 3 \
         --q-len 2 --check 4
       run_step run-fp8 run.log "${smla[@]}" run --device cuda --kv fp8_ds_mla --requests 64 \
         --q-len 2 --check 4
       run_step run-e4m3 run.log "${smla[@]}" run --device cuda --kv fp8_e4m3 --requests 64 \
         --q-len 2 --check 8
       # ratio-128 top-k of 2343 columns, past the decode's 2048: those layers read built tables
-      run_step run-300k run.log "${smla[@]}" run --device cuda --requests 2 --context 300000 \
+      run_step run-300k run.log "${smla[@]}" run --device cuda --requests 2 --seq-len 300000 \
         --check 4 ;;
     step)  # the whole step four ways: auto, top-k in the decode, shared tables, none
       run_step step step.log timeout -s KILL 300 "$BUILD/smla_step_bench" --csv "$OUT/step.csv" ;;

@@ -28,6 +28,10 @@ std::string model_names() {
 }
 
 constexpr int kMaxInt = 1 << 30;
+
+// Flags renamed to SPEC's names (seventy-ninth session): the old name is refused, naming the new.
+constexpr std::pair<std::string_view, std::string_view> kRenamedFlags[] = {
+    {"--context", "--seq-len"}, {"--groups", "--swa-groups"}};
 using Text = std::string_view;
 
 // The flags of `run`, each with what it sets from its value (f: the flag, v: the value).
@@ -45,7 +49,7 @@ constexpr RunFlag kRunFlags[] = {
                         std::string(v) + "'");
      }},
     {"--requests", [](RunOptions& o, Text f, Text v) { o.requests = number(f, v, 1, kMaxInt); }},
-    {"--context", [](RunOptions& o, Text f, Text v) { o.context = number(f, v, 1, kMaxInt); }},
+    {"--seq-len", [](RunOptions& o, Text f, Text v) { o.seq_len = number(f, v, 1, kMaxInt); }},
     {"--q-len", [](RunOptions& o, Text f, Text v) { o.q_len = number(f, v, 1, 1024); }},
     {"--check", [](RunOptions& o, Text f, Text v) { o.check = number(f, v, 0, kMaxInt); }},
     {"--tolerance",
@@ -57,7 +61,7 @@ constexpr RunFlag kRunFlags[] = {
                           std::string(v) + "'");
        o.tolerance = x;
      }},
-    {"--groups", [](RunOptions& o, Text f, Text v) { o.groups = number(f, v, 1, 64); }},
+    {"--swa-groups", [](RunOptions& o, Text f, Text v) { o.swa_groups = number(f, v, 1, 64); }},
     {"--progress", [](RunOptions& o, Text f,
                       Text v) { o.progress = std::chrono::seconds(number(f, v, 0, 86400)); }},
     {"--seed",
@@ -103,8 +107,13 @@ void parse_flags(std::span<const std::string_view> words,
     const size_t eq = word.find('=');
     const std::string_view flag = word.substr(0, eq);
     const bool is_switch = in(switches, flag);
-    if (!is_switch && !in(valued, flag))  // known before its value is taken
+    if (!is_switch && !in(valued, flag)) {  // known before its value is taken
+      for (const auto& [old_name, name] : kRenamedFlags)
+        if (flag == old_name && in(valued, name))
+          throw UsageError("unknown flag " + std::string(flag) + " (now " + std::string(name) +
+                           ")");
       throw UsageError("unknown flag " + std::string(flag));
+    }
     if (in(given, flag)) throw UsageError(std::string(flag) + ": given twice");
     given.push_back(flag);
     std::string_view value;
@@ -154,11 +163,11 @@ Invocation parse_args(int argc, const char* const* argv) {
       if (f.name == flag) f.set(inv.run, flag, value);
   });
   // Layer l is in SWA group l % groups: more groups than layers would leave some empty.
-  if (const int layers = model_preset(inv.run.model).num_layers; inv.run.groups > layers)
-    throw UsageError("--groups: expected at most the " + std::to_string(layers) + " layers of " +
-                     inv.run.model + ", got " + std::to_string(inv.run.groups));
-  if (inv.run.q_len > inv.run.context)
-    throw UsageError("--q-len: expected at most --context = " + std::to_string(inv.run.context) +
+  if (const int layers = model_preset(inv.run.model).num_layers; inv.run.swa_groups > layers)
+    throw UsageError("--swa-groups: expected at most the " + std::to_string(layers) +
+                     " layers of " + inv.run.model + ", got " + std::to_string(inv.run.swa_groups));
+  if (inv.run.q_len > inv.run.seq_len)
+    throw UsageError("--q-len: expected at most --seq-len = " + std::to_string(inv.run.seq_len) +
                      " tokens, got " + std::to_string(inv.run.q_len));
   return inv;
 }
@@ -179,10 +188,10 @@ std::string usage() {
          "  --requests N      requests in the batch, 1..2^30 (default " +
          std::to_string(d.requests) +
          ")\n"
-         "  --context N       KV length of each request, new tokens included, 1..2^30 (default " +
-         std::to_string(d.context) +
+         "  --seq-len N       KV length of each request, new tokens included, 1..2^30 (default " +
+         std::to_string(d.seq_len) +
          ")\n"
-         "  --q-len N         query tokens per request, 1..1024 and at most --context (default " +
+         "  --q-len N         query tokens per request, 1..1024 and at most --seq-len (default " +
          std::to_string(d.q_len) +
          ")\n"
          "  --kv bf16|fp8_e4m3|fp8_ds_mla   KV cache layout (default bf16; fp8 = fp8_e4m3, run\n"
@@ -196,9 +205,9 @@ std::string usage() {
          "                    on CUDA a check keeps host copies of the pools)\n"
          "  --tolerance X     the check's bound on its relative error (default 1e-2; 3e-2 for\n"
          "                    fp8_e4m3 on CUDA, whose scores are e4m3 wgmma)\n"
-         "  --groups N        interleaved SWA KV-cache groups, 1..64 and at most the model's\n"
+         "  --swa-groups N    interleaved SWA KV-cache groups, 1..64 and at most the model's\n"
          "                    layers (default " +
-         std::to_string(d.groups) +
+         std::to_string(d.swa_groups) +
          ")\n"
          "  --progress S      seconds between progress lines where stderr is not a terminal,\n"
          "                    0..86400 (default " +

@@ -19,13 +19,13 @@ enum class DeviceChoice { auto_, cpu, cuda };
 struct RunOptions {
   std::string model = "v4-flash";
   int requests = 4;    // B
-  int context = 4096;  // seq_len of every request, its new tokens included
+  int seq_len = 4096;  // of every request, its new tokens included
   int q_len = 1;       // tokens per request (q_len)
   KvLayout kv = KvLayout::bf16;
   DeviceChoice device = DeviceChoice::auto_;
   int check = 8;   // sampled (token, head) rows per layer checked against the oracle
   double tolerance = 0;  // on the check's relative error; 0: the layout's and device's own
-  int groups = 1;  // interleaved SWA groups
+  int swa_groups = 1;    // interleaved SWA groups
   uint64_t seed = 0;
   CompressedIndex compressed_index = CompressedIndex::automatic;  // executor.h
   std::chrono::seconds progress = kProgressEvery;  // between progress lines off a terminal

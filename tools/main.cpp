@@ -32,7 +32,7 @@ int run(const smla::cli::Invocation& invocation) {
   } catch (const std::bad_alloc&) {  // a process limit (ulimit -v) below the step's estimate
     std::fprintf(stderr,
                  "smla: out of host memory (a process limit such as ulimit -v below what the "
-                 "step needs?): run a smaller step (--requests, --context, --q-len)\n");
+                 "step needs?): run a smaller step (--requests, --seq-len, --q-len)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "smla: %s\n", e.what());

@@ -39,11 +39,11 @@ std::string layer_kind(const LayerSpec& layer) {
 void print_report(const RunReport& r) {
   const RunOptions& o = r.options;
   std::printf(
-      "%s: %zu layers, %d request%s x %d token%s, context %d, %s KV (%.1f MiB), %s query, "
+      "%s: %zu layers, %d request%s x %d token%s, seq_len %d, %s KV (%.1f MiB), %s query, "
       "%d SWA group%s, compressed index %s, on %s\n",
       o.model.c_str(), r.layers.size(), o.requests, o.requests > 1 ? "s" : "", o.q_len,
-      o.q_len > 1 ? "s" : "", o.context, kv_layout_name(o.kv), r.kv_bytes / 1048576.0,
-      dtype_name(query_dtype(o.kv)), o.groups, o.groups > 1 ? "s" : "",
+      o.q_len > 1 ? "s" : "", o.seq_len, kv_layout_name(o.kv), r.kv_bytes / 1048576.0,
+      dtype_name(query_dtype(o.kv)), o.swa_groups, o.swa_groups > 1 ? "s" : "",
       compressed_index_name(o.compressed_index), r.device.c_str());
   std::printf("%-10s %6s %10s %10s %9s %9s\n", "layers", "count", "time ms", "ms/layer", "GB/s",
               "TFLOP/s");

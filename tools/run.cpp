@@ -34,7 +34,7 @@ constexpr int kGraphReplays = 30;
 std::string topk_too_wide(const RunOptions& o, std::span<const LayerSpec> specs, Device gpu) {
   if (o.compressed_index != CompressedIndex::topk) return {};
   for (const LayerSpec& s : specs)
-    if (const int64_t width = topk_width(s, o.context); width > max_topk_width(gpu))
+    if (const int64_t width = topk_width(s, o.seq_len); width > max_topk_width(gpu))
       return "--compressed-index topk: layer " + std::to_string(s.layer) + " reads a top-k of " +
              std::to_string(width) + " columns, the decode at most " +
              std::to_string(max_topk_width(gpu));
@@ -65,7 +65,7 @@ Device pick_device(const RunOptions& o, std::span<const LayerSpec> specs) {
 }  // namespace
 
 int run_step(const RunOptions& o) {
-  const std::vector<LayerSpec> specs = model_layers(model_preset(o.model), o.groups);
+  const std::vector<LayerSpec> specs = model_layers(model_preset(o.model), o.swa_groups);
   const Device device = pick_device(o, specs);
   const RunStream stream(device);
   const std::unique_ptr<Streams> streams = make_streams(device, stream.get());

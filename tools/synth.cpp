@@ -170,19 +170,19 @@ void* SynthStep::tiled(const std::vector<std::byte>& tile, int64_t bytes) {
 SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, Streams& streams)
     : streams_(streams) {
   Rng rng(o.seed);
-  const int64_t B = o.requests, q_len = o.q_len, context = o.context;
+  const int64_t B = o.requests, q_len = o.q_len, seq_len = o.seq_len;
   const int window = specs.front().window;
   const int64_t T = B * q_len;
   num_tokens = T;
   const KvLayout layout = o.kv;
   const int64_t swa_page = page_bytes(layout, kSwaBlockSize);
   const int64_t c_page = page_bytes(layout, kCompressedBlockSize);
-  const int64_t swa_pages = (context + kSwaBlockSize - 1) / kSwaBlockSize;
-  const int64_t first_seen = std::max<int64_t>(context - q_len - window + 1, 0);
+  const int64_t swa_pages = (seq_len + kSwaBlockSize - 1) / kSwaBlockSize;
+  const int64_t first_seen = std::max<int64_t>(seq_len - q_len - window + 1, 0);
   const int64_t evicted = first_seen / kSwaBlockSize;  // SWA pages no token of the step sees
   auto compressed_pages = [&](const LayerSpec& s) {
     return std::max<int64_t>(
-        1, (context / s.compress_ratio + kCompressedBlockSize - 1) / kCompressedBlockSize);
+        1, (seq_len / s.compress_ratio + kCompressedBlockSize - 1) / kCompressedBlockSize);
   };
   // In floating point: the flags' products may pass int64 before the limit refuses them.
   double pool_bytes = 0, row_bytes = 0;  // the pools; the queries and outputs
@@ -196,7 +196,7 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
       index_bytes += double(B) * double(compressed_pages(s)) * 4;
     }
     if (s.compress_ratio > 0 && s.index_source == s.layer)
-      index_bytes += 2.0 * double(T) * double(topk_width(s, context)) * 4;  // + bytes_of
+      index_bytes += 2.0 * double(T) * double(topk_width(s, seq_len)) * 4;  // + bytes_of
     const double rows = double(T) * s.num_heads * kHeadDim * (dtype_size(query_dtype(layout)) + 2);
     row_bytes += rows;
     layer_rows = std::max(layer_rows, rows);
@@ -212,8 +212,8 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
   const bool check_copies = host_copies && streams.device().kind != DeviceKind::cpu;
   if (host_bytes > limit || pool_bytes + row_bytes > 0x1p62)
     throw Error(ErrorKind::value,
-                check_copies ? "--requests, --context, --q-len (with --model and --kv), --check"
-                             : "--requests, --context, --q-len (with --model and --kv)",
+                check_copies ? "--requests, --seq-len, --q-len (with --model and --kv), --check"
+                             : "--requests, --seq-len, --q-len (with --model and --kv)",
                 "a step whose host memory fits in " + mib(limit) +
                     " (two thirds of this machine's or container's memory" +
                     (check_copies ? "; --check 0 keeps the pools on the device only)" : ")"),
@@ -224,7 +224,7 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
 
   // Step metadata: every request decodes q_len tokens at the end of its context.
   StepMetadata meta{.num_tokens = T, .num_decodes = B, .max_q_len = static_cast<int>(q_len)};
-  std::vector<int32_t> seq_lens(B, static_cast<int32_t>(context)), cum(B + 1);
+  std::vector<int32_t> seq_lens(B, static_cast<int32_t>(seq_len)), cum(B + 1);
   for (int64_t b = 0; b <= B; ++b) cum[b] = static_cast<int32_t>(b * q_len);
   host.inputs.metadata = device.inputs.metadata = meta;
   place(bytes_of(seq_lens), DType::i32, {B}, {1}, host.inputs.metadata.seq_lens,
@@ -282,10 +282,10 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
       if (!host.inputs.topk_indices.contains(s.index_source)) {
         // The index source's local top-k: distinct visible entries (all of them, in order,
         // for a layer without an indexer), -1 padded.
-        const int64_t width = topk_width(s, context);
+        const int64_t width = topk_width(s, seq_len);
         std::vector<int32_t> topk(T * width, -1), entries;
         for (int64_t t = 0; t < T; ++t) {
-          const int64_t pos = context - q_len + t % q_len;
+          const int64_t pos = seq_len - q_len + t % q_len;
           entries.resize((pos + 1) / s.compress_ratio);
           std::iota(entries.begin(), entries.end(), 0);
           const int64_t kept = std::min<int64_t>(width, static_cast<int64_t>(entries.size()));
@@ -318,7 +318,7 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
     // What the step attends: each token's causal window, plus its valid top-k entries.
     int64_t columns = 0;
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t pos = context - q_len + t % q_len;
+      const int64_t pos = seq_len - q_len + t % q_len;
       columns += std::min<int64_t>(pos + 1, window);
       if (s.compress_ratio == 0) continue;
       const TensorView& topk = host.inputs.topk_indices.at(s.index_source);

@@ -81,11 +81,11 @@ TEST(RunArgs, KvLayoutNames) {
 
 // Layer l is in SWA group l % groups: no more groups than the model has layers.
 TEST(RunArgs, GroupsAtMostTheModelsLayers) {
-  EXPECT_EQ(parse({"run", "--groups", "43"}).run.groups, 43);
-  expect_usage_error({"run", "--groups", "44"},
-                     "--groups: expected at most the 43 layers of v4-flash, got 44");
-  expect_usage_error({"run", "--model", "v41-flash", "--groups", "41"},
-                     "--groups: expected at most the 40 layers of v41-flash, got 41");
+  EXPECT_EQ(parse({"run", "--swa-groups", "43"}).run.swa_groups, 43);
+  expect_usage_error({"run", "--swa-groups", "44"},
+                     "--swa-groups: expected at most the 43 layers of v4-flash, got 44");
+  expect_usage_error({"run", "--model", "v41-flash", "--swa-groups", "41"},
+                     "--swa-groups: expected at most the 40 layers of v41-flash, got 41");
 }
 
 TEST(RunArgs, NumbersAreParsedStrictly) {
@@ -98,13 +98,14 @@ TEST(RunArgs, NumbersAreParsedStrictly) {
 }
 
 // A value below a flag's least is refused naming that flag and its range, not a later rule's
-// (--context 0 is not "--q-len: at most --context", --groups 0 never reaches `l % groups`).
+// (--seq-len 0 is not "--q-len: at most --seq-len", --swa-groups 0 never reaches `l % groups`).
 TEST(RunArgs, BelowTheLeastNamesTheFlag) {
   for (const auto& [flag, most] :
-       {std::pair{"--requests", "1073741824"}, {"--context", "1073741824"}, {"--q-len", "1024"}})
+       {std::pair{"--requests", "1073741824"}, {"--seq-len", "1073741824"}, {"--q-len", "1024"}})
     expect_usage_error({"run", flag, "0"},
                        std::string(flag) + ": expected an integer in [1, " + most + "], got '0'");
-  expect_usage_error({"run", "--groups", "0"}, "--groups: expected an integer in [1, 64], got '0'");
+  expect_usage_error({"run", "--swa-groups", "0"},
+                     "--swa-groups: expected an integer in [1, 64], got '0'");
   expect_usage_error({"run", "--check", "-1"},
                      "--check: expected an integer in [0, 1073741824], got '-1'");
 }
@@ -203,12 +204,12 @@ TEST(CheckRows, SubnormalFp8KeysDecoded) {
   SCOPED_TRACE(test::seed_note(seed));
   std::mt19937_64 rng(seed);
   const RunOptions o{.requests = 2,
-                     .context = 1 + static_cast<int>(rng() % 300),
+                     .seq_len = 1 + static_cast<int>(rng() % 300),
                      .q_len = 1,
                      .kv = KvLayout::fp8_e4m3,
                      .check = 0,
                      .seed = rng()};
-  const auto specs = model_layers(model_preset(o.model), o.groups);
+  const auto specs = model_layers(model_preset(o.model), o.swa_groups);
   const auto swa_only = [](const LayerSpec& s) { return s.compress_ratio == 0; };
   const size_t i =
       static_cast<size_t>(std::find_if(specs.begin(), specs.end(), swa_only) - specs.begin());
@@ -234,8 +235,8 @@ TEST(CheckRows, SubnormalFp8KeysDecoded) {
 TEST(CheckRows, OutputThatIsNotFiniteFails) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));
-  const RunOptions o{.requests = 2, .context = 300, .q_len = 2, .check = 0, .seed = seed};
-  const auto specs = model_layers(model_preset(o.model), o.groups);
+  const RunOptions o{.requests = 2, .seq_len = 300, .q_len = 2, .check = 0, .seed = seed};
+  const auto specs = model_layers(model_preset(o.model), o.swa_groups);
   const auto streams = make_streams(Device{});
   SynthStep step(o, specs, *streams);
   StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
@@ -266,8 +267,8 @@ TEST(CheckRows, OutputThatIsNotFiniteFails) {
 TEST(CheckRows, InfiniteSinkWantsZeros) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));
-  const RunOptions o{.requests = 1, .context = 200, .check = 0, .seed = seed};
-  const auto specs = model_layers(model_preset(o.model), o.groups);
+  const RunOptions o{.requests = 1, .seq_len = 200, .check = 0, .seed = seed};
+  const auto specs = model_layers(model_preset(o.model), o.swa_groups);
   const auto streams = make_streams(Device{});
   SynthStep step(o, specs, *streams);
   const TensorView &out = step.host.outs[0], &sinks = step.host.layers[0].sinks;
@@ -293,8 +294,8 @@ TEST(CheckRows, ZeroOutIsOffByTheRowsLargestMagnitude) {
   SCOPED_TRACE(test::seed_note(seed));
   for (KvLayout kv : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla}) {
     const RunOptions o{
-        .requests = 2, .context = 300, .q_len = 2, .kv = kv, .check = 0, .seed = seed};
-    const auto specs = model_layers(model_preset(o.model), o.groups);
+        .requests = 2, .seq_len = 300, .q_len = 2, .kv = kv, .check = 0, .seed = seed};
+    const auto specs = model_layers(model_preset(o.model), o.swa_groups);
     const auto streams = make_streams(Device{});
     const SynthStep step(o, specs, *streams);
     for (size_t i : {size_t{0}, specs.size() - 1}) {
@@ -311,17 +312,17 @@ TEST(CheckRows, ZeroOutIsOffByTheRowsLargestMagnitude) {
 TEST(RunArgs, BoundsAreInclusive) {
   EXPECT_EQ(parse({"run", "--requests", "1"}).run.requests, 1);
   EXPECT_EQ(parse({"run", "--check", "0"}).run.check, 0);
-  EXPECT_EQ(parse({"run", "--context", "2000", "--q-len", "1024"}).run.q_len, 1024);
-  expect_usage_error({"run", "--context", "2000", "--q-len", "1025"},
+  EXPECT_EQ(parse({"run", "--seq-len", "2000", "--q-len", "1024"}).run.q_len, 1024);
+  expect_usage_error({"run", "--seq-len", "2000", "--q-len", "1025"},
                      "--q-len: expected an integer in [1, 1024], got '1025'");
   EXPECT_EQ(parse({"run", "--seed", "18446744073709551615"}).run.seed, UINT64_MAX);
   expect_usage_error({"run", "--seed", "18446744073709551616"},
                      "--seed: expected an integer in [0, 18446744073709551615], got "
                      "'18446744073709551616'");
   // The step's tokens are the last of each request's context: all of it, but no more.
-  EXPECT_EQ(parse({"run", "--context", "3", "--q-len", "3"}).run.q_len, 3);
-  expect_usage_error({"run", "--context", "3", "--q-len", "4"},
-                     "--q-len: expected at most --context = 3 tokens, got 4");
+  EXPECT_EQ(parse({"run", "--seq-len", "3", "--q-len", "3"}).run.q_len, 3);
+  expect_usage_error({"run", "--seq-len", "3", "--q-len", "4"},
+                     "--q-len: expected at most --seq-len = 3 tokens, got 4");
 }
 
 // What `smla help` promises for a bare `smla run` (scripts/run.sh's main job): a v4-flash step
@@ -330,12 +331,12 @@ TEST(RunArgs, DefaultsAreThoseTheUsageStates) {
   const RunOptions o = parse({"run"}).run;
   EXPECT_EQ(o.model, "v4-flash");
   EXPECT_EQ(o.requests, 4);
-  EXPECT_EQ(o.context, 4096);
+  EXPECT_EQ(o.seq_len, 4096);
   EXPECT_EQ(o.q_len, 1);
   EXPECT_EQ(o.kv, KvLayout::bf16);
   EXPECT_EQ(o.device, DeviceChoice::auto_);
   EXPECT_EQ(o.check, 8);
-  EXPECT_EQ(o.groups, 1);
+  EXPECT_EQ(o.swa_groups, 1);
   EXPECT_EQ(o.seed, 0u);
   const std::string text = usage();
   for (const char* line : {"(default v4-flash)", "(default 4)", "(default 4096)", "(default 1)",
@@ -346,12 +347,12 @@ TEST(RunArgs, DefaultsAreThoseTheUsageStates) {
 // `smla help` is the flags' only list: each one `run` takes has its line.
 TEST(RunArgs, EveryFlagIsInTheUsage) {
   const std::string text = usage();
-  for (const char* flag : {"--model", "--requests", "--context", "--q-len", "--kv", "--device",
-                           "--check", "--groups", "--seed", "--compressed-index"}) {
+  for (const char* flag : {"--model", "--requests", "--seq-len", "--q-len", "--kv", "--device",
+                           "--check", "--swa-groups", "--seed", "--compressed-index"}) {
     EXPECT_NE(text.find(std::string("\n  ") + flag + " "), std::string::npos) << flag;
   }
   // The bounds a flag's refusal names, and what each exit status means.
-  for (const char* line : {"1..1024 and at most --context", "1..64 and at most the model's",
+  for (const char* line : {"1..1024 and at most --seq-len", "1..64 and at most the model's",
                            "\nexit status: 0 done", "2 a usage error\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line;
 }
@@ -365,6 +366,9 @@ TEST(RunArgs, NamesAndWordsRefused) {
                      "--model: expected v4-flash|v4-pro|v41-flash, got 'v4'");
   expect_usage_error({"run", "4"}, "unexpected argument '4' (flags start with --)");
   expect_usage_error({"run", "--requests", "2", "--bogus", "1"}, "unknown flag --bogus");
+  // Flags renamed to SPEC's names say what they are called now.
+  expect_usage_error({"run", "--context", "300"}, "unknown flag --context (now --seq-len)");
+  expect_usage_error({"run", "--groups=3"}, "unknown flag --groups (now --swa-groups)");
   expect_usage_error({"info", "run"}, "info takes no arguments, got 'run'");
   EXPECT_EQ(parse({"info"}).command, Command::info);
   EXPECT_EQ(parse({"run"}).command, Command::run);
@@ -394,10 +398,10 @@ Printed printed(F&& run) {
 TEST(Report, TotalsPerKindAndTheCheck) {
   RunReport r{.options = {.model = "v41-flash",
                           .requests = 1,
-                          .context = 300,
+                          .seq_len = 300,
                           .q_len = 1,
                           .kv = KvLayout::fp8_ds_mla,
-                          .groups = 2,
+                          .swa_groups = 2,
                           .compressed_index = CompressedIndex::topk},
               .device = "cpu (1 thread)",
               .kv_bytes = 3 * 1048576,
@@ -411,7 +415,7 @@ TEST(Report, TotalsPerKindAndTheCheck) {
               .check = CheckResult{.rows = 129, .max_error = 1.5e-4, .max_relative_error = 5e-3},
               .tolerance = 1e-2};
   const std::string want =
-      "v41-flash: 3 layers, 1 request x 1 token, context 300, fp8_ds_mla KV (3.0 MiB), "
+      "v41-flash: 3 layers, 1 request x 1 token, seq_len 300, fp8_ds_mla KV (3.0 MiB), "
       "bf16 query, 2 SWA groups, compressed index topk, on cpu (1 thread)\n"
       "layers      count    time ms   ms/layer      GB/s   TFLOP/s\n"
       "swa-only        2      0.040      0.020     29.20     6.554\n"
@@ -432,7 +436,7 @@ TEST(Report, TotalsPerKindAndTheCheck) {
             std::string::npos);
   r.check.reset();
   r.options.requests = r.options.q_len = 2;
-  r.options.groups = 1;
+  r.options.swa_groups = 1;
   const std::string out = printed([&] { print_report(r); }).out;
   EXPECT_EQ(out.find("check:"), std::string::npos) << out;
   EXPECT_NE(out.find(", 2 requests x 2 tokens, "), std::string::npos) << out;
@@ -466,11 +470,11 @@ TEST(RunStep, SmallCpuStepsCheckClean) {
     const int q_len = 1 + static_cast<int>(rng() % std::min(context, 3));
     const RunOptions o{.model = c.model,
                        .requests = 2,
-                       .context = context,
+                       .seq_len = context,
                        .q_len = q_len,
                        .kv = c.kv,
                        .device = DeviceChoice::cpu,
-                       .groups = c.groups,
+                       .swa_groups = c.groups,
                        .seed = rng()};
     int status = -1;
     const Printed p = run_printed(o, status);
@@ -479,7 +483,7 @@ TEST(RunStep, SmallCpuStepsCheckClean) {
     EXPECT_EQ(p.err, "");
     const std::string head = std::string(c.model) + ": " + std::to_string(c.layers) +
                              " layers, 2 requests x " + std::to_string(q_len) +
-                             (q_len > 1 ? " tokens" : " token") + ", context " +
+                             (q_len > 1 ? " tokens" : " token") + ", seq_len " +
                              std::to_string(context) + ", " + kv_layout_name(c.kv) + " KV (";
     EXPECT_EQ(p.out.substr(0, head.size()), head);
     EXPECT_NE(p.out.find(", on cpu (1 thread), no warm-up step\n"), std::string::npos);
@@ -497,7 +501,7 @@ TEST(RunStep, CheckCountsEveryRowOrNone) {
   SCOPED_TRACE(test::seed_note(seed));
   const test::ThreadsEnv threads("2");
   RunOptions o{.requests = 1,
-               .context = 1 + static_cast<int>(seed % 200),
+               .seq_len = 1 + static_cast<int>(seed % 200),
                .device = DeviceChoice::cpu,
                .check = 64,  // v4-flash: one token of 64 heads
                .seed = seed};
@@ -530,7 +534,7 @@ TEST(RunStep, CheckCountsEveryRowOrNone) {
 TEST(RunStep, FiguresAreEachLayersOwn) {
   const test::ThreadsEnv threads("2");
   const RunOptions o{.requests = 2,
-                     .context = 3000,
+                     .seq_len = 3000,
                      .q_len = 2,
                      .device = DeviceChoice::cpu,
                      .check = 0,
@@ -538,7 +542,7 @@ TEST(RunStep, FiguresAreEachLayersOwn) {
   int status = -1;
   const Printed p = run_printed(o, status);
   ASSERT_EQ(status, 0);
-  const auto specs = model_layers(model_preset(o.model), o.groups);
+  const auto specs = model_layers(model_preset(o.model), o.swa_groups);
   const auto streams = make_streams(Device{});
   const SynthStep step(o, specs, *streams);
   std::map<std::string, double> bytes, ms_per_layer;
@@ -562,7 +566,7 @@ TEST(RunStep, CudaAskedForWithoutIt) {
   if (query_capability(kHeadDim, DType::bf16, DType::bf16, kSwaBlockSize, {DeviceKind::cuda, 0})
           .supported)
     GTEST_SKIP() << "a CUDA device here runs the step";
-  const RunOptions o{.requests = 1, .context = 64, .device = DeviceChoice::cuda, .check = 0};
+  const RunOptions o{.requests = 1, .seq_len = 64, .device = DeviceChoice::cuda, .check = 0};
   try {
     printed([&] { run_step(o); });
     ADD_FAILURE() << "ran";
@@ -578,7 +582,7 @@ TEST(RunStep, AutoFallsBackToTheCpuWithANote) {
           .supported)
     GTEST_SKIP() << "a CUDA device here runs the step";
   const test::ThreadsEnv threads("1");
-  const RunOptions o{.requests = 1, .context = 64, .check = 0};
+  const RunOptions o{.requests = 1, .seq_len = 64, .check = 0};
   ASSERT_EQ(o.device, DeviceChoice::auto_);
   int status = -1;
   const Printed p = run_printed(o, status);
@@ -603,7 +607,7 @@ TEST(SynthStep, WindowsTopKAndColumnsFollowTheOptions) {
                             W + 62 + q_len + 64 * static_cast<int>(rng() % 3),
                             4 * 512 + q_len + static_cast<int>(rng() % 64)}) {
     SCOPED_TRACE("context " + std::to_string(context));
-    const RunOptions o{.requests = 2, .context = context, .q_len = q_len, .seed = rng()};
+    const RunOptions o{.requests = 2, .seq_len = context, .q_len = q_len, .seed = rng()};
     const auto specs = model_layers(model_preset(o.model), 1);
     const auto streams = make_streams(Device{});
     const SynthStep step(o, specs, *streams);
@@ -641,7 +645,7 @@ TEST(SynthStep, WindowsTopKAndColumnsFollowTheOptions) {
 TEST(SynthStep, BlockTablesAreShuffled) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));
-  const RunOptions o{.requests = 16, .context = 2000, .check = 0, .seed = seed};
+  const RunOptions o{.requests = 16, .seq_len = 2000, .check = 0, .seed = seed};
   const auto specs = model_layers(model_preset(o.model), 1);
   const auto streams = make_streams(Device{});
   const SynthStep step(o, specs, *streams);
@@ -683,7 +687,7 @@ double memory_bytes() {
 // the refusal says what it is.
 TEST(SynthStep, HostLimitIsTwoThirdsOfMemory) {
   const double bytes = memory_bytes();
-  const RunOptions o{.requests = 1 << 30, .context = 1 << 30, .check = 0};
+  const RunOptions o{.requests = 1 << 30, .seq_len = 1 << 30, .check = 0};
   const auto streams = make_streams(Device{});
   try {
     const SynthStep step(o, model_layers(model_preset(o.model), 1), *streams);
@@ -704,7 +708,7 @@ TEST(SynthStep, HostLimitIsTwoThirdsOfMemory) {
 // refused by its flags, not by std::bad_alloc.
 void refused_before_allocating(const RunOptions& o, const std::vector<LayerSpec>& specs) {
   SCOPED_TRACE(std::to_string(o.requests) + " requests x " + std::to_string(o.q_len) +
-               " tokens, context " + std::to_string(o.context));
+               " tokens, seq_len " + std::to_string(o.seq_len));
   const auto streams = make_streams(Device{});
   rlimit old{};
   ASSERT_EQ(getrlimit(RLIMIT_AS, &old), 0);
@@ -719,7 +723,7 @@ void refused_before_allocating(const RunOptions& o, const std::vector<LayerSpec>
     const SynthStep step(o, specs, *streams);
     ADD_FAILURE() << "made";
   } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "--requests, --context, --q-len (with --model and --kv)");
+    EXPECT_EQ(e.argument(), "--requests, --seq-len, --q-len (with --model and --kv)");
   } catch (const std::bad_alloc&) {
     ADD_FAILURE() << "allocated before refusing";
   }
@@ -738,8 +742,8 @@ TEST(SynthStep, PastTheHostLimitRefusedBeforeAllocating) {
   const double rows_a_request = 1024.0 * double(specs.size()) * 64 * kHeadDim * 4;
   const int rows_past = static_cast<int>(memory_bytes() * 2 / 3 / rows_a_request) + 1;
   for (const RunOptions& o :
-       {RunOptions{.requests = 256, .context = 1 << 30, .check = 0},
-        RunOptions{.requests = rows_past, .context = 1024, .q_len = 1024, .check = 0}})
+       {RunOptions{.requests = 256, .seq_len = 1 << 30, .check = 0},
+        RunOptions{.requests = rows_past, .seq_len = 1024, .q_len = 1024, .check = 0}})
     refused_before_allocating(o, specs);
 }
 
@@ -750,7 +754,7 @@ TEST(SynthStep, CompressedPagesHoldTheEntries) {
   const auto specs = model_layers(model_preset("v4-flash"), 1);
   const auto streams = make_streams(Device{});
   for (const int context : {100, 4 * 64 * 32, 4 * 64 * 32 + 4}) {
-    const RunOptions o{.requests = 2, .context = context, .check = 0};
+    const RunOptions o{.requests = 2, .seq_len = context, .check = 0};
     const SynthStep step(o, specs, *streams);
     for (size_t i = 0; i < specs.size(); ++i) {
       if (specs[i].compress_ratio == 0) continue;
@@ -769,7 +773,7 @@ TEST(SynthStep, ScalesFollowTheLayout) {
   for (const auto& [kv, kv_scale] : {std::pair{KvLayout::bf16, 1.0f},
                                      {KvLayout::fp8_e4m3, 0.5f},
                                      {KvLayout::fp8_ds_mla, 1.0f}}) {
-    const SynthStep step({.requests = 1, .context = 100, .kv = kv, .check = 0}, specs, *streams);
+    const SynthStep step({.requests = 1, .seq_len = 100, .kv = kv, .check = 0}, specs, *streams);
     for (const AttentionLayer& l : step.host.layers) {
       EXPECT_FLOAT_EQ(l.bmm1_scale, kv_scale / std::sqrt(512.0f)) << kv_layout_name(kv);
       EXPECT_EQ(l.bmm2_scale, kv_scale) << kv_layout_name(kv);
@@ -782,7 +786,7 @@ TEST(SynthStep, ScalesFollowTheLayout) {
 TEST(SynthStep, KvBytesArePoolBytes) {
   for (const char* model : {"v4-flash", "v41-flash"})
     for (KvLayout kv : {KvLayout::bf16, KvLayout::fp8_ds_mla}) {
-      const RunOptions o{.model = model, .requests = 2, .context = 700, .q_len = 2, .kv = kv};
+      const RunOptions o{.model = model, .requests = 2, .seq_len = 700, .q_len = 2, .kv = kv};
       const auto specs = model_layers(model_preset(o.model), 1);
       const auto streams = make_streams(Device{});
       const SynthStep step(o, specs, *streams);
@@ -814,7 +818,7 @@ TEST(SynthStep, SeedPicksTheStep) {
   };
   const auto step = [&](uint64_t s) {
     const RunOptions o{
-        .requests = 2, .context = 200, .q_len = 2, .kv = KvLayout::fp8_ds_mla, .seed = s};
+        .requests = 2, .seq_len = 200, .q_len = 2, .kv = KvLayout::fp8_ds_mla, .seed = s};
     return std::make_unique<SynthStep>(o, specs, *streams);
   };
   const auto a = step(seed), b = step(seed), c = step(seed + 1);

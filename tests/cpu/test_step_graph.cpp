@@ -29,8 +29,12 @@ namespace {
 TEST(StepGraph, DistinctTablesAreTheExecutorsBuilds) {
   for (const char* model : {"v4-flash", "v41-flash"})
     for (int groups : {1, 3}) {
-      const RunOptions o{
-          .model = model, .requests = 2, .context = 300, .q_len = 2, .check = 0, .groups = groups};
+      const RunOptions o{.model = model,
+                         .requests = 2,
+                         .seq_len = 300,
+                         .q_len = 2,
+                         .check = 0,
+                         .swa_groups = groups};
       const auto specs = model_layers(model_preset(model), groups);
       const auto streams = make_streams(Device{});
       SynthStep step(o, specs, *streams);
@@ -324,7 +328,7 @@ class DeviceLikeStreams final : public cpu::HostStreams {
 // An unchecked step on a device keeps no host copy of pools, queries and outs; its pools are
 // one random tile of 256 pages repeated, so only their addresses are distinct.
 TEST(SynthStep, UncheckedDeviceStepTilesItsPools) {
-  const RunOptions o{.model = "v4-flash", .requests = 3, .context = 30000, .q_len = 2, .check = 0};
+  const RunOptions o{.model = "v4-flash", .requests = 3, .seq_len = 30000, .q_len = 2, .check = 0};
   const auto specs = model_layers(model_preset(o.model), 1);
   DeviceLikeStreams streams;
   const SynthStep step(o, specs, streams);
@@ -356,7 +360,7 @@ TEST(SynthStep, UncheckedDeviceStepTilesItsPools) {
 // A checked step on a device downloads the sampled rows of a layer's out, each (token, head)
 // row's 512 values and no other, into its host copy.
 TEST(SynthStep, DownloadRowsCopiesThoseRows) {
-  const RunOptions o{.model = "v4-flash", .requests = 2, .context = 100, .q_len = 3, .check = 8};
+  const RunOptions o{.model = "v4-flash", .requests = 2, .seq_len = 100, .q_len = 3, .check = 8};
   const auto specs = model_layers(model_preset(o.model), 1);
   DeviceLikeStreams streams;
   SynthStep step(o, specs, streams);
@@ -385,7 +389,7 @@ TEST(SynthStep, DownloadRowsCopiesThoseRows) {
 // indexers' 512 entries: max_columns, which sizes the executor's workspace on CUDA, is the widest
 // layer's, not the last one's.
 TEST(SynthStep, MaxColumnsIsTheWidestLayers) {
-  const RunOptions o{.requests = 1, .context = 128 * 600, .kv = KvLayout::fp8_e4m3, .check = 0};
+  const RunOptions o{.requests = 1, .seq_len = 128 * 600, .kv = KvLayout::fp8_e4m3, .check = 0};
   DeviceLikeStreams streams;
   const SynthStep step(o, model_layers(model_preset(o.model), 1), streams);
   int64_t widest = 0;
@@ -398,13 +402,13 @@ TEST(SynthStep, MaxColumnsIsTheWidestLayers) {
 // Without host copies the host still holds the block tables and the top-k: a step whose
 // tables alone pass the host limit is refused by its flags before anything is allocated.
 TEST(SynthStep, UncheckedDeviceStepCountsItsHostTables) {
-  const RunOptions o{.requests = 1 << 30, .context = 1 << 30, .q_len = 1, .check = 0};
+  const RunOptions o{.requests = 1 << 30, .seq_len = 1 << 30, .q_len = 1, .check = 0};
   DeviceLikeStreams streams;
   try {
     const SynthStep step(o, model_layers(model_preset(o.model), 1), streams);
     ADD_FAILURE() << "a step of 2^30 requests of 2^30 tokens was made";
   } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "--requests, --context, --q-len (with --model and --kv)");
+    EXPECT_EQ(e.argument(), "--requests, --seq-len, --q-len (with --model and --kv)");
     EXPECT_NE(std::string(e.what()).find("of block tables and top-k"), std::string::npos)
         << e.what();
     EXPECT_NE(std::string(e.what()).find("of queries and outputs (on the device) and"),

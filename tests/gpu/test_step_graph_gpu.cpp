@@ -19,15 +19,15 @@ TEST(GpuStepGraph, SharedAndUnsharedGraphsAreSpecsAndTimed) {
   for (const char* model : {"v4-flash", "v41-flash"}) {
     const cli::RunOptions o{.model = model,
                             .requests = 4,
-                            .context = 3000,
+                            .seq_len = 3000,
                             .q_len = 2,
                             .device = cli::DeviceChoice::cuda,
                             .check = 0,  // pools tiled on the device, as in the bench
-                            .groups = 3};
+                            .swa_groups = 3};
     const Device gpu{DeviceKind::cuda, 0};
     const cli::RunStream stream(gpu);
     const auto streams = make_streams(gpu, stream.get());
-    const cli::SynthStep step(o, model_layers(model_preset(model), o.groups), *streams);
+    const cli::SynthStep step(o, model_layers(model_preset(model), o.swa_groups), *streams);
     const cli::StepGraphs graphs =
         cli::measure_step_graphs(step.device, *streams, step.num_tokens, step.max_columns, 5);
     for (const cli::StepGraph* g :
@@ -39,7 +39,7 @@ TEST(GpuStepGraph, SharedAndUnsharedGraphsAreSpecsAndTimed) {
     }
     EXPECT_FALSE(graphs.shared.tables.forks.empty()) << model;  // 3 groups: the swa_only run forks
     EXPECT_FALSE(graphs.topk.tables.forks.empty()) << model;
-    EXPECT_EQ(graphs.topk.nodes.table_builds, o.groups) << model;  // one SWA table per group
+    EXPECT_EQ(graphs.topk.nodes.table_builds, o.swa_groups) << model;  // one SWA table per group
     EXPECT_EQ(graphs.none.nodes.table_builds, graphs.none.layers) << model;
   }
 }
