@@ -36,9 +36,9 @@ struct ModelPreset {
   int index_topk = 0;
   int window = kWindow;
   std::vector<int> compress_ratios = {};  // num_layers + num_mtp_layers entries
-  int dense_ratio = 0;                    // layers of this ratio have no indexer (all entries)
-  std::vector<int> kv_sources = {};       // empty: every compressed layer writes its own cache
-  std::vector<int> index_sources = {};    // empty: every indexed layer is its own index source
+  int every_entry_ratio = 0;  // layers of this ratio read every compressed entry (no indexer)
+  std::vector<int> kv_sources = {};     // empty: every compressed layer writes its own cache
+  std::vector<int> index_sources = {};  // empty: every indexed layer is its own index source
 };
 
 std::span<const ModelPreset> model_presets();  // v4-flash, v4-pro, v41-flash

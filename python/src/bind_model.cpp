@@ -51,7 +51,7 @@ void bind_model(nb::module_& m) {
       .def_ro("index_topk", &ModelPreset::index_topk)
       .def_ro("window", &ModelPreset::window)
       .def_ro("compress_ratios", &ModelPreset::compress_ratios)
-      .def_ro("dense_ratio", &ModelPreset::dense_ratio)
+      .def_ro("every_entry_ratio", &ModelPreset::every_entry_ratio)
       .def_ro("kv_sources", &ModelPreset::kv_sources)
       .def_ro("index_sources", &ModelPreset::index_sources)
       .def("__repr__", [](const ModelPreset& p) { return "ModelPreset('" + p.name + "')"; });

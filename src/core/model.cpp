@@ -30,14 +30,14 @@ const std::vector<ModelPreset>& presets() {
        .num_heads = 64,
        .index_topk = 512,
        .compress_ratios = ratios({{{0, 0}}, {{4, 128}, 20}, {{4, 0}}}),
-       .dense_ratio = 128},
+       .every_entry_ratio = 128},
       {.name = "v4-pro",
        .num_layers = 61,
        .num_mtp_layers = 1,
        .num_heads = 128,
        .index_topk = 1024,
        .compress_ratios = ratios({{{128, 128}}, {{4, 128}, 29}, {{4, 0}}}),
-       .dense_ratio = 128},
+       .every_entry_ratio = 128},
       {.name = "v41-flash",
        .num_layers = 40,
        .num_mtp_layers = 3,
@@ -106,9 +106,9 @@ std::vector<LayerSpec> model_layers(const ModelPreset& preset, int num_swa_group
                 .mtp = l >= preset.num_layers};
     if (s.compress_ratio > 0) {
       s.kv_source = source_of(preset.kv_sources, l, "kv_sources");
-      const bool dense = s.compress_ratio == preset.dense_ratio;
-      s.index_source = dense ? l : source_of(preset.index_sources, l, "index_sources");
-      s.index_topk = dense ? 0 : preset.index_topk;
+      const bool every_entry = s.compress_ratio == preset.every_entry_ratio;
+      s.index_source = every_entry ? l : source_of(preset.index_sources, l, "index_sources");
+      s.index_topk = every_entry ? 0 : preset.index_topk;
     }
     layers.push_back(s);
   }
