@@ -103,7 +103,7 @@ void fill_page(std::byte* page, KvLayout layout, int64_t block_size, Rng& rng) {
 template <class T>
 std::vector<std::byte> bytes_of(const std::vector<T>& values) {
   std::vector<std::byte> bytes(values.size() * sizeof(T));
-  std::memcpy(bytes.data(), values.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());  // data() may be null
   return bytes;
 }
 

@@ -449,8 +449,9 @@ Printed run_printed(const RunOptions& o, int& status) {
 }
 
 // Small CPU steps of each KV layout and both models check clean at the CLI's tolerance and say
-// so: the rows checked (8 a layer), the tolerance, nothing on stderr (no progress line for
-// work this short, no note about CUDA when the CPU was asked for). Contexts from one token, where
+// so: the rows checked (8 a layer), the tolerance, nothing on stderr (no note about CUDA when
+// the CPU was asked for; progress lines a day apart, as a slow run, under a sanitizer or a
+// loaded machine, may pass 10 s: an ASan build did). Contexts from one token, where
 // the sinks weigh most, to past the window and a page, for 1 to 3 tokens a request.
 TEST(RunStep, SmallCpuStepsCheckClean) {
   const uint64_t seed = test::fresh_seed();
@@ -475,7 +476,8 @@ TEST(RunStep, SmallCpuStepsCheckClean) {
                        .kv = c.kv,
                        .device = DeviceChoice::cpu,
                        .swa_groups = c.groups,
-                       .seed = rng()};
+                       .seed = rng(),
+                       .progress = std::chrono::hours(24)};
     int status = -1;
     const Printed p = run_printed(o, status);
     SCOPED_TRACE(p.out);
@@ -504,7 +506,8 @@ TEST(RunStep, CheckCountsEveryRowOrNone) {
                .seq_len = 1 + static_cast<int>(seed % 200),
                .device = DeviceChoice::cpu,
                .check = 64,  // v4-flash: one token of 64 heads
-               .seed = seed};
+               .seed = seed,
+               .progress = std::chrono::hours(24)};  // stderr empty however slow the run
   int status = -1;
   Printed p = run_printed(o, status);
   EXPECT_EQ(status, 0);

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The C++ tests of the CPU backend, the shared core and the tools under a host sanitizer:
+# address (with undefined behaviour, the default) or thread (the CPU backend's threads). No CUDA
+# here: the GPU side runs under compute-sanitizer (scripts/gpu_check.sh sanitize).
+#   scripts/sanitize.sh [address|thread]     (builds in build-san-address / build-san-thread)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind=${1:-address}
+case $kind in
+  address)
+    flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+    ;;
+  thread) flags="-fsanitize=thread" ;;
+  *) echo "usage: $0 [address|thread]"; exit 2 ;;
+esac
+build=build-san-$kind
+scripts/setup.sh
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSMLA_CUDA=OFF \
+  -DSMLA_PYTHON=OFF -DSMLA_TESTS=ON "-DCMAKE_CXX_FLAGS=$flags" \
+  "-DCMAKE_EXE_LINKER_FLAGS=$flags" >/dev/null
+cmake --build "$build" -j "$(nproc)"
+# Tests that ask for more than an allocator can give expect an exception, not a sanitizer's abort.
+export ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1
+export TSAN_OPTIONS=allocator_may_return_null=1
+export UBSAN_OPTIONS=print_stacktrace=1
+# Cli.OutOfHostMemoryExits1 limits the address space (ulimit -v), which a sanitizer's shadow
+# memory cannot fit in.
+ctest --test-dir "$build" --output-on-failure --no-tests=error -j "$(nproc)" \
+  -E '^Cli\.OutOfHostMemoryExits1$'
