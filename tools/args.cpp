@@ -16,7 +16,8 @@ T choice(std::string_view flag, std::string_view text,
   std::string names;
   for (const auto& [name, value] : options) {
     if (name == text) return value;
-    names += (names.empty() ? "" : "|") + std::string(name);
+    names += names.empty() ? "" : "|";
+    names += name;
   }
   throw UsageError(std::string(flag) + ": expected " + names + ", got '" + std::string(text) + "'");
 }

@@ -58,7 +58,7 @@ class EventClock final : public StepClock {
 
 }  // namespace
 
-std::unique_ptr<StepClock> make_clock(Streams& streams) {
+std::unique_ptr<StepClock> make_clock([[maybe_unused]] Streams& streams) {
 #if SMLA_WITH_CUDA
   if (streams.device().kind == DeviceKind::cuda) return std::make_unique<EventClock>(streams);
 #endif

@@ -157,7 +157,7 @@ StepGraphs measure_step_graphs(const StepData& data, Streams& streams, int64_t m
             way(TableSharing::none, CompressedIndex::table)};
   }
 #else
-  (void)data, (void)max_tokens, (void)max_columns, (void)replays;
+  (void)data, (void)max_tokens, (void)max_columns, (void)replays, (void)progress_every;
 #endif
   throw Error(ErrorKind::unsupported, "device", "a CUDA device (graphs are CUDA's)",
               device_name(streams.device()));
