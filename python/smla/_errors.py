@@ -26,13 +26,15 @@ def runtime_error(argument, expected, got):
     return _error(RuntimeError, argument, expected, got)
 
 
-def renamed(error, names: dict):
-    """`error` raised by a call that a wrapper made, its arguments renamed as the wrapper's caller
-    spelled them (`names`: the call's name -> the caller's), wherever its argument, expected or
-    got names one; `error` itself when it names none or is not an smla error."""
+def raise_renamed(error, names: dict):
+    """Raises `error`, caught from a call that a wrapper made, with its arguments renamed as the
+    wrapper's caller spelled them (`names`: the call's name -> the caller's) wherever its
+    argument, expected or got names one; as it was (cause and traceback kept) where it names
+    none or is not an smla error. Call it in the `except` block."""
     parts = [getattr(error, part, None) for part in ("argument", "expected", "got")]
-    if not all(isinstance(part, str) for part in parts):
-        return error
-    name = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, names)) + r")(?!\w)")
-    spelled = [name.sub(lambda m: names[m.group(1)], part) for part in parts]
-    return error if spelled == parts else _error(type(error), *spelled)
+    if all(isinstance(part, str) for part in parts):
+        name = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, names)) + r")(?!\w)")
+        spelled = [name.sub(lambda m: names[m.group(1)], part) for part in parts]
+        if spelled != parts:
+            raise _error(type(error), *spelled) from None
+    raise error

@@ -16,7 +16,7 @@ from .buffers import kv_counter_buffer, workspace_buffer  # noqa: F401  (engines
 from . import _smla
 from .decode import WINDOW, sparse_mla_decode
 from ._arrays import Typed, framework_of, on_a_device, stream_handle, tensor
-from ._errors import import_error, renamed, value_error
+from ._errors import import_error, raise_renamed, value_error
 
 HEAD_DIM = _smla.HEAD_DIM
 
@@ -154,7 +154,7 @@ def trtllm_batch_decode_sparse_mla_dsv4(
             workspace=workspace_buffer, kv_counters=multi_ctas_kv_counter_buffer, window=window,
             stream=stream)
     except Exception as e:  # named as this call's keywords, not the op's
-        raise renamed(e, _ENGINE_NAMES) from None
+        raise_renamed(e, _ENGINE_NAMES)
     return result
 
 
@@ -187,4 +187,4 @@ def trtllm_decode_sparse_mla_dsv4(*, kv_counters=None, **kwargs):
         return trtllm_batch_decode_sparse_mla_dsv4(multi_ctas_kv_counter_buffer=kv_counters,
                                                    **kwargs)
     except Exception as e:
-        raise renamed(e, {"multi_ctas_kv_counter_buffer": "kv_counters"}) from None
+        raise_renamed(e, {"multi_ctas_kv_counter_buffer": "kv_counters"})

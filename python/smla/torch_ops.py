@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from ._errors import renamed
+from ._errors import raise_renamed
 from .decode import WINDOW, TopkColumns
 from .decode import sparse_mla_decode as _traced_decode
 from .quantize import quantize_kv as _traced_quantize_kv
@@ -53,7 +53,7 @@ def sparse_mla_decode(query: Tensor, swa_kv_cache: Tensor, sparse_indices: Tenso
                 bmm2_scale=bmm2_scale, lse=lse, workspace=workspace, kv_counters=kv_counters,
                 window=window, topk_columns=topk)
     except Exception as e:  # the top-k's fields named as this op's flat arguments
-        raise renamed(e, _FLAT_TOPK_NAMES) from None
+        raise_renamed(e, _FLAT_TOPK_NAMES)
 
 
 _FLAT_TOPK_NAMES = {f"topk_columns.{field}": name for field, name in (

@@ -692,6 +692,7 @@ def test_engine_call_dspark_shapes_and_allocated_out():
                 bmm1_scale=args["bmm1_scale"], cum_seq_lens_q=args["cum_seq_lens_q"],
                 max_q_len=args["max_q_len"])
     assert info.value.argument == "out"
+    assert isinstance(info.value.__cause__, ImportError)  # the wrapper's rename keeps its cause
 
 
 def test_engine_call_uniform_q_len_from_4d_query():
@@ -1234,6 +1235,7 @@ def test_model_presets():
     names = [p.name for p in smla.model_presets()]
     assert names == ["v4-flash", "v4-pro", "v41-flash"]
     flash = smla.model_preset("v4-flash")
+    assert flash.every_entry_ratio == 128  # its ratio-128 layers have no indexer
     layers = smla.model_layers(flash, 2, with_mtp=True)
     assert len(layers) == flash.num_layers + flash.num_mtp_layers
     assert layers[3].swa_group == 1 and layers[-1].mtp

@@ -348,7 +348,8 @@ TEST(RunArgs, DefaultsAreThoseTheUsageStates) {
 TEST(RunArgs, EveryFlagIsInTheUsage) {
   const std::string text = usage();
   for (const char* flag : {"--model", "--requests", "--seq-len", "--q-len", "--kv", "--device",
-                           "--check", "--swa-groups", "--seed", "--compressed-index"}) {
+                           "--check", "--tolerance", "--swa-groups", "--progress", "--seed",
+                           "--compressed-index"}) {
     EXPECT_NE(text.find(std::string("\n  ") + flag + " "), std::string::npos) << flag;
   }
   // The bounds a flag's refusal names, and what each exit status means.
