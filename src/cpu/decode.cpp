@@ -18,6 +18,7 @@
 #include "cpu/fp_mode.h"
 #include "cpu/index.h"
 #include "cpu/parallel.h"
+#include "cpu/simd.h"
 
 namespace smla::cpu {
 namespace {
@@ -138,55 +139,56 @@ void gather(const DecodeProblem& p, const Columns& columns, int64_t t, const Tok
 // per block instead of once per head, and the block's outputs (4 x 4 KiB) stay in L1.
 constexpr int kHeadBlock = 4;
 
-// Float products and sums over one 64-value group, in 8 lanes (vectorized by the compiler).
-float dot64(const float* a, const float* b) {
-  float lane[8] = {};
-  for (int i = 0; i < kDsMlaGroup; i += 8)
-    for (int l = 0; l < 8; ++l) lane[l] += a[i + l] * b[i + l];
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-}
-
-// q . row j, each 64-value group's dot product under the row's scale for that group.
-double score(const Rows& rows, int64_t j, const float* q) {
-  const float* v = &rows.values[j * kHeadDim];
-  double acc = 0;
-  for (int g = 0; g < kGroups; ++g)
-    acc += rows.scales[j * kGroups + g] * dot64(q + g * kDsMlaGroup, v + g * kDsMlaGroup);
-  return acc;
-}
-
-// s[h * n + j]: the score of head h (query q[h]) for row j.
+// s[h * n + j]: the score of head h for row j, q[h] . row j: each 64-value group's float
+// products summed in 8 lanes, the group's sum under the row's scale for it added in double. The
+// B heads go through a group together: B independent chains for the out-of-order core.
 template <int B>
-void scores(const Rows& rows, const float (&q)[B][kHeadDim], double bmm1, double* s) {
+SMLA_CPU_CLONES void scores(const Rows& rows, const float (&q)[B][kHeadDim], double bmm1,
+                            double* s) {
   const int64_t n = rows.count;
-  for (int64_t j = 0; j < n; ++j)
-    for (int h = 0; h < B; ++h) s[h * n + j] = bmm1 * score(rows, j, q[h]);
-}
-
-// out[d] += w[0] * x0[d] + w[1] * x1[d], in that order, over one group of values. Rows go in
-// pairs to halve the loads and stores of `out`; the loop over d is the vectorized one.
-void accumulate(double* out, const double (&w)[2], const float* x0, const float* x1) {
-  for (int d = 0; d < kDsMlaGroup; ++d) out[d] = (out[d] + w[0] * x0[d]) + w[1] * x1[d];
+  for (int64_t j = 0; j < n; ++j) {
+    const float* v = &rows.values[j * kHeadDim];
+    double acc[B] = {};
+    for (int g = 0; g < kGroups; ++g) {
+      F8 lane[B] = {};
+      for (int i = g * kDsMlaGroup; i < (g + 1) * kDsMlaGroup; i += 8) {
+        const F8 x = at8<F8>(v + i);
+        for (int h = 0; h < B; ++h) lane[h] += at8<F8>(q[h] + i) * x;
+      }
+      for (int h = 0; h < B; ++h) acc[h] += rows.scales[j * kGroups + g] * sum8(lane[h]);
+    }
+    for (int h = 0; h < B; ++h) s[h * n + j] = bmm1 * acc[h];
+  }
 }
 
 constexpr float kZeroRow[kHeadDim] = {};
 
-// out[h] = sum over rows j, in order, of e[h * n + j] * row j, in double.
+// out[h] = sum over rows j, in order, of e[h * n + j] * row j, in double: out += w0 * x0 + w1 *
+// x1 in that order, rows in pairs to halve the loads and stores of `out`, each 8 values of a
+// pair converted once for the B heads.
 template <int B>
-void weighted_sum(const Rows& rows, const double* e, double (&out)[B][kHeadDim]) {
+SMLA_CPU_CLONES void weighted_sum(const Rows& rows, const double* e, double (&out)[B][kHeadDim]) {
   const int64_t n = rows.count;
   for (int64_t j = 0; j < n; j += 2) {
     // An odd last row pairs with zeros: adding 0 * 0 changes no sum (one from +0 is never -0).
     const bool pair = j + 1 < n;
     const float* x0 = &rows.values[j * kHeadDim];
     const float* x1 = pair ? x0 + kHeadDim : kZeroRow;
-    for (int h = 0; h < B; ++h)
-      for (int g = 0; g < kGroups; ++g) {
-        const double w[2] = {e[h * n + j] * rows.scales[j * kGroups + g],
-                             pair ? e[h * n + j + 1] * rows.scales[(j + 1) * kGroups + g] : 0.0};
-        const int first = g * kDsMlaGroup;
-        accumulate(out[h] + first, w, x0 + first, x1 + first);
+    for (int g = 0; g < kGroups; ++g) {
+      double w[B][2];
+      for (int h = 0; h < B; ++h) {
+        w[h][0] = e[h * n + j] * rows.scales[j * kGroups + g];
+        w[h][1] = pair ? e[h * n + j + 1] * rows.scales[(j + 1) * kGroups + g] : 0.0;
       }
+      for (int d = g * kDsMlaGroup; d < (g + 1) * kDsMlaGroup; d += 8) {
+        const D8 a = __builtin_convertvector(at8<F8>(x0 + d), D8);
+        const D8 b = __builtin_convertvector(at8<F8>(x1 + d), D8);
+        for (int h = 0; h < B; ++h) {
+          D8& o = at8<D8>(out[h] + d);
+          o = (o + w[h][0] * a) + w[h][1] * b;
+        }
+      }
+    }
   }
 }
 
