@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 
+#include "cpu/parallel.h"
 #include "progress.h"
 #include "smla/error.h"
 #include "smla/quantize.h"
@@ -239,10 +240,15 @@ SynthStep::SynthStep(const RunOptions& o, const std::vector<LayerSpec>& specs, S
 
   Progress progress("synthesizing", static_cast<int64_t>(specs.size()), o.progress);
   std::map<int64_t, std::vector<std::byte>> tiles;  // by page bytes: pages repeated in pools
+  // Pages filled in parallel, each from its own generator seeded by one draw of `rng` and its
+  // index: the same bytes whatever the thread count.
   auto random_pages = [&](int64_t pages, int64_t block_size, int64_t bytes_per_page) {
     std::vector<std::byte> bytes(pages * bytes_per_page);
-    for (int64_t p = 0; p < pages; ++p)
-      fill_page(bytes.data() + p * bytes_per_page, layout, block_size, rng);
+    const uint64_t seed = rng();
+    cpu::parallel_for(pages, [&](int64_t p) {
+      Rng page_rng(seed + static_cast<uint64_t>(p));
+      fill_page(bytes.data() + p * bytes_per_page, layout, block_size, page_rng);
+    });
     return bytes;
   };
   auto pool = [&](int64_t pages, int64_t block_size, int64_t bytes_per_page, TensorView& h,

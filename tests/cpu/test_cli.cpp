@@ -806,8 +806,8 @@ TEST(SynthStep, KvBytesArePoolBytes) {
     }
 }
 
-// --seed picks the step: the same seed makes the same queries, sinks and pools, another seed
-// others. Every query row holds values and the sinks differ per head (a zero query or sinks far
+// --seed picks the step: the same seed makes the same queries, sinks and pools whatever the
+// thread count (pages are filled in parallel), another seed others. Every query row holds values and the sinks differ per head (a zero query or sinks far
 // below the scores would leave the check's softmax untested); fp8_ds_mla's groups get
 // different scales.
 TEST(SynthStep, SeedPicksTheStep) {
@@ -825,11 +825,16 @@ TEST(SynthStep, SeedPicksTheStep) {
         .requests = 2, .seq_len = 200, .q_len = 2, .kv = KvLayout::fp8_ds_mla, .seed = s};
     return std::make_unique<SynthStep>(o, specs, *streams);
   };
-  const auto a = step(seed), b = step(seed), c = step(seed + 1);
+  test::ThreadsEnv threads("3");
+  const auto a = step(seed), c = step(seed + 1);
+  threads.set("1");
+  const auto b = step(seed);
   for (size_t i : {size_t{0}, specs.size() - 1}) {
     const AttentionLayer& l = a->host.layers[i];
     EXPECT_EQ(bytes(a->host.queries[i]), bytes(b->host.queries[i]));
     EXPECT_EQ(bytes(l.swa_kv_cache), bytes(b->host.layers[i].swa_kv_cache));
+    if (l.compressed_kv_cache.defined())
+      EXPECT_EQ(bytes(l.compressed_kv_cache), bytes(b->host.layers[i].compressed_kv_cache));
     EXPECT_NE(bytes(a->host.queries[i]), bytes(c->host.queries[i]));
     EXPECT_NE(bytes(l.swa_kv_cache), bytes(c->host.layers[i].swa_kv_cache));
     EXPECT_NE(bytes(l.sinks), bytes(c->host.layers[i].sinks));
