@@ -5,8 +5,19 @@
 // clone gives the same bits. -DSMLA_CPU_CLONES= builds the baseline (or -march's) code alone.
 #pragma once
 
+// Not under ThreadSanitizer: an ifunc resolver runs before its runtime starts (the tests
+// crashed at load).
+#if defined(__SANITIZE_THREAD__)
+#define SMLA_CPU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SMLA_CPU_TSAN 1
+#endif
+#endif
+
 #ifndef SMLA_CPU_CLONES
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(SMLA_CPU_TSAN)
 #define SMLA_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define SMLA_CPU_CLONES
