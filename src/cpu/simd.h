@@ -15,13 +15,13 @@
 #endif
 #endif
 
-#ifndef SMLA_CPU_CLONES
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && \
-    !defined(SMLA_CPU_TSAN)
+// GCC only: Clang (14, this machine's) clones no function template.
+#if !defined(SMLA_CPU_CLONES) && defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && \
+    !defined(__clang__) && !defined(SMLA_CPU_TSAN)
 #define SMLA_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SMLA_CPU_CLONES
 #endif
+#ifndef SMLA_CPU_CLONES
+#define SMLA_CPU_CLONES
 #endif
 
 namespace smla::cpu {
