@@ -163,7 +163,9 @@ KvPool make_pool(const TensorView& v, const char* name) {
     if (pool.block_stride_bytes % kDsMlaRecordBytes != 0 || pool.block_stride_bytes < page)
       fail(ErrorKind::value, name,
            "a page stride that is a multiple of 576 B and >= block_size * 584 = " + num(page) +
-               " B",
+               " B (the least such: " +
+               num((page + kDsMlaRecordBytes - 1) / kDsMlaRecordBytes * kDsMlaRecordBytes) +
+               " B, each page padded to a multiple of 576 B)",
            num(pool.block_stride_bytes) + " B");
     // The view must cover those block_size * 584 bytes of its last page too.
     if (token_stride < row)

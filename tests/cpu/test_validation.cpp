@@ -586,7 +586,9 @@ TEST_F(Validation, TokenStrideBelowRow) {
 TEST_F(Validation, DsMlaPageStride) {
   a.compressed_kv_cache = TensorView{};
   a.swa_kv_cache = view(DType::u8, {4, 16, 584});  // 9344 B pages: not a multiple of 576
-  expect_error(ErrorKind::value, "swa_kv_cache", "multiple of 576 B and >= block_size * 584 = 9344",
+  expect_error(ErrorKind::value, "swa_kv_cache",
+               "multiple of 576 B and >= block_size * 584 = 9344 B (the least such: 9792 B, each "
+               "page padded to a multiple of 576 B)",
                "9344 B");
   a.swa_kv_cache = view(DType::u8, {4, 16, 584}, {16 * 576, 584, 1});  // too small
   expect_error(ErrorKind::value, "swa_kv_cache", "multiple of 576 B", "9216 B");
