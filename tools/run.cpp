@@ -57,7 +57,8 @@ Device pick_device(const RunOptions& o, std::span<const LayerSpec> specs) {
   }
   if (why.empty()) return gpu;
   if (o.device == DeviceChoice::cuda)
-    throw Error(ErrorKind::unsupported, "--device", "a CUDA device that can run this step", why);
+    throw Error(ErrorKind::unsupported, "--device", "a CUDA device that can run this step",
+                "none: " + why);
   std::fprintf(stderr, "note: running on the CPU; cuda: %s\n", why.c_str());
   return {};
 }
