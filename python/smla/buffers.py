@@ -8,7 +8,7 @@ import threading
 
 from . import _smla
 from ._arrays import parse_device
-from ._errors import runtime_error
+from ._errors import import_error, runtime_error
 from .decode import kv_counter_bytes, workspace_bytes
 
 _buffers = {}  # (kind, torch.device) -> uint8 tensor
@@ -19,15 +19,22 @@ _retired = []
 _lock = threading.Lock()
 
 
-def _device(device):
-    """A torch.device for any device parse_device takes (None: the current CUDA device)."""
-    torch = sys.modules.get("torch") or __import__("torch")
+def _device(device, kind: str):
+    """A torch.device for any device parse_device takes (None: the current CUDA device); an
+    ImportError naming `kind` without PyTorch."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch
+        except ImportError as e:
+            raise import_error(kind, "PyTorch installed (the buffer is a torch tensor)",
+                               "no module torch") from e
     kind, index = parse_device("cuda" if device is None else device)
     return torch.device(kind, index) if kind == "cuda" else torch.device("cpu")
 
 
 def _zeroed(kind: str, nbytes: int, device):
-    device = _device(device)  # imports torch
+    device = _device(device, kind)  # imports torch
     torch = sys.modules["torch"]
     with _lock:
         buffer = _buffers.get((kind, device))
@@ -63,7 +70,7 @@ def workspace_buffer(max_tokens: int, num_heads: int, max_columns: int, device=N
     exactly `num_heads` heads and any width up to `max_columns` (workspace_bytes covers every
     narrower width, not fewer heads: those may need more). Smaller or absent is not an error:
     launches then split less."""
-    dev = _device(device)
+    dev = _device(device, "workspace_buffer")
     where = ("cuda", dev.index) if dev.type == "cuda" else ("cpu", 0)
     return _zeroed("workspace_buffer", workspace_bytes(max_tokens, num_heads, max_columns, where),
                    dev)

@@ -104,7 +104,7 @@ def _new_out(query):
         return Typed(xp.empty(shape, dtype=xp.uint16), "bf16")
     try:
         import ml_dtypes
-    except ImportError as e:  # NumPy's bf16 is ml_dtypes', which the package does not require
+    except ImportError as e:  # a dependency: absent only where installed without it
         raise import_error("out", "an array, or ml_dtypes installed to allocate a NumPy bf16 one",
                            "None without ml_dtypes") from e
     return xp.empty(shape, dtype=ml_dtypes.bfloat16)

@@ -7,6 +7,7 @@ import dataclasses
 import decimal
 import fractions
 import gc
+import importlib.util
 import math
 import re
 import sys
@@ -1997,3 +1998,11 @@ def test_streams_up_to_2_64_are_handles():
     args, _ = make_case(ref.fresh_rng())
     for stream in (2**63, 2**64 - 1):
         smla.sparse_mla_decode(**args, stream=stream)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="PyTorch is installed")
+def test_buffers_without_torch_name_the_function():
+    """The buffers are torch tensors: without PyTorch each call raises an ImportError in smla's
+    form, naming itself, not a bare ModuleNotFoundError."""
+    raises_named(ImportError, "kv_counter_buffer", lambda: smla.kv_counter_buffer(4))
+    raises_named(ImportError, "workspace_buffer", lambda: smla.workspace_buffer(4, 64, 640))
