@@ -146,6 +146,12 @@ Invocation parse_args(int argc, const char* const* argv) {
                        std::string(args[args.size() > 2 ? 2 : 1]) + "'");
     return inv;
   }
+  if (args[0] == "version" || args[0] == "--version") {
+    if (args.size() > 1)
+      throw UsageError("version takes no arguments, got '" + std::string(args[1]) + "'");
+    inv.command = Command::version;
+    return inv;
+  }
   if (args[0] != "info" && args[0] != "run")
     throw UsageError("unknown command '" + std::string(args[0]) + "'");
   // A known command's --help prints the usage, whatever else the line holds.
@@ -180,6 +186,7 @@ std::string usage() {
          "commands:\n"
          "  run    run the attention of every layer of one decode step on synthetic caches\n"
          "  info   print the backends this build has and what each supports\n"
+         "  version print smla's version (also --version)\n"
          "  help   print this text (also --help)\n"
          "\n"
          "run flags:\n"

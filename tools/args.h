@@ -31,7 +31,7 @@ struct RunOptions {
   std::chrono::seconds progress = kProgressEvery;  // between progress lines off a terminal
 };
 
-enum class Command { help, info, run };
+enum class Command { help, info, run, version };
 
 struct Invocation {
   Command command = Command::help;

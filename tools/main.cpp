@@ -23,6 +23,9 @@ int run(const smla::cli::Invocation& invocation) {
       case Command::info:
         std::fputs(smla::backend_info().c_str(), stdout);
         return 0;
+      case Command::version:
+        std::puts("smla " SMLA_VERSION);
+        return 0;
       case Command::run:
         return run_step(invocation.run);
     }

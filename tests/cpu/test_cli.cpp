@@ -373,6 +373,9 @@ TEST(RunArgs, NamesAndWordsRefused) {
   expect_usage_error({"info", "run"}, "info takes no arguments, got 'run'");
   EXPECT_EQ(parse({"info"}).command, Command::info);
   EXPECT_EQ(parse({"run"}).command, Command::run);
+  EXPECT_EQ(parse({"version"}).command, Command::version);
+  EXPECT_EQ(parse({"--version"}).command, Command::version);
+  expect_usage_error({"--version", "run"}, "version takes no arguments, got 'run'");
 }
 
 // Standard output and error of `run`, captured.
