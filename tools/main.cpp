@@ -52,7 +52,9 @@ int main(int argc, char** argv) {
   try {
     invocation = parse_args(argc, argv);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "smla: %s\n\n%s", e.what(), usage().c_str());
+    // The error, then where the flags are: the whole usage would bury that one line.
+    std::fprintf(stderr, "smla: %s\nusage: smla <command> [flags] ('smla help' lists them)\n",
+                 e.what());
     return 2;
   }
   const int status = run(invocation);
