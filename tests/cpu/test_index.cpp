@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,10 +24,15 @@ struct Built {
   std::vector<int32_t> lens{}, seq_lens{};
 };
 
-// A pool of this geometry; only its shape and strides are read by the builders.
+// A pool of this geometry. The builders read only its shape and strides, but the overlap checks
+// compare its extent with the outputs': it spans memory of its own (over a 2-byte buffer it
+// reached the heap, and two tests failed with an overlap wherever the heap followed it).
 TensorView pool_view(int64_t blocks, int64_t block_size, int64_t span) {
-  static uint16_t data[1];
-  return make_view(data, DType::bf16, Device{}, {blocks, block_size, kHeadDim},
+  static std::vector<uint16_t> data(size_t{1} << 19);
+  const int64_t extent = ((blocks - 1) * span + block_size) * kHeadDim;
+  if (extent > static_cast<int64_t>(data.size()))
+    throw std::length_error("pool_view: " + std::to_string(extent) + " elements, past its buffer");
+  return make_view(data.data(), DType::bf16, Device{}, {blocks, block_size, kHeadDim},
                    {span * kHeadDim, kHeadDim, 1});
 }
 
