@@ -69,8 +69,9 @@ TensorView view_of(const Array& a, const std::string& name,
     v.dtype = *t;
   } else {
     throw Error(ErrorKind::type, name,
-                "bf16, f8e4m3 (float8_e4m3fn), f32, i32 or u8 elements (a uint16/uint8 array "
-                "holding bf16/fp8 bits: smla.with_dtype(array, 'bf16'/'f8e4m3'))",
+                "elements of a type smla reads, those of bf16, f8e4m3 (float8_e4m3fn), f32, i32 "
+                "and u8 that this argument takes (a uint16/uint8 array holding bf16/fp8 bits: "
+                "smla.with_dtype(array, 'bf16'/'f8e4m3'))",
                 dlpack_name(d) + conversion_hint(d));
   }
   switch (a.device_type()) {
