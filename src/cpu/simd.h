@@ -4,6 +4,7 @@
 // loads (GNU ifunc). The library compiles with -ffp-contract=off (no fused multiply-add), so every
 // clone gives the same bits. -DSMLA_CPU_CLONES= builds the baseline (or -march's) code alone.
 #pragma once
+#include <cstddef>  // __GLIBC__
 
 // Not under ThreadSanitizer: an ifunc resolver runs before its runtime starts (the tests
 // crashed at load).
@@ -15,8 +16,9 @@
 #endif
 #endif
 
-// GCC only: Clang (14, this machine's) clones no function template.
-#if !defined(SMLA_CPU_CLONES) && defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && \
+// GCC only: Clang (14, this machine's) clones no function template. glibc only: ifunc (musl
+// has none, and GCC refuses the attribute there).
+#if !defined(SMLA_CPU_CLONES) && defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && \
     !defined(__clang__) && !defined(SMLA_CPU_TSAN)
 #define SMLA_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
