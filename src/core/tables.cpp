@@ -116,7 +116,7 @@ void SparseIndexTables::store(const TableKey& key, Stored stored) {
   tables_[key] = std::move(stored);
   const int held =
       static_cast<int>(std::count_if(tables_.begin(), tables_.end(), [&](const auto& entry) {
-        return entry.first.first == group;
+        return entry.first.first == key.first;  // the group (Clang 14 captures no binding)
       }));
   stats_.peak_tables[group] = std::max(stats_.peak_tables[group], held);
 }
