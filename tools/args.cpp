@@ -139,27 +139,24 @@ Invocation parse_args(int argc, const char* const* argv) {
   if (args.empty()) throw UsageError("no command");
   const auto is_help = [](std::string_view a) { return a == "--help" || a == "-h"; };
   Invocation inv;
-  if (is_help(args[0]) || args[0] == "help") {  // `help run`, `help -h` too: one text covers all
-    const auto topic = [&](std::string_view a) { return a == "run" || a == "info" || is_help(a); };
+  // `--version` is `version`; `help run`, `help -h` too: one text covers all.
+  const std::string_view command = args[0] == "--version" ? "version" : args[0];
+  const auto known = [](std::string_view a) { return a == "run" || a == "info" || a == "version"; };
+  if (is_help(command) || command == "help") {
+    const auto topic = [&](std::string_view a) { return known(a) || is_help(a); };
     if (args.size() > 2 || (args.size() == 2 && !topic(args[1])))
       throw UsageError("help takes a command or nothing, got '" +
                        std::string(args[args.size() > 2 ? 2 : 1]) + "'");
     return inv;
   }
-  if (args[0] == "version" || args[0] == "--version") {
-    if (args.size() > 1)
-      throw UsageError("version takes no arguments, got '" + std::string(args[1]) + "'");
-    inv.command = Command::version;
-    return inv;
-  }
-  if (args[0] != "info" && args[0] != "run")
-    throw UsageError("unknown command '" + std::string(args[0]) + "'");
+  if (!known(command)) throw UsageError("unknown command '" + std::string(command) + "'");
   // A known command's --help prints the usage, whatever else the line holds.
   if (std::any_of(args.begin() + 1, args.end(), is_help)) return inv;
-  if (args[0] == "info") {
+  if (command != "run") {  // info and version take nothing
     if (args.size() > 1)
-      throw UsageError("info takes no arguments, got '" + std::string(args[1]) + "'");
-    inv.command = Command::info;
+      throw UsageError(std::string(command) + " takes no arguments, got '" + std::string(args[1]) +
+                       "'");
+    inv.command = command == "info" ? Command::info : Command::version;
     return inv;
   }
   inv.command = Command::run;

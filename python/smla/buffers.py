@@ -19,15 +19,15 @@ _retired = []
 _lock = threading.Lock()
 
 
-def _device(device, kind: str):
+def _device(device, caller: str):
     """A torch.device for any device parse_device takes (None: the current CUDA device); an
-    ImportError naming `kind` without PyTorch."""
+    ImportError naming `caller` without PyTorch."""
     torch = sys.modules.get("torch")
     if torch is None:
         try:
             import torch
         except ImportError as e:
-            raise import_error(kind, "PyTorch installed (the buffer is a torch tensor)",
+            raise import_error(caller, "PyTorch installed (the buffer is a torch tensor)",
                                "no module torch") from e
     kind, index = parse_device("cuda" if device is None else device)
     return torch.device(kind, index) if kind == "cuda" else torch.device("cpu")

@@ -376,6 +376,8 @@ TEST(RunArgs, NamesAndWordsRefused) {
   EXPECT_EQ(parse({"version"}).command, Command::version);
   EXPECT_EQ(parse({"--version"}).command, Command::version);
   expect_usage_error({"--version", "run"}, "version takes no arguments, got 'run'");
+  EXPECT_EQ(parse({"version", "--help"}).command, Command::help);  // as every command's --help
+  EXPECT_EQ(parse({"help", "version"}).command, Command::help);
 }
 
 // Standard output and error of `run`, captured.
