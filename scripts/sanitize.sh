@@ -3,6 +3,8 @@
 # address (with undefined behaviour, the default) or thread (the CPU backend's threads). No CUDA
 # here: the GPU side runs under compute-sanitizer (scripts/gpu_check.sh sanitize).
 #   scripts/sanitize.sh [address|thread]     (builds in build-san-address / build-san-thread)
+# CXX picks the compiler as for CMake (CI runs the thread pass with clang++, so that both GCC and
+# Clang build the library and its tests); each compiler has its own build directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-address}
@@ -13,7 +15,7 @@ case $kind in
   thread) flags="-fsanitize=thread" ;;
   *) echo "usage: $0 [address|thread]"; exit 2 ;;
 esac
-build=build-san-$kind
+build=build-san-$kind${CXX:+-$(basename "$CXX")}
 scripts/setup.sh
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSMLA_CUDA=OFF \
   -DSMLA_PYTHON=OFF -DSMLA_TESTS=ON "-DCMAKE_CXX_FLAGS=$flags" \

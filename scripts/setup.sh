@@ -12,6 +12,7 @@ cmake_ok() {
 cmake_ok || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
+case ${CXX:-} in clang++*) command -v "$CXX" >/dev/null || need+=("${CXX/#clang++/clang}") ;; esac
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
 # The Python package's tests: python3, pip, and the headers its extension builds against.
 command -v python3 >/dev/null || need+=(python3)

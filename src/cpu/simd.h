@@ -6,20 +6,13 @@
 #pragma once
 #include <cstddef>  // __GLIBC__
 
-// Not under ThreadSanitizer: an ifunc resolver runs before its runtime starts (the tests
-// crashed at load).
-#if defined(__SANITIZE_THREAD__)
-#define SMLA_CPU_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SMLA_CPU_TSAN 1
-#endif
-#endif
+#include "core/sanitizers.h"
 
 // GCC only: Clang (14, this machine's) clones no function template. glibc only: ifunc (musl
-// has none, and GCC refuses the attribute there).
+// has none, and GCC refuses the attribute there). Not under ThreadSanitizer: an ifunc resolver
+// runs before its runtime starts (the tests crashed at load).
 #if !defined(SMLA_CPU_CLONES) && defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && \
-    !defined(__clang__) && !defined(SMLA_CPU_TSAN)
+    !defined(__clang__) && !defined(SMLA_TSAN)
 #define SMLA_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 #ifndef SMLA_CPU_CLONES

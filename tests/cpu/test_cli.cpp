@@ -27,6 +27,7 @@
 #include "../tools/oracle.h"  // not tests/oracle.h
 #include "args.h"
 #include "clock.h"
+#include "core/sanitizers.h"
 #include "csv_file.h"
 #include "progress.h"
 #include "report.h"
@@ -745,7 +746,7 @@ void refused_before_allocating(const RunOptions& o, const std::vector<LayerSpec>
 // or by its queries and outputs alone (1024 tokens a request: 43 layers x 64 heads x 512 x 4 B,
 // 5.8 GB a request, against its ~0.1 GB of pools).
 TEST(SynthStep, PastTheHostLimitRefusedBeforeAllocating) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SMLA_ASAN)
   GTEST_SKIP() << "AddressSanitizer maps more than an address-space limit leaves";
 #endif
   const auto specs = model_layers(model_preset("v4-flash"), 1);

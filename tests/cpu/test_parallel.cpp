@@ -1,20 +1,20 @@
 // The CPU backend's thread count and parallel loop.
 #include <gtest/gtest.h>
-
 #include <sched.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <random>
 #include <set>
-#include <thread>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/sanitizers.h"
 #include "cpu/parallel.h"
 #include "smla/error.h"
 #include "threads_env.h"
@@ -104,7 +104,7 @@ TEST(Parallel, RangesTileTheIndicesEvenly) {
 }
 
 TEST(Parallel, RangesWhoseThreadCannotStartRunOnTheCaller) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(SMLA_ASAN) || defined(SMLA_TSAN)
   GTEST_SKIP() << "a sanitizer's shadow memory does not fit the 512 MiB address space";
 #endif
   // A child process whose address space holds a few dozen thread stacks asks for 4096 threads:

@@ -34,7 +34,8 @@ test::CaseShape small_step(int groups) {
 }
 
 // A step of `layers` on fresh random inputs, and tables over streams that log each ordering
-// call. The test names `seed` in a SCOPED_TRACE.
+// call. The test names `seed` in a SCOPED_TRACE. Lambdas capture its members (`&c = logged.c`),
+// not the tests' structured bindings of them, which Clang before 16 cannot capture.
 struct LoggedStep {
   LoggedStep(std::vector<LayerSpec> specs, int groups)
       : layers(std::move(specs)), c(layers, small_step(groups), seed), tables(layers, streams) {}
@@ -328,13 +329,13 @@ TEST_P(TablesOverPatterns, AGroupDropsOnlyItsOwnPreviousTable) {
   SCOPED_TRACE(test::seed_note(seed));
   const auto key_of = [](const LayerSpec& s) { return TableKey{s.swa_group, sparse_index_key(s)}; };
   // A layer of the step that looks `key` up (all of them build tables of one size).
-  const auto layer_of = [&](const TableKey& key) {
+  const auto layer_of = [&, &layers = logged.layers](const TableKey& key) {
     const auto it =
         std::ranges::find_if(layers, [&](const LayerSpec& s) { return key_of(s) == key; });
     return it == layers.end() ? -1 : it->layer;
   };
   tables.reset();
-  const TableInputs inputs = [&](int layer) { return c.args(layer); };
+  const TableInputs inputs = [&c = logged.c](int layer) { return c.args(layer); };
   HeldTables held;
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerSpec& s = layers[i];
@@ -414,7 +415,7 @@ TEST(SparseIndexTables, ErrorInAForkJoinsBeforePropagating) {
   SCOPED_TRACE(test::seed_note(seed));
   tables.reset();
   // Layer 3, in group 1, is the fork target of the run that layer 2 leads.
-  const TableInputs inputs = [&](int layer) {
+  const TableInputs inputs = [&c = logged.c](int layer) {
     SparseIndexArgs a = c.args(layer);
     if (layer == 3) a.swa.block_table.dtype = DType::f32;
     return a;
@@ -443,7 +444,7 @@ TEST(SparseIndexTables, DroppedForkedTableIsWaitedFor) {
   LoggedStep logged(model_layers(model_preset("v41-flash"), 2), 2);
   auto& [layers, seed, c, streams, tables] = logged;
   SCOPED_TRACE(test::seed_note(seed));
-  const TableInputs inputs = [&](int layer) { return c.args(layer); };
+  const TableInputs inputs = [&c = logged.c](int layer) { return c.args(layer); };
   tables.lookup(0, inputs);
   tables.lookup(1, inputs);
   tables.join();
@@ -461,7 +462,7 @@ TEST(SparseIndexTables, PeakBytesOutlastADrop) {
   LoggedStep logged(model_layers(model_preset("v4-flash"), 1, true), 1);
   auto& [layers, seed, c, streams, tables] = logged;
   SCOPED_TRACE(test::seed_note(seed));
-  const TableInputs inputs = [&](int layer) { return c.args(layer); };
+  const TableInputs inputs = [&c = logged.c](int layer) { return c.args(layer); };
   size_t most = 0;
   int drops = 0;
   for (const LayerSpec& s : layers) {
@@ -529,7 +530,7 @@ TEST(SparseIndexTables, NegativeTokenCountIsRefusedBeforeTheAllocation) {
   LoggedStep logged(model_layers(model_preset("v4-flash"), 1), 1);
   auto& [layers, seed, c, streams, tables] = logged;
   SCOPED_TRACE(test::seed_note(seed));
-  const TableInputs inputs = [&](int layer) {
+  const TableInputs inputs = [&c = logged.c](int layer) {
     SparseIndexArgs a = c.args(layer);
     a.step.num_tokens = -1;
     return a;
