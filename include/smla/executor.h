@@ -70,13 +70,18 @@ class StepExecutor {
 
   // Resets the tables; keeps a copy of `inputs`; picks where the step's compressed columns come
   // from (table_specs with every_entry_topk_width(inputs)). The metadata's seq_lens and
-  // cum_seq_lens_q must be contiguous (the decodes read them so).
+  // cum_seq_lens_q, and the top-k and compressed block table of a layer whose decode reads its
+  // top-k, must have a contiguous last dim (the decodes read them so). A refused step leaves the
+  // previous one's tables as they were (steps_begun() unchanged).
   void begin_step(const StepInputs& inputs);
+  // Steps begun so far (begin_step calls that passed their checks, run_step's included).
+  uint64_t steps_begun() const { return steps_begun_; }
   // `layer`'s attention of query [T, H, 512] into out [T, H_out, 512] on the current stream,
   // T = metadata.num_tokens and H = the layer's num_heads.
   // Layers run in model order, each next index source's indexer between two calls (SPEC §5):
   // a layer followed by an index source joins after its decode, since that indexer may
-  // overwrite a top-k the forks read (an index source joins before its lookup too).
+  // overwrite a top-k the forks read (an index source joins before its lookup too). A call that
+  // throws joins first (a capture of the step can still end); the step stays begun.
   void run_layer(int layer, const TensorView& query, const TensorView& out);
   void end_step();  // joins, so a graph capture of the step ends joined; run_layer needs a new
                     // begin_step after it
@@ -106,6 +111,10 @@ class StepExecutor {
   SparseIndexTable table_of(const AttentionLayer& layer);
   // After the work of the layer at `position`: joins if an index source's indexer comes next.
   void before_next(size_t position);
+  // run_layer's work past its check: the layer's table and its decode.
+  void decode(const AttentionLayer& layer, const TensorView& query, const TensorView& out);
+  // Joins the tables on an error's way out, swallowing the join's own error.
+  void join_after_error() noexcept;
   // run_step's outs apart from each other and from all the step reads (check::all_apart).
   void check_step_apart(const StepInputs& inputs, std::span<const TensorView> queries,
                         std::span<const TensorView> outs) const;
@@ -133,6 +142,7 @@ class StepExecutor {
   std::vector<TensorView> pool_records_;  // by 2 position + (0 SWA, 1 compressed): fp8_ds_mla's
   StepInputs inputs_;
   bool begun_ = false;  // between begin_step and end_step
+  uint64_t steps_begun_ = 0;
 };
 
 }  // namespace smla

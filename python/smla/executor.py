@@ -96,13 +96,16 @@ class StepExecutor:
 
     def begin_step(self, inputs: StepInputs) -> None:
         """Resets the tables; keeps `inputs` (and its arrays) for the step. Its seq_lens and
-        cum_seq_lens_q must be contiguous (the decodes read them so)."""
+        cum_seq_lens_q, and the top-k and compressed block table of a layer whose decode reads
+        its top-k, must have a contiguous last dim (the decodes read them so); a refused step
+        keeps the previous one's tables and arrays."""
         with on_device(self._device, self._like):
             self._executor.begin_step(_inputs(inputs))
 
     def run_layer(self, layer: int, query, out) -> None:
         """`layer`'s attention of query [T, H, 512] into out [T, H_out, 512]; T is the step's
-        num_tokens and H the layer's num_heads."""
+        num_tokens and H the layer's num_heads. A call that raises joins the side stream first
+        (a capture of the step can still end); the step stays begun."""
         with on_device(self._device, self._like):
             self._executor.run_layer(integer(layer, "layer"),
                                      tensor(query, "query", required=_QUERY),

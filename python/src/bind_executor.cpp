@@ -90,15 +90,16 @@ class Executor {
     std::vector<TensorView> q, o;
     for (nb::handle t : queries) q.push_back(take(t));
     for (nb::handle t : outs) o.push_back(take(t));
+    const uint64_t begun = executor_->steps_begun();
     nb::object previous = std::move(step_);
     step_ = nb::borrow(inputs);
     try {
       nb::gil_scoped_release release;
       executor_->run_step(in.inputs, q, o);
     } catch (...) {
-      // Refused, the open step (previous) may run its layers yet; failed past its start, the
-      // step's work queued so far reads `inputs`: both held until the next step.
-      if (previous.is_valid()) step_ = nb::make_tuple(previous, step_);
+      // Refused before it began, this step queued nothing and the open one (previous) may run
+      // its layers yet; failed past its start, its work queued so far reads `inputs` alone.
+      if (executor_->steps_begun() == begun) step_ = std::move(previous);
       throw;
     }
     // `previous` goes now, the tables that read it reset (joined) by the step.
@@ -119,10 +120,12 @@ class Executor {
                   "a call meanwhile");
   }
 
-  std::unique_ptr<Streams> streams_;  // declared first: outlives the executor
+  // Destroyed in reverse: the executor (which joins the side stream) before the arrays its
+  // work reads, the streams last.
+  std::unique_ptr<Streams> streams_;
   std::vector<nb::object> keep_;
-  std::unique_ptr<StepExecutor> executor_;
   nb::object step_;
+  std::unique_ptr<StepExecutor> executor_;
   Busy busy_;  // inside run_layer or run_step
 };
 

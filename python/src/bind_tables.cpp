@@ -95,9 +95,11 @@ class Tables {
                   std::string("a call to ") + call + " from inside lookup");
   }
 
-  std::unique_ptr<Streams> streams_;            // declared first: outlives the tables
-  std::unique_ptr<SparseIndexTables> tables_;
+  // Destroyed in reverse: the tables (which join the side stream) before the arrays their
+  // builds read, the streams last.
+  std::unique_ptr<Streams> streams_;
   std::vector<nb::object> keep_;
+  std::unique_ptr<SparseIndexTables> tables_;
   Busy busy_;  // inside lookup
 };
 

@@ -1888,6 +1888,15 @@ def test_step_executor_holds_every_array_of_its_layers_and_step():
     del inputs
     gc.collect()
     assert all(alive() is not None for alive in input_arrays)
+    # A second such step holds its own inputs alone: the first one's go (its work was joined as
+    # the second began), not every failed step's, one inside the other.
+    second, second_arrays = step_inputs(True)
+    with pytest.raises(ValueError, match="smla: out"):
+        executor.run_step(second, queries, outs)
+    del second
+    gc.collect()
+    assert all(alive() is None for alive in input_arrays)
+    assert all(alive() is not None for alive in second_arrays)
     del executor
     gc.collect()
     assert all(alive() is None for alive in layer_arrays)

@@ -288,17 +288,26 @@ void StepExecutor::begin_step(const StepInputs& inputs) {
                     "] (layer " + std::to_string(s.layer) + ")");
   }
   // The decodes read these contiguous (the table builders take any stride): refused here, before
-  // any table is built, rather than at the first decode.
-  for (const auto& [view, name] : {std::pair{&inputs.metadata.seq_lens, "seq_lens"},
-                                   std::pair{&inputs.metadata.cum_seq_lens_q, "cum_seq_lens_q"}})
-    if (view->defined()) {
-      check::view(*view, name);
-      check::memory(*view, name);
-    }
+  // any table is built, rather than at the first decode, by the names the caller gave them.
+  const auto contiguous = [](const TensorView& view, const std::string& name) {
+    if (!view.defined()) return;
+    check::view(view, name);
+    check::memory(view, name);
+  };
+  contiguous(inputs.metadata.seq_lens, "seq_lens");
+  contiguous(inputs.metadata.cum_seq_lens_q, "cum_seq_lens_q");
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    if (specs_[i].compress_ratio == 0 || plans_[plan].specs[i].compress_ratio > 0) continue;
+    const CompressedColumns c = compressed_columns(inputs, layers_[i]);  // read by its decode
+    contiguous(c.topk_indices, "topk_indices[" + std::to_string(specs_[i].index_source) + "]");
+    contiguous(c.block_table,
+               "compressed_block_tables[" + std::to_string(specs_[i].kv_source) + "]");
+  }
   for (Plan& p : plans_) p.tables->reset();
   plan_ = plan;
   inputs_ = inputs;
   begun_ = true;
+  ++steps_begun_;
 }
 
 bool StepExecutor::is_index_source(size_t i) const {
@@ -319,7 +328,24 @@ void StepExecutor::run_layer(int layer, const TensorView& query, const TensorVie
   if (!begun_)  // else the empty inputs' first lookup would blame a block table
     check::fail(ErrorKind::value, "run_layer", "a step begun by begin_step(inputs) first",
                 "no step begun");
-  const AttentionLayer& l = layer_at(layer);
+  try {
+    decode(layer_at(layer), query, out);
+  } catch (...) {
+    join_after_error();  // the lookup may have forked: a capture must still end joined
+    throw;
+  }
+  before_next(position(layer));
+}
+
+void StepExecutor::join_after_error() noexcept {
+  try {
+    tables_now().join();
+  } catch (...) {  // the caller's error is the one to report
+  }
+}
+
+void StepExecutor::decode(const AttentionLayer& l, const TensorView& query, const TensorView& out) {
+  const int layer = l.spec.layer;
   const StepMetadata& step = inputs_.metadata;
   // The query's tokens and heads are the step's and the layer's (a decode would blame its table,
   // and the shared buffers are sized for spec.num_heads); other shape errors are the decode's.
@@ -372,7 +398,6 @@ void StepExecutor::run_layer(int layer, const TensorView& query, const TensorVie
     throw Error(e.kind(), e.argument(), e.expected(),
                 e.got() + " (layer " + std::to_string(layer) + ")");
   }
-  before_next(position(layer));
 }
 
 void StepExecutor::end_step() {
@@ -386,10 +411,8 @@ void StepExecutor::each_layer(const StepInputs& inputs,
   try {
     for (size_t i = 0; i < layers_.size(); ++i) layer_work(i);
   } catch (...) {
-    try {
-      end_step();  // a failed step still ends joined
-    } catch (...) {  // (and reports its own error, not the join's)
-    }
+    begun_ = false;
+    join_after_error();  // a failed step still ends joined
     throw;
   }
   end_step();

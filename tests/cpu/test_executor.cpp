@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "case_gen.h"
+#include "core/check.h"
 #include "direct_call.h"
 #include "error_check.h"
 #include "recording_streams.h"
@@ -217,6 +218,16 @@ TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {
                           "query", "bf16", "u8");
   ASSERT_EQ(count("fork"), 1);
   EXPECT_EQ(streams.log.back(), "join");
+  // run_layer alone too (an engine's step with indexers between layers), the step still begun.
+  executor.begin_step(c.inputs);
+  streams.log.clear();
+  test::expect_smla_error([&] { executor.run_layer(c.layers[0].spec.layer, queries[1], outs[0]); },
+                          ErrorKind::type, "query", "bf16",
+                          "u8 (layer " + std::to_string(c.layers[0].spec.layer) + ")");
+  ASSERT_EQ(count("fork"), 1);  // the lookup forked before the decode refused the query
+  EXPECT_EQ(streams.log.back(), "join");
+  executor.run_layer(c.layers[0].spec.layer, queries[0], outs[0]);
+  executor.end_step();
 }
 
 // The error a step of `specs` on the CPU raises once `spoil` has changed its inputs or
@@ -540,6 +551,45 @@ TEST(Executor, QueryAndMetadataShapesAreTheStepsAndLayers) {
   test::expect_smla_error([&] { fresh.run_step(inputs, queries, outs); }, ErrorKind::value,
                           "seq_lens", "a contiguous last dim", "stride 2");
   EXPECT_TRUE(fresh.tables().stats().builds.empty()) << "a table was built for a refused step";
+}
+
+// Where its decode reads a top-k (topk mode here), the top-k and its compressed block table
+// must be contiguous as the decode reads them: refused as the step begins, by the names the
+// caller gave them, not as a layer's topk_columns mid-step.
+TEST(Executor, TopkReadInTheDecodeIsContiguousWhenTheStepBegins) {
+  const auto all = model_layers(model_preset("v41-flash"), 1, false);
+  const auto compressed =
+      std::ranges::find_if(all, [](const LayerSpec& s) { return s.compress_ratio > 0; });
+  ASSERT_NE(compressed, all.end());
+  std::vector<LayerSpec> specs(all.begin(), compressed + 1);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  test::StepCase c(specs, kThreeRequests, seed);
+  const int64_t T = c.num_tokens();
+  const auto streams = make_streams(Device{});
+  StepExecutor executor(c.layers, *streams, T, max_columns_of(c), TableSharing::shared,
+                        CompressedIndex::topk);
+  const LayerSpec& s = specs.back();
+  for (const bool block_table : {false, true}) {
+    StepInputs inputs = c.inputs;
+    TensorView& view = block_table ? inputs.compressed_block_tables.at(s.kv_source)
+                                   : inputs.topk_indices.at(s.index_source);
+    ASSERT_GT(view.size(1), 1);
+    // The same values column-major.
+    std::vector<int32_t> copy(static_cast<size_t>(view.numel()));
+    for (int64_t i = 0; i < view.size(0); ++i)
+      for (int64_t j = 0; j < view.size(1); ++j)
+        copy[static_cast<size_t>(j * view.size(0) + i)] = check::at(view, i, j);
+    view = make_view(copy.data(), DType::i32, Device{}, {view.size(0), view.size(1)},
+                     {1, view.size(0)});
+    const std::string name = block_table
+                                 ? "compressed_block_tables[" + std::to_string(s.kv_source) + "]"
+                                 : "topk_indices[" + std::to_string(s.index_source) + "]";
+    test::expect_smla_error([&] { executor.begin_step(inputs); }, ErrorKind::value, name,
+                            "a contiguous last dim", "stride " + std::to_string(view.size(0)));
+  }
+  executor.begin_step(c.inputs);  // as given, they are
 }
 
 TEST(Executor, LayersAreCheckedWhenMade) {
