@@ -1,6 +1,7 @@
 #include "core/block_cache.h"
 
 #include <algorithm>
+#include <bit>
 #include <string>
 
 #include "core/check.h"
@@ -17,11 +18,17 @@ BlockCache::~BlockCache() {
     for (void* block : bucket.free) memory_.release(block);
 }
 
+size_t BlockCache::rounded(size_t bytes) {
+  const size_t n = std::max<size_t>(bytes, 1);
+  const size_t step = std::max(kGranule, std::bit_floor(n) / 4);
+  return n > SIZE_MAX - (step - 1) ? 0 : (n + step - 1) / step * step;
+}
+
 std::shared_ptr<void> BlockCache::allocate(size_t bytes, bool fresh) {
-  if (bytes > SIZE_MAX - (kGranule - 1))  // rounded up, it would wrap to a small block
+  const size_t size = rounded(bytes);
+  if (size == 0)  // rounded up, it would wrap to a small block
     check::fail(ErrorKind::value, "allocate", "a block size that rounds up within size_t",
                 std::to_string(bytes) + " B");
-  const size_t size = (std::max<size_t>(bytes, 1) + kGranule - 1) / kGranule * kGranule;
   void* block = nullptr;
   {
     const std::lock_guard lock(mutex_);

@@ -1,8 +1,9 @@
-// A grow-only cache of device memory blocks keyed by size: what lets a CUDA-graph capture
+// A grow-only cache of device memory blocks keyed by size class: what lets a CUDA-graph capture
 // allocate a step's tables without allocating device memory. Eager steps fill it; a dropped
-// block goes back to its size's free list at once (stream order, not a host sync, keeps its
+// block goes back to its class's free list at once (stream order, not a host sync, keeps its
 // next user after its last: see Streams::allocate); nothing returns to the device before the
-// cache itself goes, after its last block.
+// cache itself goes, after its last block. Four classes an octave (rounded()) bound what steps
+// of ever new token counts add: each class's blocks are at most what one step held of it.
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -22,14 +23,18 @@ struct RawMemory {
 
 class BlockCache : public std::enable_shared_from_this<BlockCache> {
  public:
-  static constexpr size_t kGranule = 512;  // sizes are rounded up to this (and kept aligned)
+  static constexpr size_t kGranule = 512;  // the least block, and the alignment of every one
+
+  // The size a request of `bytes` is served at: a multiple of kGranule, and past 2 KiB one of
+  // four sizes an octave (at most 25% more than asked); 0 where that would not fit in size_t.
+  static size_t rounded(size_t bytes);
 
   static std::shared_ptr<BlockCache> create(RawMemory memory);
   ~BlockCache();
   BlockCache(const BlockCache&) = delete;
   BlockCache& operator=(const BlockCache&) = delete;
 
-  // A free block of round_up(bytes) or a new one; the block keeps the cache alive. During a
+  // A free block of rounded(bytes) or a new one; the block keeps the cache alive. During a
   // capture a missing block throws smla::Error (run one eager step first). `fresh`: always a
   // new block, never one an earlier owner (and a graph it was captured into) wrote.
   std::shared_ptr<void> allocate(size_t bytes, bool fresh = false);
@@ -47,7 +52,7 @@ class BlockCache : public std::enable_shared_from_this<BlockCache> {
     std::vector<void*> free;
     size_t blocks = 0;  // of this size, free or not
   };
-  std::map<size_t, Bucket> buckets_;  // by rounded size
+  std::map<size_t, Bucket> buckets_;  // by rounded(size)
   size_t blocks_ = 0, bytes_ = 0;
 };
 

@@ -2,6 +2,7 @@
 // the cache alive, and captures served only from blocks an eager step released.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <set>
@@ -17,6 +18,10 @@
 
 namespace smla {
 namespace {
+
+// The largest request that rounds up within a 64-bit size_t: the top class of the last octave.
+constexpr size_t kLargest = size_t(7) << 61;
+static_assert(sizeof(size_t) == 8);
 
 // Host memory standing in for a device's, counting what the cache takes and gives back.
 struct FakeDevice {
@@ -49,9 +54,8 @@ TEST(BlockCache, ReusesAReleasedBlockOfItsSize) {
   EXPECT_EQ(cache->bytes(), 1024u + 1536u);
   // A size past the largest that rounds up within size_t would wrap to a 0-byte block: refused
   // by name, nothing asked of the device.
-  const size_t largest = SIZE_MAX - (BlockCache::kGranule - 1);
-  test::expect_smla_error([&] { cache->allocate(largest + 1); }, ErrorKind::value, "allocate",
-                          "rounds up within size_t", std::to_string(largest + 1) + " B");
+  test::expect_smla_error([&] { cache->allocate(kLargest + 1); }, ErrorKind::value, "allocate",
+                          "rounds up within size_t", std::to_string(kLargest + 1) + " B");
   EXPECT_EQ(device.allocations, 2);
 }
 
@@ -167,9 +171,39 @@ TEST(BlockCache, AsksTheDeviceForTheRoundedSize) {
   std::shared_ptr<void> block = cache->allocate(1000);
   EXPECT_EQ(sizes, std::vector<size_t>{1024});
   // The largest size that rounds up within size_t is passed on (the device refuses it).
-  const size_t largest = SIZE_MAX - (BlockCache::kGranule - 1);
-  EXPECT_NO_THROW(cache->allocate(largest));
-  EXPECT_EQ(sizes.back(), largest);
+  EXPECT_NO_THROW(cache->allocate(kLargest));
+  EXPECT_EQ(sizes.back(), kLargest);
+}
+
+// Four classes an octave past 2 KiB, multiples of the granule below: a request is served at
+// most 25% larger, and steps of ever new token counts share blocks. A step of six tables of
+// T x 641 columns (int32, with the lengths) for every T of 1..256 leaves the cache at a few
+// times one step's largest, where a list per size held ~127x.
+TEST(BlockCache, SizeClassesBoundWhatNewShapesAdd) {
+  EXPECT_EQ(BlockCache::rounded(0), 512u);
+  EXPECT_EQ(BlockCache::rounded(2048), 2048u);
+  EXPECT_EQ(BlockCache::rounded(2049), 2560u);
+  EXPECT_EQ(BlockCache::rounded(4097), 5120u);
+  EXPECT_EQ(BlockCache::rounded(5121), 6144u);
+  EXPECT_EQ(BlockCache::rounded(kLargest), kLargest);
+  EXPECT_EQ(BlockCache::rounded(kLargest + 1), 0u);
+  for (size_t n = 1; n < (size_t(1) << 22); n = n * 9 / 8 + 1) {
+    const size_t r = BlockCache::rounded(n);
+    EXPECT_GE(r, n);
+    EXPECT_EQ(r % BlockCache::kGranule, 0u) << n;
+    if (n > 2048) EXPECT_LE(r, n + n / 4) << n;
+  }
+  FakeDevice device;
+  const auto cache = BlockCache::create(device.memory());
+  size_t largest_step = 0;
+  for (size_t T = 1; T <= 256; ++T) {
+    const size_t bytes = 4 * (T * 641);
+    std::vector<std::shared_ptr<void>> step;
+    for (int table = 0; table < 6; ++table) step.push_back(cache->allocate(bytes));
+    largest_step = std::max(largest_step, 6 * bytes);
+  }
+  EXPECT_LE(cache->bytes(), 8 * largest_step);
+  EXPECT_LE(cache->blocks(), 6u * 40);
 }
 
 // A block no free one serves, asked for during a capture, is refused, naming its size.
