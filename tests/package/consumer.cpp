@@ -8,6 +8,7 @@
 
 #include "smla/decode.h"
 #include "smla/error.h"
+#include "smla/executor.h"  // std::span: compiles only with the C++20 that smla::smla brings
 
 int main() {
   using namespace smla;
