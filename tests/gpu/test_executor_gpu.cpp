@@ -603,6 +603,29 @@ TEST(GpuTables, StepOnTheSecondDevice) {
                           ErrorKind::value, "stream", "a stream of cuda:1", "a stream of cuda:0");
 }
 
+// A run_layer refused after its lookup forked, inside a capture: it joins before throwing, so
+// the capture still ends (unjoined side-stream work would fail cudaStreamEndCapture instead).
+TEST(GpuTables, RunLayerFailingInACaptureLeavesItJoined) {
+  SKIP_WITHOUT_GPU();
+  GpuStep g({"v41-flash", 3, 0, 6, decode_shape(3)});
+  SCOPED_TRACE(test::seed_note(g.seed));
+  StepOnStream on(g);
+  on.eager_step(g);  // the capture's blocks
+  TestStream& stream = on.stream;
+  StepExecutor& executor = on.executor;
+  TensorView query = g.queries[0];
+  query.dtype = DType::u8;
+  cudaGraph_t graph = nullptr;
+  ASSERT_CUDA(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+  executor.begin_step(g.inputs);
+  test::expect_smla_error([&] { executor.run_layer(g.layers[0].spec.layer, query, g.outs[0]); },
+                          ErrorKind::type, "query", "bf16", "u8");
+  EXPECT_FALSE(executor.tables().stats().forks.empty()) << "the lookup forked nothing";
+  CUDA_OK(cudaStreamEndCapture(stream.get(), &graph));
+  if (graph) CUDA_OK(cudaGraphDestroy(graph));
+  executor.end_step();
+}
+
 // A pool the kernel cannot read (rows not 16-byte aligned): the step fails with the decode's
 // error, joined.
 TEST(GpuTables, UnreadablePoolFailsWithTheDecodeError) {
