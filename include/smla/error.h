@@ -1,4 +1,5 @@
-// The one error type of the library: names the argument, what was expected and what came.
+// The error type of the library: names the argument, what was expected and what came. Host
+// memory exhaustion comes as std::bad_alloc.
 #pragma once
 #include <stdexcept>
 #include <string>
@@ -6,7 +7,8 @@
 namespace smla {
 
 // `type`: wrong dtype or device (Python: TypeError); `value`: wrong shape or value (ValueError);
-// `unsupported`: valid input this build or device cannot run; `runtime`: a CUDA or system failure.
+// `unsupported`: valid input this build or device cannot run (NotImplementedError); `runtime`:
+// a CUDA or system failure (RuntimeError).
 enum class ErrorKind { type, value, unsupported, runtime };
 
 class Error : public std::runtime_error {

@@ -22,16 +22,18 @@ struct AttentionLayer {
   TensorView swa_kv_cache{};         // its SWA pool; its dtype is the cache dtype
   TensorView compressed_kv_cache{};  // compressed layers: the kv source's pool
   TensorView sinks{};                // [H] f32, optional
-  float bmm1_scale = NAN;            // must be set: D^-0.5 (times q_scale * kv_scale, fp8 cache)
-  float bmm2_scale = 1.f;            // 1 (kv_scale with an fp8 cache)
+  float bmm1_scale = NAN;  // must be set: D^-0.5 (times q_scale * kv_scale, fp8_e4m3 cache)
+  float bmm2_scale = 1.f;  // 1 (kv_scale with a per-tensor fp8_e4m3 cache; fp8_ds_mla: 1)
 };
 
 // Where a compressed layer's columns [W, K) come from. `table`: its own table, keyed as SPEC
 // §5 says. `topk`: the decode reads its index source's top-k (TopkColumns, bitwise the table's)
 // and the layer looks up its SWA group's "swa_only" table. `automatic`: topk for every layer of
 // a run of one key in which some SWA group would hold the table for one layer only, table for
-// the other runs (docs/sparse_index.md says why); a step's top-k wider than the decode reads on
-// the device (max_topk_width) makes its run `table` in `automatic` and is refused in `topk`.
+// the other runs (docs/sparse_index.md says why); a top-k wider than the decode reads on the
+// device (max_topk_width), a layer's index_topk or a step's for layers reading every entry,
+// makes its run `table` in `automatic` and is refused in `topk`; so is, in both, a step's top-k
+// tensor wider than its layer's index_topk and than the decode reads.
 // `automatic` is "auto" (a C++ keyword) in compressed_index_name, errors, the CLI and Python.
 enum class CompressedIndex { table, topk, automatic };
 const char* compressed_index_name(CompressedIndex compressed_index);  // "table", "topk", "auto"
@@ -58,12 +60,19 @@ struct StepInputs {
 // layers) reads in the step of `inputs`, its index source's topk_indices' width; 0 for none.
 int64_t every_entry_topk_width(std::span<const LayerSpec> layers, const StepInputs& inputs);
 
+// One thread at a time (as SparseIndexTables and Streams: the Python package refuses a second
+// thread's call). run_layer, run_step and build_tables need the streams' device current, as
+// every op does. The step's inputs are read until end_step (forked builds read them on the side
+// stream): keep them unchanged and alive until then, and queue the indexers that run between
+// layers on streams.current(), the stream the joins order.
 class StepExecutor {
  public:
   // Allocates (zeroed, outside any capture) the kv counters and workspace every layer shares,
-  // sized for steps of up to `max_tokens` tokens and `max_columns` table columns. `layers` in
-  // model order; `streams` orders the work and must outlive this object. `sharing` none makes
-  // every layer build its own table (for measuring what sharing saves).
+  // sized for steps of up to `max_tokens` tokens and `max_columns` table columns (larger steps
+  // run, with fewer splits). `layers` in model order; `streams` orders the work and must
+  // outlive this object. `sharing` none makes every layer build its own table of the specs
+  // `compressed_index` gives (`table` for every compressed layer's own; for measuring what
+  // sharing saves).
   StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
                int64_t max_columns, TableSharing sharing = TableSharing::shared,
                CompressedIndex compressed_index = CompressedIndex::automatic);

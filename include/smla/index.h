@@ -23,7 +23,8 @@ struct StepMetadata {
 // One SWA KV-cache group: its pages, and the pool whose block_size and span they address.
 struct SwaGroup {
   TensorView block_table{};   // [>= B, pages] i32
-  TensorView swa_kv_cache{};  // a KV pool (decode.h); only its geometry is read
+  TensorView swa_kv_cache{};  // a KV pool (decode.h): its geometry, and its address (aligned,
+                              // apart from `out`); no element is read
 };
 
 // The compressed columns of a layer; ignored when compress_ratio == 0 (SWA-only layer).
@@ -66,7 +67,7 @@ int dspark_swa_width(int window, int num_draft_tokens);
 // tensors only (a device cannot read them without a synchronisation): on CUDA, a column whose
 // block-table page or top-k index is out of range is -1, and a decode row's valid top-k entry
 // after a negative one lies past the row's length (its entries >= 0 counted), where the CPU
-// throws.
+// throws, possibly after other rows were written: `out` is undefined after an Error.
 void build_sparse_indices(const SparseIndexArgs& args, void* stream = nullptr);
 
 }  // namespace smla

@@ -42,7 +42,10 @@ class Streams {
   virtual void synchronize() = 0;  // returns when the current stream's work is done
 };
 
-// The streams of `device` around `stream` (a cudaStream_t there; ignored on the CPU).
+// The streams of `device` around `stream` (a cudaStream_t there, which must outlive them;
+// ignored on the CPU). The side stream is the library's own (non-blocking). Refused: a stream
+// being captured (unsupported: make the Streams before capturing) or of another device (value).
+// One thread at a time.
 std::unique_ptr<Streams> make_streams(Device device, void* stream = nullptr);
 
 }  // namespace smla

@@ -16,10 +16,10 @@ class AttentionLayer:
 
     spec: Any                        # LayerSpec
     swa_kv_cache: Any                # its SWA pool; its dtype is the cache dtype
-    bmm1_scale: float                # D^-0.5 (times q_scale * kv_scale with an fp8 cache)
+    bmm1_scale: float                # D^-0.5 (times q_scale * kv_scale, fp8_e4m3 cache)
     compressed_kv_cache: Any = None  # compressed layers: the kv source's pool
     sinks: Any = None                # [H] f32
-    bmm2_scale: float = 1.0          # kv_scale with an fp8 cache
+    bmm2_scale: float = 1.0          # kv_scale with an fp8_e4m3 cache (fp8_ds_mla: 1)
 
 
 @dataclass

@@ -70,6 +70,15 @@ void check_layer(const AttentionLayer& l, size_t i) {
   if (l.spec.swa_group < 0)
     check::fail(ErrorKind::value, layer + "spec.swa_group", ">= 0",
                 std::to_string(l.spec.swa_group));
+  // A step's compressed block tables and top-k are looked up by these: unset (-1), the first
+  // step would fail, naming an entry for layer -1.
+  for (const auto& [source, name] :
+       {std::pair{l.spec.kv_source, "kv_source"}, std::pair{l.spec.index_source, "index_source"}})
+    if (l.spec.compress_ratio > 0 && source < 0)
+      check::fail(ErrorKind::value, layer + "spec." + name,
+                  "a layer id >= 0 for a compressed layer (compress_ratio " +
+                      std::to_string(l.spec.compress_ratio) + ")",
+                  std::to_string(source));
   // Absent, the decode would read the SWA pool through the compressed block table.
   if (l.spec.compress_ratio > 0 && !l.compressed_kv_cache.defined())
     check::fail(

@@ -634,6 +634,18 @@ TEST(Executor, LayersAreCheckedWhenMade) {
         l[1].compressed_kv_cache = {};
       },
       "layers[1].compressed_kv_cache", "its kv source's pool (compress_ratio 2)", "absent");
+  // A compressed layer's sources left unset (LayerSpec's -1): its step's entries are looked up
+  // by them.
+  for (const char* field : {"kv_source", "index_source"})
+    refused(
+        [&](Layers& l) {
+          l[1].spec.compress_ratio = 2;
+          l[1].spec.kv_source = l[1].spec.index_source = l[1].spec.layer;
+          (std::string(field) == "kv_source" ? l[1].spec.kv_source : l[1].spec.index_source) = -1;
+          l[1].compressed_kv_cache = l[1].swa_kv_cache;
+        },
+        (std::string("layers[1].spec.") + field).c_str(),
+        "a layer id >= 0 for a compressed layer (compress_ratio 2)", "-1");
   // SPEC §5's key leaves out the window and the pools' pages: one table would serve layers 0
   // and 1 (group 0, swa_only) as if theirs were equal.
   refused([](Layers& l) { l[1].spec.window = 64; }, "layers[1].spec.window",
