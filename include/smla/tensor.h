@@ -1,4 +1,5 @@
-// Non-owning strided tensor views; every field maps 1:1 onto a DLPack DLTensor.
+// Non-owning strided tensor views: a DLPack DLTensor's fields, with `data` at the first element
+// (no byte_offset), strides always given, and smla's five dtypes.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +39,7 @@ struct TensorView {
   int64_t strides[kMaxDims] = {};
 
   bool defined() const { return ndim > 0; }
+  // dim in [-ndim, ndim) (negative: from the last); unchecked.
   int64_t size(int dim) const { return shape[dim < 0 ? dim + ndim : dim]; }
   int64_t stride(int dim) const { return strides[dim < 0 ? dim + ndim : dim]; }
   int64_t numel() const;
