@@ -54,13 +54,13 @@ struct DecodeArgs {
   float bmm2_scale = 1.f;          // out = bmm2_scale * softmax . V
   TensorView out;                  // [T, H_out, 512] bf16, H_out >= H; heads >= H get zeros
   TensorView lse;                  // [T, H] f32, optional; natural log, without the sink
-  TensorView workspace;            // u8, contiguous, 16-byte aligned; smaller than
+  TensorView workspace;            // u8, contiguous, on CUDA 16-byte aligned; smaller than
                                    // workspace_bytes(...) or absent only rules out splits
-                                   // reduced through the counters (checked on every device;
-                                   // the CPU reads neither)
-  TensorView kv_counters;          // i32/u8, contiguous, 4-byte aligned, apart from the
-                                   // workspace, zeroed once; kv_counter_bytes(...) covers every
-                                   // plan (splits reduced in a cluster need neither)
+                                   // reduced through the counters (dtype, contiguity and
+                                   // device checked on every device; the CPU reads neither)
+  TensorView kv_counters;          // i32/u8, contiguous, on CUDA 4-byte aligned, apart from
+                                   // the workspace, zeroed once; kv_counter_bytes(...) covers
+                                   // every plan (splits reduced in a cluster need neither)
   int window = kWindow;            // W: columns [0, W) read the SWA pool
 };
 
@@ -76,8 +76,8 @@ void sparse_mla_decode(const DecodeArgs& args, void* stream = nullptr);
 
 // Bytes of multi-CTA counters for launches of up to `max_tokens` tokens of `num_heads` heads:
 // SPEC §3's max_rows = max_tokens x the finest head groups a plan may pick, computed here (0 in
-// a build without CUDA). Sizes in 0..2^31 - 1 and heads in 1..128, else a value error (both
-// functions).
+// a build without CUDA). Both functions: sizes past 0..2^31 - 1 or heads below 1 are a value
+// error, heads past 128 unsupported.
 size_t kv_counter_bytes(int64_t max_tokens, int num_heads);
 // Bytes of split-KV workspace enough for every launch of `num_heads` heads with at most
 // `max_tokens` tokens and `max_columns` columns on `device` (0 on the CPU). Columns: K, the

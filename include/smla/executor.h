@@ -22,8 +22,8 @@ struct AttentionLayer {
   TensorView swa_kv_cache{};         // its SWA pool; its dtype is the cache dtype
   TensorView compressed_kv_cache{};  // compressed layers: the kv source's pool
   TensorView sinks{};                // [H] f32, optional
-  float bmm1_scale = NAN;  // must be set: D^-0.5 (times q_scale * kv_scale, fp8_e4m3 cache)
-  float bmm2_scale = 1.f;  // 1 (kv_scale with a per-tensor fp8_e4m3 cache; fp8_ds_mla: 1)
+  float bmm1_scale = NAN;            // must be set: D^-0.5 (x q_scale * kv_scale, fp8_e4m3)
+  float bmm2_scale = 1.f;            // 1 (kv_scale with an fp8_e4m3 cache; fp8_ds_mla: 1)
 };
 
 // Where a compressed layer's columns [W, K) come from. `table`: its own table, keyed as SPEC
@@ -80,10 +80,12 @@ class StepExecutor {
   // Resets the tables; keeps a copy of `inputs`; picks where the step's compressed columns come
   // from (table_specs with every_entry_topk_width(inputs)). The metadata's seq_lens and
   // cum_seq_lens_q, and the top-k and compressed block table of a layer whose decode reads its
-  // top-k, must have a contiguous last dim (the decodes read them so). A refused step leaves the
-  // previous one's tables as they were (steps_begun() unchanged).
+  // top-k (entries it needs here), must have a contiguous last dim (the decodes read them so).
+  // A refused step begins none (run_layer is refused until one does; steps_begun() unchanged)
+  // and leaves the previous one's tables as they were, joined.
   void begin_step(const StepInputs& inputs);
-  // Steps begun so far (begin_step calls that passed their checks, run_step's included).
+  // Steps begun so far: begin_step calls that passed their checks, run_step's and
+  // build_tables' included.
   uint64_t steps_begun() const { return steps_begun_; }
   // `layer`'s attention of query [T, H, 512] into out [T, H_out, 512] on the current stream,
   // T = metadata.num_tokens and H = the layer's num_heads.
@@ -120,6 +122,8 @@ class StepExecutor {
   SparseIndexTable table_of(const AttentionLayer& layer);
   // After the work of the layer at `position`: joins if an index source's indexer comes next.
   void before_next(size_t position);
+  // begin_step's checks of `inputs`; the plan (plans_ index) the step's tables follow.
+  size_t checked_plan(const StepInputs& inputs) const;
   // run_layer's work past its check: the layer's table and its decode.
   void decode(const AttentionLayer& layer, const TensorView& query, const TensorView& out);
   // Joins the tables on an error's way out, swallowing the join's own error.

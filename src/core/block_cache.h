@@ -3,7 +3,8 @@
 // block goes back to its class's free list at once (stream order, not a host sync, keeps its
 // next user after its last: see Streams::allocate); nothing returns to the device before the
 // cache itself goes, after its last block. Four classes an octave (rounded()) bound what steps
-// of ever new token counts add: each class's blocks are at most what one step held of it.
+// of ever new token counts add: each class's blocks are at most what one step held of it; a
+// single large allocation (an executor's workspace) may take up to 25% more than asked.
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -23,7 +24,7 @@ struct RawMemory {
 
 class BlockCache : public std::enable_shared_from_this<BlockCache> {
  public:
-  static constexpr size_t kGranule = 512;  // the least block, and the alignment of every one
+  static constexpr size_t kGranule = 512;  // the least block; every size is a multiple of it
 
   // The size a request of `bytes` is served at: a multiple of kGranule, and past 2 KiB one of
   // four sizes an octave (at most 25% more than asked); 0 where that would not fit in size_t.

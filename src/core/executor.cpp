@@ -279,6 +279,21 @@ SparseIndexArgs StepExecutor::table_inputs(int layer) const {
 
 void StepExecutor::begin_step(const StepInputs& inputs) {
   begun_ = false;  // a refused step leaves no earlier step's inputs for run_layer
+  size_t plan = 0;
+  try {
+    plan = checked_plan(inputs);
+  } catch (...) {
+    join_after_error();  // the open step ends joined: a capture of it can still end
+    throw;
+  }
+  for (Plan& p : plans_) p.tables->reset();
+  plan_ = plan;
+  inputs_ = inputs;
+  begun_ = true;
+  ++steps_begun_;
+}
+
+size_t StepExecutor::checked_plan(const StepInputs& inputs) const {
   const int64_t readable = max_topk_width(streams_.device());
   const size_t plan = every_entry_topk_width(specs_, inputs) > readable ? plans_.size() - 1 : 0;
   // A top-k the plan has the decode read but it cannot (topk mode, or an index source's wider
@@ -312,11 +327,7 @@ void StepExecutor::begin_step(const StepInputs& inputs) {
     contiguous(c.block_table,
                "compressed_block_tables[" + std::to_string(specs_[i].kv_source) + "]");
   }
-  for (Plan& p : plans_) p.tables->reset();
-  plan_ = plan;
-  inputs_ = inputs;
-  begun_ = true;
-  ++steps_begun_;
+  return plan;
 }
 
 bool StepExecutor::is_index_source(size_t i) const {

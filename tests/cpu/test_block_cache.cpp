@@ -19,7 +19,8 @@
 namespace smla {
 namespace {
 
-// The largest request that rounds up within a 64-bit size_t: the top class of the last octave.
+// The largest request that rounds up within a 64-bit size_t: the largest class that fits (the
+// last octave's fourth, 2^64, does not).
 constexpr size_t kLargest = size_t(7) << 61;
 static_assert(sizeof(size_t) == 8);
 

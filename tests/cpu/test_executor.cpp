@@ -557,7 +557,7 @@ TEST(Executor, QueryAndMetadataShapesAreTheStepsAndLayers) {
 // must be contiguous as the decode reads them: refused as the step begins, by the names the
 // caller gave them, not as a layer's topk_columns mid-step.
 TEST(Executor, TopkReadInTheDecodeIsContiguousWhenTheStepBegins) {
-  const auto all = model_layers(model_preset("v41-flash"), 1, false);
+  const auto all = model_layers(model_preset("v41-flash"), 3, false);
   const auto compressed =
       std::ranges::find_if(all, [](const LayerSpec& s) { return s.compress_ratio > 0; });
   ASSERT_NE(compressed, all.end());
@@ -567,10 +567,16 @@ TEST(Executor, TopkReadInTheDecodeIsContiguousWhenTheStepBegins) {
   SCOPED_TRACE(test::seed_note(seed));
   test::StepCase c(specs, kThreeRequests, seed);
   const int64_t T = c.num_tokens();
-  const auto streams = make_streams(Device{});
-  StepExecutor executor(c.layers, *streams, T, max_columns_of(c), TableSharing::shared,
+  test::RecordingStreams streams;
+  StepExecutor executor(c.layers, streams, T, max_columns_of(c), TableSharing::shared,
                         CompressedIndex::topk);
   const LayerSpec& s = specs.back();
+  executor.begin_step(c.inputs);  // an open step, whose tables a refused one leaves
+  executor.run_layer(specs[0].layer, c.bf16(T, kHeads), c.bf16(T, kHeads));
+  ASSERT_EQ(streams.log.back().rfind("record ", 0), 0u) << "layer 0's lookup forked nothing";
+  const auto builds = executor.tables().stats().builds;
+  ASSERT_FALSE(builds.empty());
+  ASSERT_EQ(executor.steps_begun(), 1u);
   for (const bool block_table : {false, true}) {
     StepInputs inputs = c.inputs;
     TensorView& view = block_table ? inputs.compressed_block_tables.at(s.kv_source)
@@ -586,10 +592,22 @@ TEST(Executor, TopkReadInTheDecodeIsContiguousWhenTheStepBegins) {
     const std::string name = block_table
                                  ? "compressed_block_tables[" + std::to_string(s.kv_source) + "]"
                                  : "topk_indices[" + std::to_string(s.index_source) + "]";
+    executor.begin_step(c.inputs);  // open again, with layer 0's forks pending
+    executor.run_layer(specs[0].layer, c.bf16(T, kHeads), c.bf16(T, kHeads));
+    streams.log.clear();
     test::expect_smla_error([&] { executor.begin_step(inputs); }, ErrorKind::value, name,
                             "a contiguous last dim", "stride " + std::to_string(view.size(0)));
+    EXPECT_EQ(executor.steps_begun(), block_table ? 3u : 2u);
+    EXPECT_EQ(executor.tables().stats().builds, builds);  // nothing built, nothing reset
+    EXPECT_EQ(streams.log, std::vector<std::string>{"join"});  // the open step ended joined
+    test::expect_smla_error(
+        [&] { executor.run_layer(specs[0].layer, c.bf16(T, kHeads), c.bf16(T, kHeads)); },
+        ErrorKind::value, "run_layer", "a step begun", "no step begun");
   }
   executor.begin_step(c.inputs);  // as given, they are
+  EXPECT_EQ(executor.steps_begun(), 4u);
+  executor.build_tables(c.inputs);
+  EXPECT_EQ(executor.steps_begun(), 5u);
 }
 
 TEST(Executor, LayersAreCheckedWhenMade) {
