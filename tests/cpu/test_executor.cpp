@@ -52,6 +52,29 @@ int64_t max_columns_of(const test::StepCase& c) {
   return most;
 }
 
+// V4.1-Flash's first layers over three SWA groups, up to and including layer `last` (kHeads
+// heads each), on a fresh random step, and an executor of `compressed` over streams that log
+// each ordering call. Tests name `seed` in a SCOPED_TRACE and take references to the members,
+// not a structured binding, which lambdas cannot capture in Clang before 16.
+struct LoggedStep {
+  LoggedStep(size_t last, CompressedIndex compressed)
+      : specs(first_layers(last)),
+        c(specs, kThreeRequests, seed),
+        executor(c.layers, streams, c.num_tokens(), max_columns_of(c), TableSharing::shared,
+                 compressed) {}
+  static std::vector<LayerSpec> first_layers(size_t last) {
+    const auto all = model_layers(model_preset("v41-flash"), 3, false);
+    std::vector<LayerSpec> specs(all.begin(), all.begin() + static_cast<ptrdiff_t>(last) + 1);
+    for (LayerSpec& s : specs) s.num_heads = kHeads;
+    return specs;
+  }
+  uint64_t seed = test::fresh_seed();
+  std::vector<LayerSpec> specs;
+  test::StepCase c;
+  test::RecordingStreams streams;
+  StepExecutor executor;
+};
+
 struct Case {
   const char* model;
   int groups;
@@ -320,18 +343,15 @@ TEST(Executor, DSparkStepRefusesTopkReads) {
 // The caller runs an index source's indexer between the layer before it and its own run_layer:
 // forks that may still read the top-k it overwrites are joined by then (SPEC §5).
 TEST(Executor, JoinsBeforeTheNextIndexSourcesIndexer) {
-  const auto all = model_layers(model_preset("v41-flash"), 3, false);
-  std::vector<LayerSpec> specs(all.begin(), all.begin() + 3);
-  for (LayerSpec& s : specs) s.num_heads = kHeads;
-  ASSERT_EQ(specs[2].index_source, 2);  // layer 2 computes its own top-k
-  const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE(test::seed_note(seed));
-  test::StepCase c(specs, kThreeRequests, seed);
-  const int64_t T = c.num_tokens();
-  test::RecordingStreams streams;
   // Tables for compressed keys too: the top-k read in a decode needs no join.
-  StepExecutor executor(c.layers, streams, T, max_columns_of(c), TableSharing::shared,
-                        CompressedIndex::table);
+  LoggedStep logged(2, CompressedIndex::table);
+  const std::vector<LayerSpec>& specs = logged.specs;
+  test::StepCase& c = logged.c;
+  test::RecordingStreams& streams = logged.streams;
+  StepExecutor& executor = logged.executor;
+  SCOPED_TRACE(test::seed_note(logged.seed));
+  ASSERT_EQ(specs[2].index_source, 2);  // layer 2 computes its own top-k
+  const int64_t T = c.num_tokens();
   executor.begin_step(c.inputs);
   executor.run_layer(0, c.bf16(T, kHeads), c.bf16(T, kHeads));  // forks groups 1 and 2
   ASSERT_EQ(std::count(streams.log.begin(), streams.log.end(), "fork"), 1);
@@ -561,15 +581,13 @@ TEST(Executor, TopkReadInTheDecodeIsContiguousWhenTheStepBegins) {
   const auto compressed =
       std::ranges::find_if(all, [](const LayerSpec& s) { return s.compress_ratio > 0; });
   ASSERT_NE(compressed, all.end());
-  std::vector<LayerSpec> specs(all.begin(), compressed + 1);
-  for (LayerSpec& s : specs) s.num_heads = kHeads;
-  const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE(test::seed_note(seed));
-  test::StepCase c(specs, kThreeRequests, seed);
+  LoggedStep logged(static_cast<size_t>(compressed - all.begin()), CompressedIndex::topk);
+  const std::vector<LayerSpec>& specs = logged.specs;
+  test::StepCase& c = logged.c;
+  test::RecordingStreams& streams = logged.streams;
+  StepExecutor& executor = logged.executor;
+  SCOPED_TRACE(test::seed_note(logged.seed));
   const int64_t T = c.num_tokens();
-  test::RecordingStreams streams;
-  StepExecutor executor(c.layers, streams, T, max_columns_of(c), TableSharing::shared,
-                        CompressedIndex::topk);
   const LayerSpec& s = specs.back();
   executor.begin_step(c.inputs);  // an open step, whose tables a refused one leaves
   executor.run_layer(specs[0].layer, c.bf16(T, kHeads), c.bf16(T, kHeads));
