@@ -97,9 +97,8 @@ class Executor {
       nb::gil_scoped_release release;
       executor_->run_step(in.inputs, q, o);
     } catch (...) {
-      // Refused before it began, this step queued nothing and the previous one's forks may
-      // still read `previous` (joined on the way out, but a refusal before begin_step leaves
-      // that step open); failed past its start, its work queued so far reads `inputs` alone.
+      // Refused before it began: this step queued nothing, and the open one (previous) may
+      // still run its layers. Failed past its start: its work queued so far reads `inputs`.
       if (executor_->steps_begun() == begun) step_ = std::move(previous);
       throw;
     }

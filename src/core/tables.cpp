@@ -114,10 +114,8 @@ void SparseIndexTables::store(const TableKey& key, Stored stored) {
   stats_.bytes += stored.bytes;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes);
   tables_[key] = std::move(stored);
-  const int held =
-      static_cast<int>(std::count_if(tables_.begin(), tables_.end(), [&](const auto& entry) {
-        return entry.first.first == key.first;  // the group (Clang 14 captures no binding)
-      }));
+  int held = 0;
+  for (const auto& entry : tables_) held += entry.first.first == group;
   stats_.peak_tables[group] = std::max(stats_.peak_tables[group], held);
 }
 
