@@ -89,10 +89,12 @@ class StepExecutor {
   uint64_t steps_begun() const { return steps_begun_; }
   // `layer`'s attention of query [T, H, 512] into out [T, H_out, 512] on the current stream,
   // T = metadata.num_tokens and H = the layer's num_heads.
-  // Layers run in model order, each next index source's indexer between two calls (SPEC §5):
-  // a layer followed by an index source joins after its decode, since that indexer may
-  // overwrite a top-k the forks read (an index source joins before its lookup too). A call that
-  // throws joins first (a capture of the step can still end); the step stays begun.
+  // Layers run in model order, each at most once a step (layers may be skipped; one at or before
+  // the last run is refused: a top-k it reads may be overwritten by then), each next index source's
+  // indexer between two calls (SPEC §5): a layer followed by an index source joins after its
+  // decode, since that indexer may overwrite a top-k the forks read (an index source joins
+  // before its lookup too). A call that throws joins first (a capture of the step can still
+  // end); the step stays begun and the layer may run again.
   void run_layer(int layer, const TensorView& query, const TensorView& out);
   void end_step();  // joins, so a graph capture of the step ends joined; run_layer needs a new
                     // begin_step after it
@@ -155,6 +157,7 @@ class StepExecutor {
   std::vector<TensorView> pool_records_;  // by 2 position + (0 SWA, 1 compressed): fp8_ds_mla's
   StepInputs inputs_;
   bool begun_ = false;  // between begin_step and end_step
+  size_t next_position_ = 0;  // the first position run_layer takes: past the last layer run
   uint64_t steps_begun_ = 0;
 };
 

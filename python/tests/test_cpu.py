@@ -1223,6 +1223,11 @@ def test_step_executor_matches_the_reference():
         executor.run_layer(specs[1].layer, None, again[1])
     with pytest.raises(ValueError, match=rf"smla: query: .*\(layer {specs[1].layer}\)"):
         executor.run_layer(specs[1].layer, queries[1][:, :, :256], again[1])
+    executor.run_layer(specs[1].layer, queries[1], again[1])  # refused above: runs again
+    # Model order, each layer once a step (a later indexer may have overwritten its top-k).
+    for spec in specs[:2]:
+        with pytest.raises(ValueError, match=rf"smla: layer: .*after layer {specs[1].layer}"):
+            executor.run_layer(spec.layer, queries[0], again[0])
     executor.end_step()
     odd = [dataclasses.replace(l, sinks=np.zeros(5, np.float32)) for l in layers]
     with pytest.raises(ValueError, match=rf"smla: sinks: .*\(layer {specs[0].layer}\)"):

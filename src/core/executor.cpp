@@ -289,6 +289,7 @@ void StepExecutor::begin_step(const StepInputs& inputs) {
   for (Plan& p : plans_) p.tables->reset();
   plan_ = plan;
   inputs_ = inputs;
+  next_position_ = 0;
   begun_ = true;
   ++steps_begun_;
 }
@@ -348,13 +349,21 @@ void StepExecutor::run_layer(int layer, const TensorView& query, const TensorVie
   if (!begun_)  // else the empty inputs' first lookup would blame a block table
     check::fail(ErrorKind::value, "run_layer", "a step begun by begin_step(inputs) first",
                 "no step begun");
+  const size_t i = position(layer);
+  // An earlier layer may read a top-k that a later index source's indexer has overwritten since.
+  if (i < next_position_)
+    check::fail(ErrorKind::value, "layer",
+                "a layer after layer " + std::to_string(layers_[next_position_ - 1].spec.layer) +
+                    " (layers run in model order, each once a step)",
+                "layer " + std::to_string(layer));
   try {
-    decode(layer_at(layer), query, out);
+    decode(layers_[i], query, out);
   } catch (...) {
     join_after_error();  // the lookup may have forked: a capture must still end joined
     throw;
   }
-  before_next(position(layer));
+  next_position_ = i + 1;
+  before_next(i);
 }
 
 void StepExecutor::join_after_error() noexcept {

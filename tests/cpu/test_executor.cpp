@@ -493,6 +493,34 @@ TEST(Executor, RunLayerNeedsABegunStep) {
                           "a step begun by begin_step(inputs) first", "no step begun");
 }
 
+// Layers run in model order, each once a step: a layer at or before the last that ran may read a
+// top-k a later indexer has overwritten since. Skipping is allowed, and a refused call's layer
+// runs again.
+TEST(Executor, RunLayerTakesLayersInModelOrder) {
+  LoggedStep logged(2, CompressedIndex::automatic);
+  test::StepCase& c = logged.c;
+  StepExecutor& executor = logged.executor;
+  SCOPED_TRACE(test::seed_note(logged.seed));
+  const int64_t T = c.num_tokens();
+  const TensorView q = c.bf16(T, kHeads), o = c.bf16(T, kHeads);
+  executor.begin_step(c.inputs);
+  executor.run_layer(1, q, o);  // layer 0 skipped
+  test::expect_smla_error([&] { executor.run_layer(0, q, o); }, ErrorKind::value, "layer",
+                          "a layer after layer 1 (layers run in model order, each once a step)",
+                          "layer 0");
+  test::expect_smla_error([&] { executor.run_layer(1, q, o); }, ErrorKind::value, "layer",
+                          "a layer after layer 1", "layer 1");
+  TensorView bad = q;
+  bad.dtype = DType::u8;
+  test::expect_smla_error([&] { executor.run_layer(2, bad, o); }, ErrorKind::type, "query", "bf16",
+                          "u8 (layer 2)");
+  EXPECT_NO_THROW(executor.run_layer(2, q, o));  // refused above: it runs again
+  executor.end_step();
+  executor.begin_step(c.inputs);  // a new step starts from the first layer
+  EXPECT_NO_THROW(executor.run_layer(0, q, o));
+  executor.end_step();
+}
+
 // A build without the CUDA backend says so when asked for CUDA streams (the executor's, the
 // CLI's), rather than handing out CPU ones.
 TEST(Streams, CudaWithoutTheBackendIsUnsupported) {
