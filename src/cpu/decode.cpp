@@ -192,11 +192,15 @@ SMLA_CPU_CLONES void weighted_sum(const Rows& rows, const double* e, double (&ou
   }
 }
 
-// Turns a head's scores into exp(s - m), m their max, in place; returns m and their sum.
+// Turns a head's scores into exp(s - m), m their max, in place; returns m and their sum. With m
+// -inf (float sums that overflowed) -inf scores weigh 0 and NaN ones NaN: where every score is
+// -inf the sum is 0, no attended column, as on CUDA.
 std::pair<double, double> exponentiate(double* s, int64_t n) {
   const double m = *std::max_element(s, s + n);
+  const bool low = m == -std::numeric_limits<double>::infinity();
   double sum = 0;
-  for (int64_t j = 0; j < n; ++j) sum += s[j] = std::exp(s[j] - m);
+  for (int64_t j = 0; j < n; ++j)
+    sum += s[j] = low ? (std::isnan(s[j]) ? s[j] : 0.0) : std::exp(s[j] - m);
   return {m, sum};
 }
 
@@ -234,19 +238,20 @@ std::vector<TokenRow> token_rows(const DecodeProblem& p, const DecodeArgs& a) {
 
 // Writes head h's output, bmm2 * out / (sum + exp(sink - m)) (out: its rows weighted by
 // exp(s - m), sum: those weights' sum; no sink term without sinks), and its lse m + log(sum).
-// No rows (n = 0): zero output and lse -inf. A +inf sink takes all the weight: zero output,
-// but the lse never includes it.
+// No rows (n = 0) or only -inf scores (sum 0): zero output and lse -inf. A +inf sink takes all
+// the weight: zero output, but the lse never includes it.
 void store_head(const DecodeArgs& a, int64_t t, int h, int64_t n, double m, double sum,
                 double* out) {
   const bool has_sink = a.sinks.defined();
   const float sink = has_sink ? a.sinks.ptr<const float>()[h * a.sinks.stride(0)] : 0.f;
-  const bool zero = n == 0 || (has_sink && sink == std::numeric_limits<float>::infinity());
+  const bool none = n == 0 || sum == 0;
+  const bool zero = none || (has_sink && sink == std::numeric_limits<float>::infinity());
   const double factor = zero ? 0.0 : a.bmm2_scale / (sum + (has_sink ? std::exp(sink - m) : 0.0));
   for (int d = 0; d < kHeadDim; ++d) out[d] = zero ? 0.0 : out[d] * factor;
   store_out(a, t, h, out);
   if (a.lse.defined())
     a.lse.ptr<float>()[t * a.lse.stride(0) + h * a.lse.stride(1)] =
-        static_cast<float>(n ? m + std::log(sum) : -std::numeric_limits<double>::infinity());
+        static_cast<float>(none ? -std::numeric_limits<double>::infinity() : m + std::log(sum));
 }
 
 // Heads h0..h0+B-1 of token t: the formula of SPEC §2 with the row list already masked.

@@ -99,6 +99,39 @@ TEST(Decode, HandComputedBf16WithSinkAndDuplicate) {
   EXPECT_NEAR(r.lse[0], lse, 1e-12);
 }
 
+// A score whose float sum overflows (2^100 x -2^100 = -2^200) is -inf: where every attended
+// score is, nothing is attended (output 0, lse -inf, with a finite, -inf, +inf or no sink; SPEC
+// §2's formula with a finite sink, and CUDA's), never NaN; beside a NaN score the NaN stays.
+TEST(Decode, OverflowedScoresAttendNothing) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (const float sink : {1.f, -kInf, kInf, NAN})  // NaN: no sinks
+    for (const bool beside_nan : {false, true}) {
+      SCOPED_TRACE("sink " + std::to_string(sink) + (beside_nan ? ", a NaN score" : ""));
+      DecodeCase c = tiny_case(KvLayout::bf16, {-1, 3, beside_nan ? 2 : -1, -1, -1, -1, -1, -1});
+      const RefPool pool(c.swa_kv_cache);
+      for (int d = 0; d < kHeadDim; ++d) {
+        c.swa_kv_cache.store(pool.record(3) + 2 * d, to_bf16(d == 0 ? -0x1p100 : 0.0));
+        c.swa_kv_cache.store(pool.record(2) + 2 * d, uint16_t(d == 5 ? 0x7fc0 : 0));
+      }
+      c.query.set<uint16_t>(0, to_bf16(0x1p100));
+      if (std::isnan(sink))
+        c.sinks = HostTensor{};
+      else
+        c.sinks.set<float>(0, sink);
+      sparse_mla_decode(c.args());
+      for (int d = 0; d < kHeadDim; ++d) {
+        if (beside_nan && sink != kInf)
+          ASSERT_TRUE(std::isnan(out_at(c, d))) << "dim " << d;
+        else
+          ASSERT_EQ(out_at(c, d), 0.0) << "dim " << d;
+      }
+      if (beside_nan)
+        EXPECT_TRUE(std::isnan(c.lse.get<float>(0)));
+      else
+        EXPECT_EQ(c.lse.get<float>(0), -kInf);
+    }
+}
+
 // One fp8_ds_mla row: NoPE group g holds e4m3 1.0 (0x38) under scale 2^(g-3), except for 448
 // (0x7E) at d = 1 and the smallest subnormal 2^-9 (0x01) at d = 2; RoPE is bf16 1.0. With
 // one attended row and no sink, out = bmm2 * row and lse = the score.

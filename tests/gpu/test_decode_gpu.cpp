@@ -411,6 +411,50 @@ TEST(GpuDecode, ANanQuantizedIntoADsMlaRowReachesItsTokens) {
   EXPECT_EQ(reductions.size(), 3u) << "plans of every reduction";
 }
 
+// Scores whose float sums overflow to -inf (every head's query 2^100 against -2^100 in every
+// row's dim 0) attend nothing, as on the CPU (tests/cpu/test_decode.cpp): output 0 and lse -inf
+// under every sink kind, in unsplit, cluster and counter plans, never NaN.
+TEST(GpuDecode, OverflowedScoresAttendNothing) {
+  SKIP_WITHOUT_GPU();
+  std::set<std::string> reductions;
+  for (const Reduction reduction : {Reduction::unsplit, Reduction::any, Reduction::counters}) {
+    std::optional<CountersOnly> counters_only;
+    if (reduction != Reduction::any) counters_only.emplace();
+    const size_t bytes = reduction == Reduction::unsplit ? 0 : SIZE_MAX;
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(seed_note(seed));
+    DecodeCase c = make_case({.heads = 16,
+                              .requests = 2,
+                              .max_q = 2,
+                              .compressed_width = 1024,
+                              .pools = PoolSharing::absent},
+                             seed);
+    const RefPool pool(c.swa_kv_cache);
+    for (int64_t row = 0; row < pool.blocks * pool.span; ++row)
+      if (pool.valid(row)) c.swa_kv_cache.store(pool.record(row), to_bf16(-0x1p100));
+    for (int64_t t = 0; t < c.query.size(0); ++t)
+      for (int64_t h = 0; h < c.query.size(1); ++h)
+        c.query.set<uint16_t>(t * c.query.stride(0) + h * c.query.stride(1), to_bf16(0x1p100));
+    DecodeCase cpu = c;
+    sparse_mla_decode(cpu.args());
+    DeviceCase d(c, bytes, bytes);
+    const cuda::DecodePlan plan = d.plan();
+    reductions.insert(plan.num_splits == 1 ? "unsplit" : plan.cluster ? "cluster" : "counters");
+    sparse_mla_decode(d.args);
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    d.fetch(c);
+    for (const DecodeCase* r : {&cpu, &c}) {
+      const char* who = r == &cpu ? "CPU" : "GPU";
+      for (size_t i = 0; i < r->out.bytes.size() / 2; ++i)
+        ASSERT_EQ(ref_bf16(r->out.get<uint16_t>(i)), 0.0)
+            << who << " out[" << i << "]; " << c.summary;
+      for (size_t i = 0; i < r->lse.bytes.size() / 4; ++i)
+        ASSERT_EQ(r->lse.get<float>(i), -INFINITY) << who << " lse[" << i << "]; " << c.summary;
+    }
+  }
+  EXPECT_EQ(reductions.size(), 3u) << "plans of every reduction";
+}
+
 // A row split over many CTAs reuses one counter buffer 1000 times without a reset between
 // launches: every launch equals the first bitwise and the buffer ends zeroed.
 TEST(GpuDecode, ThousandLaunchesOnOneCounterBuffer) {
