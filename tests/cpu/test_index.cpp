@@ -73,6 +73,8 @@ TEST(IndexColumns, WidthRules) {
   EXPECT_EQ(sparse_index_columns(128, 512, 0), 640);
   EXPECT_EQ(sparse_index_columns(128, 33, 0), 164);   // top-k rounded up to 4
   EXPECT_EQ(sparse_index_columns(128, 0, 128), 128);  // not wider than W: causal
+  EXPECT_EQ(sparse_index_columns(128, 512, 128), 640);  // causal keeps the top-k columns
+  EXPECT_EQ(sparse_index_columns(128, 33, 127), 164);
   EXPECT_EQ(sparse_index_columns(128, 0, 192), 192);
   EXPECT_EQ(dspark_swa_width(128, 1), 192);
   EXPECT_EQ(dspark_swa_width(128, 64), 192);
