@@ -123,13 +123,6 @@ def tensor(x, name: str, writable: bool = False, required: str = ""):
     elif torch is not None and isinstance(x, torch.Tensor):  # subclasses too (nn.Parameter)
         _torch_tensor_type = torch.Tensor
         x, dtype = _torch_capsule(x, name, dtype, writable)
-    elif not hasattr(x, "__dlpack__"):
-        # A buffer exporter may leave its strides out (ctypes arrays), which the import would
-        # read: a memoryview of it states them.
-        try:
-            x = memoryview(x)
-        except TypeError:
-            pass  # not a buffer either: the import names what came
     return _smla.Tensor(x, name, dtype, writable)
 
 

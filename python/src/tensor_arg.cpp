@@ -122,15 +122,24 @@ Device parse_device(const std::string& kind, int id) {
 
 Tensor::Tensor(nb::handle array, const std::string& name, std::optional<std::string> dtype,
                bool writable) {
+  // A buffer exporter may leave its strides out (ctypes arrays), which the import would read:
+  // a memoryview of it states them.
+  nb::object source = nb::borrow(array);
+  if (!nb::hasattr(array, "__dlpack__") && PyObject_CheckBuffer(array.ptr())) {
+    if (PyObject* view = PyMemoryView_FromObject(array.ptr()))
+      source = nb::steal(view);
+    else
+      PyErr_Clear();  // the import below names what came
+  }
   // convert=false: an array of another dtype or order is refused, never copied.
   nb::ndarray<> rw;
-  if (nb::try_cast(array, rw, false)) {
+  if (nb::try_cast(source, rw, false)) {
     view_ = view_of(rw, name, dtype);
     rw_ = std::move(rw);
     return;
   }
   nb::ndarray<nb::ro> ro;
-  if (!writable && nb::try_cast(array, ro, false)) {
+  if (!writable && nb::try_cast(source, ro, false)) {
     view_ = view_of(ro, name, dtype);
     ro_ = std::move(ro);
     return;
@@ -139,7 +148,7 @@ Tensor::Tensor(nb::handle array, const std::string& name, std::optional<std::str
   // An array of a dtype DLPack cannot describe (float8_e5m2, big-endian, object): name it.
   if (nb::hasattr(array, "dtype"))
     got += " of dtype " + std::string(nb::str(nb::getattr(array, "dtype")).c_str());
-  if (writable && nb::try_cast(array, ro, false)) {
+  if (writable && nb::try_cast(source, ro, false)) {
     got = "a read-only array";
   } else if (nb::hasattr(array, "__dlpack__")) {
     // The producer's own refusal, where it has one (NumPy: strides not a multiple of the

@@ -790,7 +790,9 @@ def test_buffer_sizes_and_capability():
     for device, error in [("cuda:x", TypeError), ("cuda:1.5", TypeError),
                           ("cuda:99999999999", ValueError), (("cuda", 2**40), ValueError),
                           (("cuda", "0"), TypeError), ("tpu", TypeError), ("tpu:0", TypeError),
-                          ("cuda:-1", ValueError), (("cuda", -1), ValueError)]:
+                          ("cuda:-1", ValueError), (("cuda", -1), ValueError),
+                          ("cuda: 1", TypeError), ("cuda:1_0", TypeError), ("cuda:+1", TypeError),
+                          ("cuda:1 ", TypeError)]:  # int() would take these: digits only
         with pytest.raises(error, match="smla: device:") as info:
             smla.workspace_bytes(64, 64, 640, device)
         assert info.value.argument == "device"
@@ -1077,6 +1079,9 @@ def test_buffer_exporters_without_strides_cross():
     indices, lens = expected_table(c, 0)
     np.testing.assert_array_equal(args.out.sparse_indices, indices)
     np.testing.assert_array_equal(args.out.sparse_topk_lens, lens)
+    # The binding's own conversion too (it read the absent strides: a crash).
+    t = smla._smla.Tensor((ctypes.c_int32 * 3 * 2)(), "x")
+    assert (t.dtype, t.shape, t.strides) == ("i32", (2, 3), (3, 1))
 
 
 def test_sparse_index_tables_hold_build_inputs_until_reset():
@@ -1409,6 +1414,17 @@ def test_topk_columns_errors_name_the_field():
         setattr(topk, field, value)
         raises_named(TypeError, f"topk_columns.{field}",
                      lambda: smla.sparse_mla_decode(**common, topk_columns=topk))
+
+
+def test_op_arguments_flatten_topk_columns_and_name_the_outputs():
+    """Under torch.compile the call goes to torch.ops.smla.sparse_mla_decode with TopkColumns'
+    fields flat and every output named (the traced path; its torch test skips without torch)."""
+    from smla.decode import _op_arguments
+    topk = smla.TopkColumns("indices", "table", 4, 2, "valid")
+    got = _op_arguments(dict(query="q", out="o", topk_columns=topk, stream=None))
+    assert got == dict(query="q", out="o", topk_indices="indices", topk_block_table="table",
+                       compress_ratio=4, num_decodes=2, is_valid_token="valid", lse=None,
+                       workspace=None, kv_counters=None)
 
 
 def test_capability_defaults_to_the_cpu_and_checks_both_dtypes():
@@ -1806,6 +1822,38 @@ def test_sparse_index_tables_hold_every_build_input_until_reset():
     assert all(alive() is None for alive in given)
 
 
+def test_step_inputs_may_be_read_only():
+    """A step's tables, top-k and block tables are only read: read-only arrays give the same
+    outputs, bit for bit, with the top-k read by the decodes and from built tables."""
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    specs, pools = layers_and_pools(rng)
+    layers = [smla.AttentionLayer(spec=s, swa_kv_cache=pools[i][0], bmm1_scale=D**-0.5,
+                                  compressed_kv_cache=c["comp_view"] if s.compress_ratio else None)
+              for i, s in enumerate(specs)]
+
+    def read_only(a):
+        a = a.copy()
+        a.flags.writeable = False
+        return a
+
+    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
+    for mode in ("topk", "table"):
+        outs = []
+        for make in (lambda a: a, read_only):
+            executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12,
+                                         compressed_index=mode)
+            inputs = smla.StepInputs(metadata=c["step"],
+                                     block_tables=[make(c["block_table"])] * 2,
+                                     compressed_block_tables={2: make(c["comp_table"])},
+                                     topk_indices={2: make(c["topk"])})
+            outs.append([np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs])
+            executor.run_step(inputs, queries, outs[-1])
+        for a, b in zip(*outs):
+            assert np.isfinite(a.astype(np.float32)).all()
+            assert (a.view(np.uint16) == b.view(np.uint16)).all(), mode
+
+
 def test_step_executor_holds_every_array_of_its_layers_and_step():
     """The executor holds every layer array (pools and sinks) for its life, and every array of
     a step's inputs (metadata, block tables, top-k, compressed block tables) until the next step
@@ -1994,11 +2042,25 @@ def test_counts_past_int32_reach_the_library_checks():
             call(2**31)
         with pytest.raises(ValueError, match=f"^smla: {argument}: expected an int64 value"):
             call(2**63)
-    c = step_case(ref.fresh_rng())
+    rng = ref.fresh_rng()
+    specs, pools = layers_and_pools(rng)
+    layer = smla.AttentionLayer(spec=specs[0], swa_kv_cache=pools[0][0], bmm1_scale=D**-0.5)
+    for argument in ("max_tokens", "max_columns"):
+        sizes = {"max_tokens": 8, "max_columns": W, argument: 2**31}
+        with pytest.raises(ValueError, match=f"^smla: {argument}: expected 0\\.\\.2\\^31 - 1, "
+                           "got 2147483648$"):
+            smla.StepExecutor([layer], **sizes)
+    c = step_case(rng)
     s = c["step"]
+    a = index_args(c, 4)
+    a.step = dataclasses.replace(s, num_decodes=2**31)
+    a.out = smla.SparseIndexTable(np.zeros((4, W + 12), np.int32), np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match=r"^smla: num_decodes: expected 0\.\.B = 3, "
+                       "got 2147483648$"):
+        smla.build_sparse_indices(a)
     topk = smla.TopkColumns(c["topk"], c["comp_table"], compress_ratio=4, num_decodes=2**31)
-    with pytest.raises(ValueError, match=r"^smla: topk_columns\.num_decodes: expected .*, got "
-                       "2147483648"):
+    with pytest.raises(ValueError, match=r"^smla: topk_columns\.num_decodes: expected 0\.\.B = 3, "
+                       "got 2147483648$"):
         smla.sparse_mla_decode(
             query=np.zeros((4, 4, D), np.float32).astype(BF16), swa_kv_cache=c["swa_view"],
             compressed_kv_cache=c["comp_view"], seq_lens=s.seq_lens,
