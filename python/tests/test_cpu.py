@@ -1825,30 +1825,24 @@ def test_sparse_index_tables_hold_every_build_input_until_reset():
 def test_step_inputs_may_be_read_only():
     """A step's tables, top-k and block tables are only read: read-only arrays give the same
     outputs, bit for bit, with the top-k read by the decodes and from built tables."""
-    rng = ref.fresh_rng()
-    c = step_case(rng)
-    specs, pools = layers_and_pools(rng)
-    layers = [smla.AttentionLayer(spec=s, swa_kv_cache=pools[i][0], bmm1_scale=D**-0.5,
-                                  compressed_kv_cache=c["comp_view"] if s.compress_ratio else None)
-              for i, s in enumerate(specs)]
+    specs, layers, inputs, queries = _executor_case(ref.fresh_rng())
 
     def read_only(a):
         a = a.copy()
         a.flags.writeable = False
         return a
 
-    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
+    frozen = smla.StepInputs(
+        metadata=inputs.metadata, block_tables=[read_only(t) for t in inputs.block_tables],
+        compressed_block_tables={2: read_only(inputs.compressed_block_tables[2])},
+        topk_indices={2: read_only(inputs.topk_indices[2])})
     for mode in ("topk", "table"):
         outs = []
-        for make in (lambda a: a, read_only):
+        for step in (inputs, frozen):
             executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12,
                                          compressed_index=mode)
-            inputs = smla.StepInputs(metadata=c["step"],
-                                     block_tables=[make(c["block_table"])] * 2,
-                                     compressed_block_tables={2: make(c["comp_table"])},
-                                     topk_indices={2: make(c["topk"])})
             outs.append([np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs])
-            executor.run_step(inputs, queries, outs[-1])
+            executor.run_step(step, queries, outs[-1])
         for a, b in zip(*outs):
             assert np.isfinite(a.astype(np.float32)).all()
             assert (a.view(np.uint16) == b.view(np.uint16)).all(), mode
