@@ -656,7 +656,8 @@ TEST(SynthStep, WindowsTopKAndColumnsFollowTheOptions) {
 TEST(SynthStep, BlockTablesAreShuffled) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));
-  const RunOptions o{.requests = 16, .seq_len = 2000, .check = 0, .seed = seed};
+  // 2048: the first token's window starts on a page's first slot (page 30 of 64-slot pages).
+  const RunOptions o{.requests = 16, .seq_len = 2048, .check = 0, .seed = seed};
   const auto specs = model_layers(model_preset(o.model), 1);
   const auto streams = make_streams(Device{});
   const SynthStep step(o, specs, *streams);
@@ -675,9 +676,10 @@ TEST(SynthStep, BlockTablesAreShuffled) {
     EXPECT_EQ(live, ids);
   }
   // SWA pages wholly before every window of the step are evicted (-1), the rest live: the
-  // step's first token, at position 2000 - q_len, sees from 2000 - q_len - 127 on.
+  // step's first token, at position 2048 - q_len, sees from 2048 - q_len - 127 on.
   const TensorView& swa = step.host.inputs.block_tables[0];
-  const int64_t evicted = (2000 - o.q_len - kWindow + 1) / kSwaBlockSize;
+  const int64_t evicted = (o.seq_len - o.q_len - kWindow + 1) / kSwaBlockSize;
+  ASSERT_EQ(evicted, 30);
   for (int64_t b = 0; b < o.requests; ++b)
     for (int64_t page = 0; page < swa.size(1); ++page)
       EXPECT_EQ(swa.ptr<int32_t>()[b * swa.stride(0) + page] < 0, page < evicted)

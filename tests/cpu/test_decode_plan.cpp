@@ -4,6 +4,7 @@
 #if SMLA_WITH_CUDA
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "cuda/decode_plan.h"
 #include "smla/decode.h"
@@ -14,6 +15,12 @@ namespace {
 constexpr int kSms = 132;
 const Occupancy kGpu = uniform_occupancy(kSms);
 const Occupancy kNoClusters = uniform_occupancy(kSms, false);
+// An H200's clusters of 2..16 CTAs at once, as cudaOccupancyMaxActiveClusters says.
+const Occupancy kH200 = [] {
+  Occupancy h200 = kGpu;
+  h200.cluster_ctas = {0, 0, 132, 117, 120, 110, 102, 105, 120, 81, 70, 77, 84, 91, 98, 105, 112};
+  return h200;
+}();
 
 TEST(DecodePlan, CoversEveryColumnOnceWithoutIdleSplits) {
   for (int64_t tokens : {1, 2, 4, 16, 64, 256, 1024})
@@ -73,9 +80,7 @@ TEST(DecodePlan, SmallBatchesSplitInClustersElseThroughCounters) {
 // A wave's counter reductions hold their SMs from the next wave: 64 heads, 80 tokens, 640
 // columns measured 60.2 us split 3 ways through the counters (240 CTAs), 26.4 us unsplit.
 TEST(DecodePlan, CounterReductionsStayInOneWave) {
-  Occupancy h200 = kGpu;  // its clusters of 2..16 CTAs, as cudaOccupancyMaxActiveClusters says
-  h200.cluster_ctas = {0, 0, 132, 117, 120, 110, 102, 105, 120, 81, 70, 77, 84, 91, 98, 105, 112};
-  for (const Occupancy& gpu : {h200, kNoClusters})  // and where every split row is counted
+  for (const Occupancy& gpu : {kH200, kNoClusters})  // and where every split row is counted
     for (KvLayout layout : kKvLayouts)
       for (int heads : {64, 100, 128})
         for (int64_t columns : {640, 1152})
@@ -86,6 +91,41 @@ TEST(DecodePlan, CounterReductionsStayInOneWave) {
             if (plan.num_splits > 1 && !plan.cluster)
               EXPECT_LE(plan.ctas, kSms) << heads << " heads, " << tokens << " tokens, " << columns;
           }
+}
+
+// Choices docs/kernel.md and kernel_measured.md describe, each resting on one term of the cost
+// model or one bound (a refit that changes one changes those docs too): splits up to exactly two
+// waves; 16-CTA clusters for 32-head CTAs; the cluster and read-back costs keeping H=8 at 42
+// tokens to 2 splits in clusters; the query-TMA tile price keeping 64-head rows unsplit.
+TEST(DecodePlan, PlansTheDocsDescribe) {
+  struct Expected {
+    int64_t tokens;
+    int heads;
+    int64_t columns;
+    KvLayout layout;
+    const Occupancy& gpu;
+    int heads_per_cta, num_splits;
+    bool cluster;
+  };
+  for (const Expected& e : {Expected{24, 8, 2112, KvLayout::fp8_e4m3, kGpu, 16, 11, true},
+                            Expected{5, 32, 1152, KvLayout::bf16, kH200, 32, 12, true},
+                            Expected{42, 8, 640, KvLayout::bf16, kH200, 16, 2, true},
+                            Expected{32, 16, 1152, KvLayout::fp8_ds_mla, kH200, 16, 4, false},
+                            Expected{32, 64, 256, KvLayout::bf16, kH200, 64, 1, false}}) {
+    const DecodePlan plan =
+        plan_decode(e.tokens, e.heads, e.columns, e.layout, e.gpu, SIZE_MAX, SIZE_MAX);
+    const auto shape = std::to_string(e.tokens) + " tokens, H=" + std::to_string(e.heads) + ", " +
+                       std::to_string(e.columns) + " columns";
+    EXPECT_EQ(plan.heads_per_cta, e.heads_per_cta) << shape;
+    EXPECT_EQ(plan.num_splits, e.num_splits) << shape;
+    EXPECT_EQ(plan.cluster, e.cluster) << shape;
+  }
+  EXPECT_EQ(plan_decode(24, 8, 2112, KvLayout::fp8_e4m3, kGpu, SIZE_MAX, SIZE_MAX).ctas, 2 * kSms);
+  // A split left idle never pays, even where only 16-CTA clusters fit (128 at once).
+  Occupancy only16 = uniform_occupancy(kSms, false);
+  only16.cluster_ctas[16] = 128;
+  const DecodePlan plan = plan_decode(1, 16, 960, KvLayout::bf16, only16, SIZE_MAX, SIZE_MAX);
+  EXPECT_LT(int64_t(plan.num_splits - 1) * plan.tiles_per_split, 960 / kTileColumns);
 }
 
 TEST(DecodePlan, SmallBuffersMeanFewerSplitsNeverMore) {

@@ -535,6 +535,15 @@ TEST(Streams, CudaWithoutTheBackendIsUnsupported) {
 #endif
 }
 
+// The CPU streams' zero clears every byte asked (the executor's counters and workspace; the CPU
+// decode reads neither, so no decode shows it).
+TEST(Streams, CpuZeroClearsEveryByte) {
+  const auto streams = make_streams(Device{});
+  std::vector<uint8_t> bytes(16, 0xff);
+  streams->zero(bytes.data(), 13);
+  for (size_t i = 0; i < bytes.size(); ++i) EXPECT_EQ(bytes[i], i < 13 ? 0 : 0xff) << i;
+}
+
 // One block table per SWA group a layer uses: a step with one too few is refused by name.
 TEST(Executor, ABlockTableForEverySwaGroup) {
   const auto all = model_layers(model_preset("v41-flash"), 3, false);

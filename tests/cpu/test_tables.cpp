@@ -191,9 +191,11 @@ TEST(ModelPresets, ShapesOfSpec6) {
   test::expect_smla_error([&] { topk_width(flash[3], -500); }, ErrorKind::value, "max_seq_len",
                           ">= 0", "-500");
   LayerSpec negative = flash[3];
-  negative.compress_ratio = -4;
-  test::expect_smla_error([&] { topk_width(negative, 4096); }, ErrorKind::value,
-                          "layer.compress_ratio", ">= 0", "-4");
+  for (const int ratio : {-4, -1}) {  // -1 too: the first below the SWA-only 0
+    negative.compress_ratio = ratio;
+    test::expect_smla_error([&] { topk_width(negative, 4096); }, ErrorKind::value,
+                            "layer.compress_ratio", ">= 0", std::to_string(ratio));
+  }
   negative = flash[2];
   negative.index_topk = -512;  // not "every compressed entry", which is 0
   test::expect_smla_error([&] { topk_width(negative, 4096); }, ErrorKind::value,
@@ -202,6 +204,8 @@ TEST(ModelPresets, ShapesOfSpec6) {
   ASSERT_EQ(pro.size(), 61u);
   EXPECT_EQ(pro[0].num_heads, 128);
   EXPECT_EQ(pro[0].compress_ratio, 128);
+  EXPECT_EQ(pro[0].index_topk, 0);  // ratio 128: every compressed entry, no indexer of its own
+  EXPECT_EQ(topk_width(pro[0], 4096), 32);
   EXPECT_EQ(pro[60].compress_ratio, 4);
   EXPECT_EQ(pro[60].index_topk, 1024);
   const auto v41 = model_layers(model_preset("v41-flash"), 3, true);
