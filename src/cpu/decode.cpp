@@ -238,13 +238,12 @@ std::vector<TokenRow> token_rows(const DecodeProblem& p, const DecodeArgs& a) {
 
 // Writes head h's output, bmm2 * out / (sum + exp(sink - m)) (out: its rows weighted by
 // exp(s - m), sum: those weights' sum; no sink term without sinks), and its lse m + log(sum).
-// No rows (n = 0) or only -inf scores (sum 0): zero output and lse -inf. A +inf sink takes all
-// the weight: zero output, but the lse never includes it.
-void store_head(const DecodeArgs& a, int64_t t, int h, int64_t n, double m, double sum,
-                double* out) {
+// Sum 0 (no rows, or only -inf scores): zero output and lse -inf. A +inf sink takes all the
+// weight: zero output, but the lse never includes it.
+void store_head(const DecodeArgs& a, int64_t t, int h, double m, double sum, double* out) {
   const bool has_sink = a.sinks.defined();
   const float sink = has_sink ? a.sinks.ptr<const float>()[h * a.sinks.stride(0)] : 0.f;
-  const bool none = n == 0 || sum == 0;
+  const bool none = sum == 0;
   const bool zero = none || (has_sink && sink == std::numeric_limits<float>::infinity());
   const double factor = zero ? 0.0 : a.bmm2_scale / (sum + (has_sink ? std::exp(sink - m) : 0.0));
   for (int d = 0; d < kHeadDim; ++d) out[d] = zero ? 0.0 : out[d] * factor;
@@ -268,8 +267,7 @@ void attend(const Rows& rows, const DecodeArgs& a, int64_t t, int h0, double* e)
     for (int h = 0; h < B; ++h) max_sum[h] = exponentiate(e + h * n, n);
     weighted_sum(rows, e, out);
   }
-  for (int h = 0; h < B; ++h)
-    store_head(a, t, h0 + h, n, max_sum[h].first, max_sum[h].second, out[h]);
+  for (int h = 0; h < B; ++h) store_head(a, t, h0 + h, max_sum[h].first, max_sum[h].second, out[h]);
 }
 
 }  // namespace
