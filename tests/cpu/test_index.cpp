@@ -618,6 +618,20 @@ TEST(IndexStrides, OutputsWrittenAtTheirStrides) {
   EXPECT_EQ(out_seq, (std::vector<int32_t>{10, -9, 10, -9, 10, -9, 2, -9}));
 }
 
+// The step's host views are read at their strides: seq_lens and cum_seq_lens_q every other and
+// every third element, with values between that would be refused or build other rows.
+TEST(IndexStrides, StepViewsReadAtTheirStrides) {
+  SwaOnlyCase c;
+  const Built contiguous = build(c.args());
+  std::vector<int32_t> seq_lens{3, -7, 6, -7}, cum{0, -7, -7, 1, -7, -7, 3, -7, -7};
+  SparseIndexArgs a = c.args();
+  a.step.seq_lens = make_view(seq_lens.data(), DType::i32, Device{}, {2}, {2});
+  a.step.cum_seq_lens_q = make_view(cum.data(), DType::i32, Device{}, {3}, {3});
+  const Built strided = build(a);
+  EXPECT_EQ(strided.indices, contiguous.indices);
+  EXPECT_EQ(strided.lens, contiguous.lens);
+}
+
 // The same errors' kinds and messages: a pool on another device is a type error (as for every
 // tensor), cum_seq_lens_q has B + 1 entries, and a page past a block table says what it needed.
 TEST(IndexErrors, KindsAndMessages) {

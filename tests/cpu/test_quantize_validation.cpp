@@ -156,6 +156,18 @@ TEST_F(QuantizeValidation, SlotWrittenTwice) {
   }
 }
 
+// Slots are read at their stride: every other element, those between a duplicate of slot 0 (a
+// call reading them would refuse it).
+TEST_F(QuantizeValidation, SlotsReadAtTheirStride) {
+  std::vector<int32_t> strided(2 * kRows, 0);
+  for (int64_t i = 0; i < kRows; ++i) strided[2 * i] = slot_values[i];
+  slots = make_view(strided.data(), DType::i32, Device{}, {kRows}, {2});
+  ASSERT_NO_THROW(quantize_kv(rows, slots, pool, kv_scale));
+  for (int32_t slot : {0, 4, 7, 11}) EXPECT_EQ(pool_bytes[slot * 512 + 100], std::byte{0x3c});
+  for (int32_t slot : {1, 2, 3, 5, 6, 8, 9, 10})
+    EXPECT_EQ(pool_bytes[slot * 512 + 100], std::byte{0xab}) << slot;
+}
+
 // The pool must not share bytes with the rows or slots it is written from: the result would
 // depend on the order of the writes.
 TEST_F(QuantizeValidation, PoolOverlapsItsInputs) {

@@ -253,6 +253,20 @@ TEST(TopkColumns, ArgumentsAreCheckedByName) {
                       std::string("memory apart from ") + name,
                       std::string("an overlap with ") + name);
   }
+  // The mask too, where given: ones (every token valid) in out's first bytes.
+  {
+    DecodeArgs a = good;
+    ASSERT_FALSE(a.topk_columns.is_valid_token.defined());
+    std::memset(a.out.data, 1, 3);
+    a.topk_columns.is_valid_token = make_view(a.out.data, DType::u8, Device{}, {3});
+    expect_smla_error([&] { sparse_mla_decode(a); }, ErrorKind::value, "out",
+                      "memory apart from topk_columns.is_valid_token",
+                      "an overlap with topk_columns.is_valid_token");
+  }
+  // sparse_topk_lens, refused with the top-k before any check reads it, is quoted by the dims
+  // its view holds (4 here, its ndim past them): not read past its shape.
+  expect([&](DecodeArgs& a) { (a.sparse_topk_lens = swa.out.sparse_topk_lens).ndim = 5; },
+         "sparse_topk_lens", "absent with topk_columns", "[3, 0, 0, 0]");
   DecodeArgs table = good;
   table.topk_columns = {};
   table.sparse_topk_lens = swa.out.sparse_topk_lens;

@@ -132,6 +132,12 @@ TEST(CheckHelpers, BoundsOfCountsViewsAndOverlaps) {
   EXPECT_NO_THROW(check::apart(heads(8), "b", heads(0), "a"));
   EXPECT_THROW(check::apart(heads(0), "a", heads(7), "b"), Error);
   EXPECT_THROW(check::apart(heads(1), "a", heads(8), "b"), Error);
+  // disjoint's extent saturates past int64: 4 steps of 2^62 reach past every stride, so a
+  // second dim of 2^62 (element [1, 0] is [0, 1]) overlaps, not a wrapped extent of 0.
+  EXPECT_THROW(check::disjoint(make_view(buf.data(), DType::u8, Device{}, {4, 2},
+                                         {int64_t(1) << 62, int64_t(1) << 62}),
+                               "v"),
+               Error);
 }
 
 TEST_F(Validation, WrongDtypeOfEachTensor) {
@@ -356,6 +362,19 @@ TEST_F(Validation, OutputsApartFromDsMlaRecordsBetweenTokenStrides) {
   EXPECT_NO_THROW(validate_decode(a));
 }
 
+// The same for the compressed pool's records (both pools fp8_ds_mla, the SWA one elsewhere).
+TEST_F(Validation, OutputsApartFromCompressedDsMlaRecordsBetweenTokenStrides) {
+  a.swa_kv_cache =
+      make_view(scratch.data() + (1 << 19), DType::u8, Device{}, {2, 2, 584}, {3 * 576, 584, 1});
+  a.compressed_kv_cache = view(DType::u8, {2, 2, 584}, {125 * 576, 1000, 1});
+  const int64_t T = a.lse.size(0), H = a.lse.size(1);
+  a.lse = make_view(scratch.data() + 600, DType::f32, Device{}, {T, H}, {250, 1});
+  expect_error(ErrorKind::value, "lse", "memory apart from compressed_kv_cache",
+               "an overlap with compressed_kv_cache");
+  a.lse = make_view(scratch.data() + 1600, DType::f32, Device{}, {T, H}, {500, 1});
+  EXPECT_NO_THROW(validate_decode(a));
+}
+
 // The kernel uses a scratch buffer's bytes from its start: they must be its own.
 TEST_F(Validation, ScratchBuffersContiguousAndApart) {
   set_scratch_buffers();
@@ -432,6 +451,9 @@ TEST_F(Validation, TokensFromInt32) {
   a.query = view(DType::bf16, {int64_t(1) << 31, 8, 512}, {0, 512, 1});
   expect_error(ErrorKind::unsupported, "query", "[T, H, 512] with T < 2^31",
                "[2147483648, 8, 512]");
+  // T = 2^31 - 1 passes to the next check (sparse_indices' [T, K]).
+  a.query = view(DType::bf16, {INT32_MAX, 8, 512}, {0, 512, 1});
+  expect_error(ErrorKind::value, "sparse_indices", "[T=2147483647, K]", "[6, 192]");
 }
 
 TEST_F(Validation, ColumnsPastWholeTilesOfInt) {
@@ -439,6 +461,10 @@ TEST_F(Validation, ColumnsPastWholeTilesOfInt) {
   expect_error(ErrorKind::unsupported, "sparse_indices", "K <= 2^31 - 32", "[6, 2147483620]");
   a.sparse_indices = far_view(DType::i32, {6, int64_t(INT32_MAX) - 31}, {0, 1});  // 2^31 - 32
   EXPECT_NO_THROW(validate_decode(a));
+  // With W = 1, K = 2^31 - 31 is W + a multiple of 4, and one column too many.
+  a.window = 1;
+  a.sparse_indices = far_view(DType::i32, {6, int64_t(INT32_MAX) - 30}, {0, 1});
+  expect_error(ErrorKind::unsupported, "sparse_indices", "K <= 2^31 - 32", "[6, 2147483617]");
 }
 
 // Request indices are int with B + 1 bounds: B = 2^31 - 1 is refused by seq_lens' shape, and
@@ -567,6 +593,14 @@ TEST_F(Validation, NonIntegralSpan) {
   expect_error(ErrorKind::value, "swa_kv_cache", "whole number of token strides",
                "block stride 576 / token stride 512 (one row: a page of one row has no token "
                "stride of its own, and its 1 is not one a layout could have)");
+  // A page of one row whose token stride is a row's (512): the note would be wrong there.
+  a.swa_kv_cache = view(DType::bf16, {4, 1, 512}, {600, 512, 1});
+  try {
+    validate_decode(a);
+    ADD_FAILURE() << "no error for a non-integral span";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.got(), "a non-integral span: block stride 600 / token stride 512");
+  }
 }
 
 TEST_F(Validation, SpanBelowBlockSize) {
@@ -599,6 +633,9 @@ TEST_F(Validation, DsMlaPageStride) {
   EXPECT_NO_THROW(validate_decode(a));
   a.swa_kv_cache = view(DType::u8, {4, 16, 1, 584}, {17 * 576, 584, 584, 1});
   EXPECT_NO_THROW(validate_decode(a));
+  // 72 slots a page: 72 * 584 B = 73 * 576 B, a page stride of block_size * 584 B exactly.
+  a.swa_kv_cache = view(DType::u8, {2, 72, 584}, {72 * 584, 584, 1});
+  EXPECT_NO_THROW(validate_decode(a));
 }
 
 // Offsets are int32: a page of 2^31 rows or more is beyond what they address.
@@ -606,6 +643,14 @@ TEST_F(Validation, SpanFromInt32) {
   a.swa_kv_cache = view(DType::bf16, {2, 1, 512}, {int64_t(1) << 40, 512, 1});
   expect_error(ErrorKind::unsupported, "swa_kv_cache", "span (rows a page, packing included)",
                "span 2147483648 of [2, 1, 512]");
+  // The largest span, 2^31 - 1 rows (one page: its stride is kept as given), is addressed.
+  a.swa_kv_cache = view(DType::bf16, {1, 1, 512}, {int64_t(INT32_MAX) * 512, 512, 1});
+  EXPECT_NO_THROW(validate_decode(a));
+  a.swa_kv_cache = c.args().swa_kv_cache;
+  a.compressed_kv_cache = view(DType::bf16, {1, 1, 512}, {int64_t(1) << 40, 512, 1});
+  expect_error(ErrorKind::unsupported, "compressed_kv_cache",
+               "span (rows a page, packing included)", "span 2147483648 of [1, 1, 512]");
+  a.compressed_kv_cache = c.args().compressed_kv_cache;
   // One page: its stride is not bounded by the view's extent, but it must fit in bytes.
   a.swa_kv_cache = view(DType::bf16, {1, 16, 512}, {int64_t(1) << 62, 512, 1});
   expect_error(ErrorKind::value, "swa_kv_cache", "a page stride whose size in bytes fits in int64",
@@ -688,6 +733,9 @@ TEST(BufferSizes, RefuseImpossibleArguments) {
   test::expect_smla_error([&] { workspace_bytes(8, 64, int64_t(1) << 40, cpu); },
                           ErrorKind::value, "max_columns", "0..2^31 - 1", "1099511627776");
   EXPECT_EQ(workspace_bytes(8, 64, 640, cpu), 0u);
+  EXPECT_EQ(workspace_bytes(8, 128, 640, cpu), 0u);  // 1..128 heads, both ends in
+  EXPECT_NO_THROW(kv_counter_bytes(8, 128));
+  EXPECT_NO_THROW(kv_counter_bytes(8, 1));
 }
 
 // The public entry point validates before it dispatches.
