@@ -738,6 +738,154 @@ TEST(Executor, LayersAreCheckedWhenMade) {
   }
 }
 
+// SPEC §5: the executor joins before an index source's indexer, and only there. Layers 3..7
+// and 9..13 read the top-k of layers 2 and 8: each looks up a table its run's first layer
+// forked, and waits for it, the fork still unjoined (a join before each would leave nothing to
+// wait for, and the side stream's builds no layer to overlap).
+TEST(Executor, JoinsOnlyBeforeIndexSources) {
+  LoggedStep logged(13, CompressedIndex::table);
+  test::StepCase& c = logged.c;
+  test::RecordingStreams& streams = logged.streams;
+  StepExecutor& executor = logged.executor;
+  SCOPED_TRACE(test::seed_note(logged.seed));
+  std::vector<TensorView> queries, outs;
+  add_layer_buffers(c, queries, outs);
+  executor.run_step(c.inputs, queries, outs);
+  const std::vector<int> waits{1, 3, 4, 6, 7, 9, 10, 12, 13};
+  EXPECT_EQ(executor.tables().stats().waits, waits);
+  const auto count = [&](const char* entry) {
+    return std::count(streams.log.begin(), streams.log.end(), entry);
+  };
+  // Layers 0, 2 and 8 fork; the joins are before layers 2 and 8 and at the end of the step.
+  EXPECT_EQ(count("fork"), 3);
+  EXPECT_EQ(count("join"), 3);
+  executor.build_tables(c.inputs);  // the same lookups without the decodes
+  EXPECT_EQ(executor.tables().stats().waits, waits);
+}
+
+// A layer that reads every compressed entry has no indexer (SPEC §6: its index source is itself
+// but its index_topk 0): no join before it, so group 1's forked swa_only table is still pending
+// when it runs.
+TEST(Executor, NoJoinBeforeALayerReadingEveryEntry) {
+  const auto all = model_layers(model_preset("v4-flash"), 2, false);
+  std::vector<LayerSpec> specs{all[0], all[1], all[3]};  // swa_only in groups 0, 1; ratio 128
+  ASSERT_EQ(specs[2].compress_ratio, 128);
+  ASSERT_EQ(specs[2].index_source, specs[2].layer);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  test::StepCase c(specs, kThreeRequests, seed);
+  const int64_t T = c.num_tokens();
+  test::RecordingStreams streams;
+  StepExecutor executor(c.layers, streams, T, max_columns_of(c), TableSharing::shared,
+                        CompressedIndex::table);
+  executor.begin_step(c.inputs);
+  executor.run_layer(0, c.bf16(T, kHeads), c.bf16(T, kHeads));  // forks group 1's swa_only
+  executor.run_layer(1, c.bf16(T, kHeads), c.bf16(T, kHeads));
+  EXPECT_EQ(streams.log.back(), "wait 0");
+  executor.run_layer(3, c.bf16(T, kHeads), c.bf16(T, kHeads));
+  executor.end_step();
+  EXPECT_EQ(std::count(streams.log.begin(), streams.log.end(), "join"), 1);  // end_step's
+  EXPECT_EQ(streams.log.back(), "join");
+}
+
+// A table serves the layers of its (SWA group, key) over one compressed page geometry too:
+// layers 2 and 3 (key 2:2:2, one group) with compressed pools of other pages are refused when
+// the executor is made, unless each builds its own table or neither reads a table's compressed
+// columns (topk: the decode reads each layer's top-k through its own pool).
+TEST(Executor, CompressedPagesOfOneTableAgree) {
+  const auto all = model_layers(model_preset("v41-flash"), 1, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 4);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  ASSERT_EQ(sparse_index_key(specs[2]), sparse_index_key(specs[3]));
+  test::CaseShape shape{.q_lens = {1},
+                        .seq_lens = {150},
+                        .num_decodes = 1,
+                        .block_size = 64,
+                        .span = 64,
+                        .entries_per_page = 8,
+                        .compressed_span = 8};
+  const test::StepCase c(specs, shape, test::fresh_seed());
+  test::RecordingStreams streams;
+  std::vector<AttentionLayer> layers = c.layers;
+  TensorView& pool = layers[3].compressed_kv_cache;
+  pool.shape[0] *= 2, pool.shape[1] /= 2, pool.strides[0] /= 2;  // pages of 4 entries
+  for (const CompressedIndex mode : {CompressedIndex::table, CompressedIndex::automatic})
+    test::expect_smla_error(
+        [&] { StepExecutor(layers, streams, 1, 1024, TableSharing::shared, mode); },
+        ErrorKind::value, "layers[3].compressed_kv_cache",
+        "layers[2]'s block_size 8, page span 8 (SWA group 0, key 2:2:2: one table serves both)",
+        "block_size 4, page span 4");
+  EXPECT_NO_THROW(StepExecutor(layers, streams, 1, 1024, TableSharing::none));
+  EXPECT_NO_THROW(
+      StepExecutor(layers, streams, 1, 1024, TableSharing::shared, CompressedIndex::topk));
+}
+
+// Where the compressed columns come from a table, its builder reads the top-k and compressed
+// block table at any stride: column-major copies give the step's outputs bit for bit (only a
+// top-k the decode reads must be contiguous, TopkReadInTheDecodeIsContiguousWhenTheStepBegins).
+TEST(Executor, TopkReadByATableBuildMayBeStrided) {
+  LoggedStep logged(7, CompressedIndex::table);
+  const std::vector<LayerSpec>& specs = logged.specs;
+  test::StepCase& c = logged.c;
+  StepExecutor& executor = logged.executor;
+  SCOPED_TRACE(test::seed_note(logged.seed));
+  const int64_t T = c.num_tokens();
+  const LayerSpec& s = specs.back();
+  ASSERT_GT(s.compress_ratio, 0);
+  std::vector<TensorView> queries, outs, strided_outs;
+  add_layer_buffers(c, queries, outs);
+  for (size_t i = 0; i < specs.size(); ++i) strided_outs.push_back(c.bf16(T, kHeads));
+  executor.run_step(c.inputs, queries, outs);
+  StepInputs inputs = c.inputs;
+  std::vector<int32_t> copies[2];
+  for (int k = 0; k < 2; ++k) {
+    TensorView* view = k ? &inputs.topk_indices.at(s.index_source)
+                         : &inputs.compressed_block_tables.at(s.kv_source);
+    ASSERT_GT(view->size(1), 1);
+    std::vector<int32_t>& copy = copies[k];
+    copy.resize(static_cast<size_t>(view->numel()));
+    for (int64_t i = 0; i < view->size(0); ++i)
+      for (int64_t j = 0; j < view->size(1); ++j)
+        copy[static_cast<size_t>(j * view->size(0) + i)] = check::at(*view, i, j);
+    *view = make_view(copy.data(), DType::i32, Device{}, {view->size(0), view->size(1)},
+                      {1, view->size(0)});
+  }
+  executor.run_step(inputs, queries, strided_outs);
+  const size_t bytes = static_cast<size_t>(T) * kHeads * kHeadDim * 2;
+  for (size_t i = 0; i < specs.size(); ++i)
+    EXPECT_EQ(std::memcmp(strided_outs[i].data, outs[i].data, bytes), 0) << "layer " << i;
+}
+
+// Past the top-k width the decode reads on a device, layers reading every entry build their
+// tables even where `auto` would have them read the top-k (each of V4-Pro's is a key of one
+// layer); up to it they read it. Those layers alone, so that this holds for the limit of this
+// build (2048 with CUDA, 0 without: only a width of 0 is then read).
+TEST(Executor, EveryEntryLayersPastTheDeviceLimitBuildTables) {
+  std::vector<LayerSpec> specs;
+  for (const LayerSpec& s : model_layers(model_preset("v4-pro"), 2))
+    if (s.compress_ratio > 0 && s.index_topk == 0) specs.push_back(s);
+  ASSERT_GT(specs.size(), 2u);
+  const Device cuda{DeviceKind::cuda, 0};
+  const int64_t limit = max_topk_width(cuda);
+  const auto tables_read = [&](CompressedIndex mode, int64_t every_entry_width) {
+    int64_t read = 0;
+    for (const LayerSpec& s :
+         table_specs(specs, mode, TableSharing::shared, every_entry_width, cuda))
+      read += s.compress_ratio > 0;
+    return read;
+  };
+  const auto all = static_cast<int64_t>(specs.size());
+  EXPECT_EQ(tables_read(CompressedIndex::automatic, limit), 0);
+  EXPECT_EQ(tables_read(CompressedIndex::automatic, limit + 1), all);
+  EXPECT_EQ(tables_read(CompressedIndex::table, limit), all);
+  EXPECT_EQ(tables_read(CompressedIndex::topk, limit), 0);
+  test::expect_smla_error([&] { tables_read(CompressedIndex::topk, limit + 1); },
+                          ErrorKind::unsupported, "compressed_index",
+                          "top-k widths up to " + std::to_string(limit),
+                          "layers[0] (layer 0) reading up to " + std::to_string(limit + 1));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Steps, ExecutorMatchesDirectCalls,
     testing::Values(

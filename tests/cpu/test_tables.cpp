@@ -245,6 +245,45 @@ TEST(ModelPresets, MalformedPresetsNameTheirField) {
                           "-3");
 }
 
+// SPEC §6's figures of each preset: query heads, index top-k, window.
+TEST(ModelPresets, HeadsTopkAndWindowOfSpec6) {
+  const struct {
+    const char* name;
+    int heads, topk;
+  } figures[] = {{"v4-flash", 64, 512}, {"v4-pro", 128, 1024}, {"v41-flash", 64, 512}};
+  for (const auto& [name, heads, topk] : figures) {
+    SCOPED_TRACE(name);
+    const ModelPreset& preset = model_preset(name);
+    EXPECT_EQ(preset.num_heads, heads);
+    EXPECT_EQ(preset.index_topk, topk);
+    EXPECT_EQ(preset.window, 128);
+    for (const LayerSpec& s : model_layers(preset, 1, true)) {
+      EXPECT_EQ(s.num_heads, heads) << "layer " << s.layer;
+      EXPECT_EQ(s.window, 128) << "layer " << s.layer;
+      // An indexed compressed layer's top-k; 0 for SWA-only layers and those reading every entry.
+      const bool indexed = s.compress_ratio > 0 && s.compress_ratio != preset.every_entry_ratio;
+      EXPECT_EQ(s.index_topk, indexed ? topk : 0) << "layer " << s.layer;
+    }
+  }
+}
+
+// A layer reading every entry is as wide as the entries its longest request sees: position p
+// sees (p + 1) / ratio, so max_seq_len / ratio, rounded down (SPEC §4); -1 is the first length
+// refused.
+TEST(ModelPresets, EveryEntryWidthRoundsDown) {
+  const auto flash = model_layers(model_preset("v4-flash"), 1);
+  ASSERT_EQ(flash[3].compress_ratio, 128);
+  ASSERT_EQ(flash[3].index_topk, 0);
+  EXPECT_EQ(topk_width(flash[3], 4095), 31);
+  EXPECT_EQ(topk_width(flash[3], 4097), 32);
+  EXPECT_EQ(topk_width(flash[3], 127), 0);
+  EXPECT_EQ(topk_width(flash[3], 128), 1);
+  EXPECT_EQ(topk_width(flash[3], 0), 0);
+  EXPECT_EQ(topk_width(flash[2], 4095), 512);  // an indexed layer: its index_topk
+  test::expect_smla_error([&] { topk_width(flash[3], -1); }, ErrorKind::value, "max_seq_len",
+                          ">= 0", "-1");
+}
+
 TEST(SparseIndexTables, V41ThreeGroupsByHand) {
   LoggedStep logged(model_layers(model_preset("v41-flash"), 3), 3);
   auto& [layers, seed, c, streams, tables] = logged;
@@ -499,6 +538,64 @@ TEST(SparseIndexTables, WidthUpToTheWindowIsCausal) {
       EXPECT_FALSE(tables.lookup(s.layer, [&](int l) { return c.args(l); }).seq_lens.defined())
           << "layer " << s.layer << " width " << width;
   }
+}
+
+// A DSpark table holds its per-token seq_lens too: [T, K] indices, [T] lengths and [T] seq_lens
+// (each token's request's), all three inside the one allocation its bytes count.
+TEST(SparseIndexTables, DsparkTableHoldsItsSeqLens) {
+  const auto all = model_layers(model_preset("v41-flash"), 1, true);
+  const std::vector<LayerSpec> layers(all.end() - 3, all.end());  // the SWA-only MTP layers
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  const test::StepCase c(layers, test::random_dspark_shape(rng, static_cast<int>(seed % 2)), rng());
+  test::RecordingStreams streams;
+  SparseIndexTables tables(layers, streams);
+  const int layer = layers[0].layer;
+  const SparseIndexTable t = tables.lookup(layer, [&](int l) { return c.args(l); });
+  ASSERT_TRUE(t.seq_lens.defined());
+  EXPECT_EQ(tables.stats().bytes, table_bytes(c, layer));
+  const auto* begin = static_cast<const std::byte*>(tables.memory(layer).get());
+  const auto* end = begin + tables.stats().bytes;
+  for (const TensorView* v : {&t.sparse_indices, &t.sparse_topk_lens, &t.seq_lens}) {
+    const auto* data = static_cast<const std::byte*>(v->data);
+    EXPECT_TRUE(data >= begin && data + v->numel() * sizeof(int32_t) <= end)
+        << v->numel() << " elements at byte " << data - begin << " of " << end - begin;
+  }
+  for (int i = 0; i < c.num_tokens(); ++i)
+    EXPECT_EQ(t.seq_lens.ptr<const int32_t>()[i],
+              c.inputs.metadata.seq_lens.ptr<const int32_t>()[c.request(i)])
+        << "token " << i;
+}
+
+// A key can come back to a group after another key dropped its table there (keys 0:0:2, then
+// 2:0:2, then 0:0:2 again in group 1): it is built again on the current stream, and a hit on it
+// waits for nothing. Its first table was forked, and waited for as it was dropped; an event kept
+// for it would make the later hit wait as if this table were a fork's.
+TEST(SparseIndexTables, AKeyBackInItsGroupIsBuiltOnTheCurrentStream) {
+  const LayerSpec a{
+      .compress_ratio = 2, .kv_source = 0, .index_source = 0, .index_topk = 16, .num_heads = 1};
+  LayerSpec other = a;
+  other.kv_source = 2;  // another cache, the same top-k: another key
+  std::vector<LayerSpec> layers{a, a, other, a, a};
+  const int groups[] = {0, 1, 1, 1, 1};
+  for (size_t i = 0; i < layers.size(); ++i) {
+    layers[i].layer = static_cast<int>(i);
+    layers[i].swa_group = groups[i];
+  }
+  LoggedStep logged(layers, 2);
+  auto& [specs, seed, c, streams, tables] = logged;
+  SCOPED_TRACE(test::seed_note(seed));
+  ASSERT_EQ(sparse_index_key(layers[2]), "2:0:2");
+  run_step(tables, c, layers);  // each table its layer's direct build
+  const TableStats& stats = tables.stats();
+  EXPECT_EQ(stats.forks, (std::vector<TableKey>{{1, "0:0:2"}}));
+  EXPECT_EQ(stats.builds,
+            (std::map<TableKey, int>{{{0, "0:0:2"}, 1}, {{1, "0:0:2"}, 2}, {{1, "2:0:2"}, 1}}));
+  EXPECT_EQ(stats.waits, std::vector<int>{1});  // layer 4's table is layer 3's, not the fork's
+  // Layer 1 waits for the fork, layer 2's store for it again as it drops the forked table.
+  EXPECT_EQ(streams.log, (std::vector<std::string>{"reserve 1", "fork", "record 0", "wait 0",
+                                                   "wait 0", "join"}));
 }
 
 // Layer ids strictly increase (runs and lookups go by them): a repeated or falling id is refused.
