@@ -349,30 +349,25 @@ TEST_F(Validation, LseApartFromEveryInput) {
 
 // An fp8_ds_mla pool is read at its pages' first block_size * 584 bytes whatever its token
 // stride: an output in the gaps between a wider stride's rows (lse at byte 600 of page 0,
-// inside token 1's record) would be written while those bytes are read.
+// inside token 1's record) would be written while those bytes are read. Either pool so, the
+// other one elsewhere.
 TEST_F(Validation, OutputsApartFromDsMlaRecordsBetweenTokenStrides) {
-  a.swa_kv_cache = view(DType::u8, {2, 2, 584}, {125 * 576, 1000, 1});
-  a.compressed_kv_cache = TensorView{};
   const int64_t T = a.lse.size(0), H = a.lse.size(1);
-  a.lse = make_view(scratch.data() + 600, DType::f32, Device{}, {T, H}, {250, 1});
-  expect_error(ErrorKind::value, "lse", "memory apart from swa_kv_cache",
-               "an overlap with swa_kv_cache");
-  // Past the page's 2 * 584 bytes, between the view's rows, it is apart.
-  a.lse = make_view(scratch.data() + 1600, DType::f32, Device{}, {T, H}, {500, 1});
-  EXPECT_NO_THROW(validate_decode(a));
-}
-
-// The same for the compressed pool's records (both pools fp8_ds_mla, the SWA one elsewhere).
-TEST_F(Validation, OutputsApartFromCompressedDsMlaRecordsBetweenTokenStrides) {
-  a.swa_kv_cache =
-      make_view(scratch.data() + (1 << 19), DType::u8, Device{}, {2, 2, 584}, {3 * 576, 584, 1});
-  a.compressed_kv_cache = view(DType::u8, {2, 2, 584}, {125 * 576, 1000, 1});
-  const int64_t T = a.lse.size(0), H = a.lse.size(1);
-  a.lse = make_view(scratch.data() + 600, DType::f32, Device{}, {T, H}, {250, 1});
-  expect_error(ErrorKind::value, "lse", "memory apart from compressed_kv_cache",
-               "an overlap with compressed_kv_cache");
-  a.lse = make_view(scratch.data() + 1600, DType::f32, Device{}, {T, H}, {500, 1});
-  EXPECT_NO_THROW(validate_decode(a));
+  for (const char* name : {"swa_kv_cache", "compressed_kv_cache"}) {
+    SCOPED_TRACE(name);
+    const bool swa = std::string(name) == "swa_kv_cache";
+    const TensorView elsewhere =
+        make_view(scratch.data() + (1 << 19), DType::u8, Device{}, {2, 2, 584}, {3 * 576, 584, 1});
+    const TensorView wide = view(DType::u8, {2, 2, 584}, {125 * 576, 1000, 1});
+    a.swa_kv_cache = swa ? wide : elsewhere;
+    a.compressed_kv_cache = swa ? elsewhere : wide;
+    a.lse = make_view(scratch.data() + 600, DType::f32, Device{}, {T, H}, {250, 1});
+    expect_error(ErrorKind::value, "lse", std::string("memory apart from ") + name,
+                 std::string("an overlap with ") + name);
+    // Past the page's 2 * 584 bytes, between the view's rows, it is apart.
+    a.lse = make_view(scratch.data() + 1600, DType::f32, Device{}, {T, H}, {500, 1});
+    EXPECT_NO_THROW(validate_decode(a));
+  }
 }
 
 // The kernel uses a scratch buffer's bytes from its start: they must be its own.
