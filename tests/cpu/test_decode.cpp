@@ -327,6 +327,45 @@ TEST(Decode, AllMaskedRowsGiveZero) {
              .nonfinite_query = nonfinite});
 }
 
+// SPEC §2's zeros as CUDA writes them: the heads H..H_out-1 and every head of a token whose S(t)
+// is empty are +0 in every bit (matches() takes a -0 for 0), the empty heads' lse -inf. All
+// tokens empty (by each of rules 1-3), or a random third of them by length 0 among others.
+TEST(Decode, ZeroOutputsArePositiveZeroBits) {
+  for (KvLayout layout : kKvLayouts)
+    for (bool all_masked : {true, false}) {
+      const uint64_t seed = fresh_seed();
+      Rng rng(seed + 1);
+      const int heads = static_cast<int>(rng.uniform(1, 9));
+      DecodeCase c = make_case({.layout = layout,
+                                .heads = heads,
+                                .out_heads = heads + static_cast<int>(rng.uniform(1, 8)),
+                                .requests = 4,
+                                .all_masked = all_masked},
+                               seed);
+      for (int64_t t = 0; t < c.sparse_topk_lens.size(0); ++t)
+        if (t == 0 || rng.chance(0.3)) c.sparse_topk_lens.set<int32_t>(t, 0);
+      poison_unattended_rows(c);
+      ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
+      EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
+      const auto rows = attended_rows(c);
+      int64_t empty = 0;
+      for (int64_t t = 0; t < c.out.size(0); ++t) {
+        empty += rows[t].empty();
+        for (int h = 0; h < c.out.size(1); ++h) {
+          if (h < heads && !rows[t].empty()) continue;
+          for (int d = 0; d < kHeadDim; ++d)
+            ASSERT_EQ(c.out.get<uint16_t>(t * c.out.stride(0) + h * c.out.stride(1) + d), 0)
+                << "token " << t << ", head " << h << ", d " << d << ": " << c.summary;
+          if (h < heads)
+            EXPECT_EQ(c.lse.get<float>(t * c.lse.stride(0) + h * c.lse.stride(1)),
+                      -std::numeric_limits<float>::infinity())
+                << "token " << t << ", head " << h << ": " << c.summary;
+        }
+      }
+      EXPECT_GT(empty, 0) << c.summary;
+    }
+}
+
 // SPEC §2: a +inf sink gives its head output 0 whatever the head attends, a row holding a NaN
 // too (the formula's bmm2 * acc / inf would be 0 * NaN); the other heads of a token attending
 // that row carry the NaN. One NaN value in one attended row of every token, +inf sinks on a
@@ -438,6 +477,49 @@ TEST(Decode, FlushModesOfTheCallerChangeNoByte) {
   std::fill(c.out.bytes.begin(), c.out.bytes.end(), std::byte{0xff});
   EXPECT_TRUE(under_flush_modes([&] { sparse_mla_decode(c.args()); }));
   EXPECT_TRUE(c.out.bytes == ieee) << c.summary;
+}
+
+// The float arithmetic that a flush-to-zero mode alone (FTZ, MXCSR bit 15, without DAZ) would
+// change: scores whose products are float subnormals (a 2^-10 query against rows near 2^-120,
+// bmm1 2^125 bringing the scores to O(1)), and outputs that round to float subnormals (bmm2
+// 2^-10: outputs near 2^-130, kept by bf16's subnormals). Under the caller's flush modes the
+// same bytes as without them, which match the oracle.
+TEST(Decode, FlushModesKeepSubnormalProductsAndOutputs) {
+  struct Scales {
+    const char* what;
+    int query_exponent;
+    float bmm1, bmm2;
+  };
+  for (const Scales& s : {Scales{"subnormal products", -10, 0x1p125f, 0x1p120f},
+                          Scales{"subnormal outputs", 0, 0x1p115f, 0x1p-10f}}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(std::string(s.what) + ", " + seed_note(seed));
+    DecodeCase c = make_case({.heads = 8, .sinks = SinkKind::absent, .masked = 0.05}, seed);
+    Rng rng(seed + 1);
+    for (HostTensor* t : {&c.swa_kv_cache, &c.compressed_kv_cache}) {
+      if (!t->defined()) continue;
+      const RefPool pool(*t);
+      for (int64_t o = 0; o < pool.blocks * pool.span; ++o)
+        if (pool.valid(o))
+          for (int d = 0; d < kHeadDim; ++d)
+            t->store<uint16_t>(pool.record(o) + 2 * d, to_bf16(std::ldexp(rng.normal(), -120)));
+    }
+    for (int64_t tok = 0; tok < c.query.size(0); ++tok)
+      for (int h = 0; h < c.query.size(1); ++h)
+        for (int d = 0; d < kHeadDim; ++d)
+          c.query.set<uint16_t>(tok * c.query.stride(0) + h * c.query.stride(1) + d,
+                                to_bf16(std::ldexp(rng.normal(), s.query_exponent)));
+    c.bmm1_scale = s.bmm1;
+    c.bmm2_scale = s.bmm2;
+    ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
+    const std::vector<std::byte> ieee = c.out.bytes, ieee_lse = c.lse.bytes;
+    EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
+    std::fill(c.out.bytes.begin(), c.out.bytes.end(), std::byte{0xff});
+    std::fill(c.lse.bytes.begin(), c.lse.bytes.end(), std::byte{0xff});
+    EXPECT_TRUE(under_flush_modes([&] { sparse_mla_decode(c.args()); }));
+    EXPECT_TRUE(c.out.bytes == ieee) << c.summary;
+    EXPECT_TRUE(c.lse.bytes == ieee_lse) << c.summary;
+  }
 }
 #endif
 
