@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -28,8 +29,10 @@
 #include "args.h"
 #include "clock.h"
 #include "core/sanitizers.h"
+#include "cpu/streams.h"
 #include "csv_file.h"
 #include "progress.h"
+#include "ref_numeric.h"
 #include "report.h"
 #include "run.h"
 #include "seed.h"
@@ -45,6 +48,12 @@ Invocation parse(std::initializer_list<const char*> words) {
   std::vector<const char*> argv{"smla"};
   argv.insert(argv.end(), words);
   return parse_args(static_cast<int>(argv.size()), argv.data());
+}
+
+// The index of the first SWA-only layer (specs.size() where there is none).
+size_t first_swa_only(const std::vector<LayerSpec>& specs) {
+  const auto swa_only = [](const LayerSpec& s) { return s.compress_ratio == 0; };
+  return static_cast<size_t>(std::find_if(specs.begin(), specs.end(), swa_only) - specs.begin());
 }
 
 // The command line is refused with exactly `message`.
@@ -157,6 +166,22 @@ TEST(RunArgs, SwitchesTakeNoValue) {
   }
 }
 
+// A renamed flag's refusal names the new flag only where the command takes it: smla_step_bench
+// (--csv, --swa-groups) never took --context, whose new name --seq-len it does not have.
+TEST(RunArgs, RenamedFlagNamedOnlyWhereItIsTaken) {
+  const std::string_view valued[] = {"--csv", "--swa-groups"};
+  for (const auto& [word, message] :
+       {std::pair{std::string_view("--context=300"), "unknown flag --context"},
+        {std::string_view("--groups"), "unknown flag --groups (now --swa-groups)"}}) {
+    try {
+      parse_flags({&word, 1}, valued, {}, [](std::string_view, std::string_view) {});
+      ADD_FAILURE() << "taken; expected: " << message;
+    } catch (const UsageError& e) {
+      EXPECT_STREQ(e.what(), message);
+    }
+  }
+}
+
 std::vector<Row> sample(int64_t tokens, int64_t heads, int count, uint64_t seed) {
   std::vector<float> storage(1);  // sample_rows reads the shape alone
   const TensorView query = make_view(storage.data(), DType::f32, Device{}, {tokens, heads, 512},
@@ -211,9 +236,7 @@ TEST(CheckRows, SubnormalFp8KeysDecoded) {
                      .check = 0,
                      .seed = rng()};
   const auto specs = model_layers(model_preset(o.model), o.swa_groups);
-  const auto swa_only = [](const LayerSpec& s) { return s.compress_ratio == 0; };
-  const size_t i =
-      static_cast<size_t>(std::find_if(specs.begin(), specs.end(), swa_only) - specs.begin());
+  const size_t i = first_swa_only(specs);
   ASSERT_LT(i, specs.size());
   const auto streams = make_streams(Device{});
   SynthStep step(o, specs, *streams);
@@ -286,6 +309,46 @@ TEST(CheckRows, InfiniteSinkWantsZeros) {
   const CheckResult one = check_layer(step.host, 0, {row});
   EXPECT_EQ(one.max_error, 1.0);
   EXPECT_EQ(one.max_relative_error, 1.0);  // over no magnitude: the error itself, which fails
+}
+
+// The check's scores are float64: a query row of 2^24, 1 and -2^24 in three dims against a key of
+// ones there scores 1, where a float sum (2^24 + 1 rounds to 2^24) scores 0. One key, one sink:
+// the output is the key times 1 / (1 + e^(sink - score)), which checks within bf16's rounding
+// (half an ulp: at most 2^-8 of the value).
+TEST(CheckRows, ScoresAreFloat64) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  const RunOptions o{.requests = 1, .seq_len = 1, .check = 0, .seed = rng()};
+  const auto specs = model_layers(model_preset(o.model), o.swa_groups);
+  const size_t i = first_swa_only(specs);
+  ASSERT_LT(i, specs.size());
+  const auto streams = make_streams(Device{});
+  SynthStep step(o, specs, *streams);
+  const AttentionLayer& layer = step.host.layers[i];
+  std::set<int64_t> picked;  // three dims, summed in increasing order
+  while (picked.size() < 3) picked.insert(static_cast<int64_t>(rng() % kHeadDim));
+  const std::vector<int64_t> dims(picked.begin(), picked.end());
+  const int64_t head = static_cast<int64_t>(rng() % static_cast<uint64_t>(specs[i].num_heads));
+  const TensorView& pool = layer.swa_kv_cache;  // every row the key
+  auto* keys = static_cast<uint16_t*>(pool.data);
+  for (int64_t r = 0; r < pool.size(0) * pool.size(1); ++r)
+    for (int64_t d = 0; d < kHeadDim; ++d)
+      keys[r * pool.strides[1] + d] = picked.contains(d) ? test::to_bf16(1.0) : 0;
+  const TensorView &query = step.host.queries[i], &out = step.host.outs[i];
+  uint16_t* q = static_cast<uint16_t*>(query.data) + head * query.strides[1];
+  std::fill(q, q + kHeadDim, uint16_t{0});
+  q[dims[0]] = test::to_bf16(0x1p24);
+  q[dims[1]] = test::to_bf16(1.0);
+  q[dims[2]] = test::to_bf16(-0x1p24);
+  const double sink = layer.sinks.ptr<float>()[head];
+  const double weight = 1 / (1 + std::exp(sink - double(layer.bmm1_scale)));
+  uint16_t* row = static_cast<uint16_t*>(out.data) + head * out.strides[1];
+  for (int64_t d = 0; d < kHeadDim; ++d)
+    row[d] = picked.contains(d) ? test::to_bf16(layer.bmm2_scale * weight) : 0;
+  const CheckResult c = check_layer(step.host, i, {Row{0, head}});
+  EXPECT_EQ(c.rows, 1);
+  EXPECT_LE(c.max_relative_error, std::ldexp(1.0, -8)) << "sink " << sink;
 }
 
 // The relative error is over the row's largest |oracle| value, whichever its sign: an out left
@@ -448,6 +511,36 @@ TEST(Report, TotalsPerKindAndTheCheck) {
   EXPECT_EQ(out.find("check:"), std::string::npos) << out;
   EXPECT_NE(out.find(", 2 requests x 2 tokens, "), std::string::npos) << out;
   EXPECT_NE(out.find(", 1 SWA group, "), std::string::npos) << out;
+}
+
+// The header's plurals are each their own count's (2 requests x 1 token, 1 request x 2 tokens),
+// and the tolerance is printed in the fewest digits that read back as itself: 1.5e-2 is not
+// rounded to 2e-02, and a value of any digits reads back exactly.
+TEST(Report, PluralsAndTheToleranceAsGiven) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  RunReport r{.options = {.requests = 2, .q_len = 1},
+              .device = "cpu (1 thread)",
+              .layers = {{"swa-only", 64, 1e-3, 1000}},
+              .check = CheckResult{.rows = 8}};
+  std::string out = printed([&] { print_report(r); }).out;
+  EXPECT_NE(out.find(", 2 requests x 1 token, "), std::string::npos) << out;
+  r.options.requests = 1;
+  r.options.q_len = 2;
+  out = printed([&] { print_report(r); }).out;
+  EXPECT_NE(out.find(", 1 request x 2 tokens, "), std::string::npos) << out;
+  const auto tolerance = [&](double x) {
+    r.tolerance = x;
+    const std::string text = printed([&] { print_report(r); }).out;
+    const size_t at = text.find("(tolerance ") + 11;
+    return text.substr(at, text.find(')', at) - at);
+  };
+  EXPECT_EQ(tolerance(1.5e-2), "1.5e-02");
+  EXPECT_EQ(tolerance(3e-2), "3e-02");
+  EXPECT_EQ(tolerance(1.25e-3), "1.25e-03");
+  const double x = std::uniform_real_distribution<double>(1e-6, 1)(rng);
+  EXPECT_EQ(std::strtod(tolerance(x).c_str(), nullptr), x) << tolerance(x);
 }
 
 // `smla run` on the CPU, its report captured; `status` its exit code.
@@ -686,6 +779,59 @@ TEST(SynthStep, BlockTablesAreShuffled) {
           << "request " << b << ", page " << page;
 }
 
+// An indexer's top-k is a random pick among all the entries a token sees: with a few more entries
+// than the top-k holds, every one of them, the newest included, is picked by some token of the
+// step (one token a request, so that all see the same entries).
+TEST(SynthStep, IndexerTopKReachesEveryEntry) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  const auto specs = model_layers(model_preset("v4-flash"), 1);
+  const auto indexed = std::find_if(specs.begin(), specs.end(), [](const LayerSpec& s) {
+    return s.compress_ratio > 0 && s.index_topk > 0 && s.index_source == s.layer;
+  });
+  ASSERT_NE(indexed, specs.end());
+  const int ratio = indexed->compress_ratio, width = indexed->index_topk;
+  const int visible = width + 1 + static_cast<int>(rng() % 16);
+  const RunOptions o{.requests = 16,
+                     .seq_len = visible * ratio + static_cast<int>(rng() % ratio),
+                     .check = 0,
+                     .seed = rng()};
+  const auto streams = make_streams(Device{});
+  const SynthStep step(o, specs, *streams);
+  const TensorView& topk = step.host.inputs.topk_indices.at(indexed->layer);
+  ASSERT_EQ(topk.size(1), width);
+  std::set<int32_t> picked;
+  for (int64_t t = 0; t < step.num_tokens; ++t)
+    picked.insert(topk.ptr<int32_t>() + t * width, topk.ptr<int32_t>() + (t + 1) * width);
+  ASSERT_FALSE(picked.contains(-1));
+  EXPECT_EQ(picked.size(), static_cast<size_t>(visible));
+  EXPECT_TRUE(picked.contains(visible - 1)) << "context " << o.seq_len;
+}
+
+// A request's SWA block table has the pages its context fills, the last one holding its last
+// token, and no page more; the pool has the pages the tables name. Contexts at a page's end and
+// inside one.
+TEST(SynthStep, SwaPagesCoverTheContext) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  const auto specs = model_layers(model_preset("v4-flash"), 1);
+  const auto streams = make_streams(Device{});
+  const int pages = 1 + static_cast<int>(rng() % 40);
+  for (const int context : {64 * pages, 64 * pages + 1 + static_cast<int>(rng() % 63)}) {
+    const RunOptions o{.requests = 3, .seq_len = context, .check = 0, .seed = rng()};
+    const SynthStep step(o, specs, *streams);
+    const TensorView& table = step.host.inputs.block_tables[0];
+    EXPECT_GE(table.size(1) * kSwaBlockSize, context) << context;
+    EXPECT_LT((table.size(1) - 1) * kSwaBlockSize, context) << context;
+    int64_t live = 0;
+    for (int64_t j = 0; j < table.size(0) * table.size(1); ++j)
+      live += table.ptr<int32_t>()[j] >= 0;
+    EXPECT_EQ(step.host.layers[0].swa_kv_cache.size(0), live) << context;
+  }
+}
+
 // The machine's memory, or its container's limit when lower.
 double memory_bytes() {
   double bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
@@ -719,10 +865,10 @@ TEST(SynthStep, HostLimitIsTwoThirdsOfMemory) {
 
 // SynthStep(o, specs) under an address-space limit of 4 GiB more than the process has mapped:
 // refused by its flags, not by std::bad_alloc.
-void refused_before_allocating(const RunOptions& o, const std::vector<LayerSpec>& specs) {
+void refused_before_allocating(const RunOptions& o, const std::vector<LayerSpec>& specs,
+                               Streams& streams) {
   SCOPED_TRACE(std::to_string(o.requests) + " requests x " + std::to_string(o.q_len) +
                " tokens, seq_len " + std::to_string(o.seq_len));
-  const auto streams = make_streams(Device{});
   rlimit old{};
   ASSERT_EQ(getrlimit(RLIMIT_AS, &old), 0);
   long pages = 0;
@@ -733,7 +879,7 @@ void refused_before_allocating(const RunOptions& o, const std::vector<LayerSpec>
   capped.rlim_cur = std::min<rlim_t>(old.rlim_cur, mapped + (rlim_t{4} << 30));
   ASSERT_EQ(setrlimit(RLIMIT_AS, &capped), 0);
   try {
-    const SynthStep step(o, specs, *streams);
+    const SynthStep step(o, specs, streams);
     ADD_FAILURE() << "made";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "--requests, --seq-len, --q-len (with --model and --kv)");
@@ -757,7 +903,36 @@ TEST(SynthStep, PastTheHostLimitRefusedBeforeAllocating) {
   for (const RunOptions& o :
        {RunOptions{.requests = 256, .seq_len = 1 << 30, .check = 0},
         RunOptions{.requests = rows_past, .seq_len = 1024, .q_len = 1024, .check = 0}})
-    refused_before_allocating(o, specs);
+    refused_before_allocating(o, specs, *make_streams(Device{}));
+}
+
+// The CPU's streams, claiming a device: a SynthStep then takes the path it takes on a GPU.
+class DeviceLikeStreams final : public cpu::HostStreams {
+ public:
+  Device device() const override { return {DeviceKind::cuda, 0}; }
+};
+
+// An unchecked step on a device keeps its pools there, but the host still holds every top-k of
+// the step: one whose top-k alone is past the host limit, with one layer's queries and outputs
+// (the other rows the host holds) far within it, is refused before anything is allocated. At a
+// context of 2^20 the ratio-128 layers read every entry, 8192 a token.
+TEST(SynthStep, DeviceStepPastTheHostLimitByItsTopKRefused) {
+#if defined(SMLA_ASAN)
+  GTEST_SKIP() << "AddressSanitizer maps more than an address-space limit leaves";
+#endif
+  const auto specs = model_layers(model_preset("v4-flash"), 1);
+  const int seq_len = 1 << 20, q_len = 1024;
+  double topk_a_token = 0;  // bytes of the int32 top-k a token, of the layers that have one
+  for (const LayerSpec& s : specs)
+    if (s.compress_ratio > 0 && s.index_source == s.layer)
+      topk_a_token += 4.0 * double(topk_width(s, seq_len));
+  const double rows_a_token = 64.0 * kHeadDim * (2 + 2);  // one layer's bf16 query and out
+  const double limit = memory_bytes() * 2 / 3;
+  const int requests = static_cast<int>(1.2 * limit / topk_a_token / q_len) + 1;
+  ASSERT_LT(double(requests) * q_len * rows_a_token, limit / 2);
+  DeviceLikeStreams streams;
+  refused_before_allocating({.requests = requests, .seq_len = seq_len, .q_len = q_len, .check = 0},
+                            specs, streams);
 }
 
 // Each request's compressed pool holds its context / ratio entries in pages of 64: no page more,
@@ -855,6 +1030,8 @@ TEST(SynthStep, SeedPicksTheStep) {
     const float *sinks = l.sinks.ptr<float>(), *end = sinks + l.sinks.size(0);
     EXPECT_TRUE(std::all_of(sinks, end, [](float s) { return std::abs(s) <= 1; }));
     EXPECT_NE(*std::min_element(sinks, end), *std::max_element(sinks, end));
+    EXPECT_LT(*std::min_element(sinks, end), 0);  // of both signs: (-1, 1)
+    EXPECT_GT(*std::max_element(sinks, end), 0);
     // Row 0's 7 UE8M0 scales, after the page's 64 records.
     const auto* scales = static_cast<const uint8_t*>(l.swa_kv_cache.data) + 64 * kDsMlaRecordBytes;
     EXPECT_NE(std::set<uint8_t>(scales, scales + 7).size(), 1u);
@@ -876,24 +1053,39 @@ TEST(StepClock, HostIntervalsAreBetweenConsecutiveMarks) {
   EXPECT_LT(seconds[1], seconds[0]);
 }
 
-// Progress on a terminal (a pseudo-terminal on stderr): nothing in the first second, then a bar
-// of done / total redrawn in place, cleared when the work ends.
-TEST(Progress, BarOnATerminalAfterASecond) {
+// What `work` writes on stderr where stderr is a pipe (read once `work` is done: it must write
+// less than a pipe holds).
+template <class F>
+std::string on_a_pipe(F&& work) {
+  int pipe_ends[2];
+  EXPECT_EQ(pipe(pipe_ends), 0);
+  std::fflush(stderr);
+  const int saved = dup(2);
+  dup2(pipe_ends[1], 2);
+  work();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(pipe_ends[1]);
+  std::string written;
+  char buffer[4096];
+  for (ssize_t n; (n = read(pipe_ends[0], buffer, sizeof buffer)) > 0;) written.append(buffer, n);
+  close(pipe_ends[0]);
+  return written;
+}
+
+// What `work` writes on stderr where stderr is a pseudo-terminal.
+template <class F>
+std::string on_a_terminal(F&& work) {
   const int master = posix_openpt(O_RDWR | O_NOCTTY);
-  ASSERT_GE(master, 0);
-  ASSERT_TRUE(grantpt(master) == 0 && unlockpt(master) == 0);
+  EXPECT_GE(master, 0);
+  EXPECT_TRUE(grantpt(master) == 0 && unlockpt(master) == 0);
   const int terminal = open(ptsname(master), O_RDWR | O_NOCTTY);
-  ASSERT_GE(terminal, 0);
+  EXPECT_GE(terminal, 0);
   std::fflush(stderr);
   const int saved = dup(2);
   dup2(terminal, 2);
-  {
-    Progress progress("work", 4);
-    progress.advance();
-    std::fflush(stderr);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-    progress.advance();
-  }
+  work();
   std::fflush(stderr);
   dup2(saved, 2);
   close(saved);
@@ -903,6 +1095,19 @@ TEST(Progress, BarOnATerminalAfterASecond) {
   for (ssize_t n; (n = read(master, buffer, sizeof buffer)) > 0;) drawn.append(buffer, n);
   close(terminal);
   close(master);
+  return drawn;
+}
+
+// Progress on a terminal (a pseudo-terminal on stderr): nothing in the first second, then a bar
+// of done / total redrawn in place, cleared when the work ends.
+TEST(Progress, BarOnATerminalAfterASecond) {
+  const std::string drawn = on_a_terminal([] {
+    Progress progress("work", 4);
+    progress.advance();
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    progress.advance();
+  });
   const std::string bar = "\rwork [" + std::string(15, '#') + std::string(15, '.') + "] 2/4 ";
   EXPECT_EQ(drawn.substr(0, bar.size()), bar);
   const std::string cleared = "\r" + std::string(30 + 4 + 40, ' ') + "\r";
@@ -912,12 +1117,7 @@ TEST(Progress, BarOnATerminalAfterASecond) {
 // Progress where stderr is no terminal (a pipe): a plain line once the interval has passed, none
 // before it nor for the last step, and no bar.
 TEST(Progress, LinesOnAPipeEveryInterval) {
-  int pipe_ends[2];
-  ASSERT_EQ(pipe(pipe_ends), 0);
-  std::fflush(stderr);
-  const int saved = dup(2);
-  dup2(pipe_ends[1], 2);
-  {
+  const std::string written = on_a_pipe([] {
     Progress progress("work", 5, std::chrono::milliseconds(50));
     progress.advance();  // before the interval: nothing
     std::this_thread::sleep_for(std::chrono::milliseconds(60));
@@ -925,16 +1125,37 @@ TEST(Progress, LinesOnAPipeEveryInterval) {
     progress.advance();  // the interval starts again at that line: nothing
     std::this_thread::sleep_for(std::chrono::milliseconds(60));
     progress.advance(2);  // the end: nothing
-  }
-  std::fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  close(pipe_ends[1]);
-  std::string written;
-  char buffer[4096];
-  for (ssize_t n; (n = read(pipe_ends[0], buffer, sizeof buffer)) > 0;) written.append(buffer, n);
-  close(pipe_ends[0]);
+  });
   EXPECT_EQ(written, "work: 2/5 after 0s\n");
+}
+
+// After its first draw the bar is redrawn at most every 100 ms, except at the end, which is drawn
+// at once: a step right after a draw is not, the last one is.
+TEST(Progress, BarRedrawnAtMostEvery100MsButAtTheEnd) {
+  const std::string drawn = on_a_terminal([] {
+    Progress progress("work", 5);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    progress.advance();   // drawn: the first second is over
+    progress.advance();   // within 100 ms of it: not drawn
+    progress.advance(3);  // the end: drawn
+  });
+  EXPECT_EQ(drawn.rfind("\rwork [" + std::string(6, '#') + std::string(24, '.') + "] 1/5 ", 0), 0u)
+      << drawn;
+  EXPECT_EQ(drawn.find("] 2/5 "), std::string::npos) << drawn;
+  EXPECT_NE(drawn.find("\rwork [" + std::string(30, '#') + "] 5/5 "), std::string::npos) << drawn;
+}
+
+// A plain line's time is since the work began, not since the line before: lines at 0.75 s and
+// 1 s both say 1 s.
+TEST(Progress, LinesSayTheTimeSinceTheStart) {
+  const std::string written = on_a_pipe([] {
+    Progress progress("work", 3, std::chrono::milliseconds(200));
+    std::this_thread::sleep_for(std::chrono::milliseconds(750));
+    progress.advance();
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    progress.advance();
+  });
+  EXPECT_EQ(written, "work: 1/3 after 1s\nwork: 2/3 after 1s\n");
 }
 
 // The check's figures are maxima over every row merged, and rows add up.
@@ -974,6 +1195,34 @@ TEST(CsvFile, OpenAndWriteFailuresThrow) {
     ADD_FAILURE() << "closed";
   } catch (const std::runtime_error& e) {
     EXPECT_STREQ(e.what(), "--csv: cannot write /dev/full: a write to it failed");
+  }
+}
+
+// A CSV is written afresh: a second run's file holds its rows alone, not the first run's before
+// them. A write that fails only when close() flushes it throws, naming the error.
+TEST(CsvFile, RewrittenAndAFailedFlushThrows) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  const std::string path = testing::TempDir() + "smla_csv_" + std::to_string(seed) + ".csv";
+  std::string last;
+  for (int run = 0; run < 2; ++run) {
+    last = "run,value\n" + std::to_string(run) + "," + std::to_string(seed + run) + "\n";
+    CsvFile csv(path);
+    std::fputs(last.c_str(), csv.get());
+    csv.close();
+  }
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  std::remove(path.c_str());
+  EXPECT_EQ(text.str(), last);
+  CsvFile full("/dev/full");  // buffered: the write fails at fclose's flush
+  ASSERT_NE(full.get(), nullptr);
+  std::fputs("a,b\n", full.get());
+  try {
+    full.close();
+    ADD_FAILURE() << "closed";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "--csv: cannot write /dev/full: No space left on device");
   }
 }
 

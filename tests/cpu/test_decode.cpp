@@ -448,6 +448,23 @@ TEST(Decode, UnattendedNanRowsDoNotLeak) {
 }
 
 #ifdef SMLA_TEST_FLUSH_MODES
+// Every value of the bf16 pools' valid rows as `row()` gives it, every query value as `query()`
+// does (bf16 bits).
+template <class Row, class Query>
+void set_bf16_values(DecodeCase& c, Row&& row, Query&& query) {
+  for (HostTensor* t : {&c.swa_kv_cache, &c.compressed_kv_cache}) {
+    if (!t->defined()) continue;
+    const RefPool pool(*t);
+    for (int64_t o = 0; o < pool.blocks * pool.span; ++o)
+      if (pool.valid(o))
+        for (int d = 0; d < kHeadDim; ++d) t->store<uint16_t>(pool.record(o) + 2 * d, row());
+  }
+  for (int64_t tok = 0; tok < c.query.size(0); ++tok)
+    for (int h = 0; h < c.query.size(1); ++h)
+      for (int d = 0; d < kHeadDim; ++d)
+        c.query.set<uint16_t>(tok * c.query.stride(0) + h * c.query.stride(1) + d, query());
+}
+
 // A caller's flush-to-zero and denormals-are-zero modes (torch.set_flush_denormal(True) sets
 // them) change no output byte: rows of bf16 subnormals, read as zeros under those modes,
 // against a query near 2^100, on the caller's thread and the workers alike.
@@ -455,20 +472,9 @@ TEST(Decode, FlushModesOfTheCallerChangeNoByte) {
   const uint64_t seed = fresh_seed();
   DecodeCase c = make_case({.heads = 8, .sinks = SinkKind::absent, .masked = 0.05}, seed);
   Rng rng(seed + 1);
-  for (HostTensor* t : {&c.swa_kv_cache, &c.compressed_kv_cache}) {
-    if (!t->defined()) continue;
-    const RefPool pool(*t);
-    for (int64_t o = 0; o < pool.blocks * pool.span; ++o)
-      if (pool.valid(o))
-        for (int d = 0; d < kHeadDim; ++d)
-          t->store<uint16_t>(pool.record(o) + 2 * d,
-                             static_cast<uint16_t>(rng.uniform(1, 127) | (rng.chance(0.5) << 15)));
-  }
-  for (int64_t tok = 0; tok < c.query.size(0); ++tok)
-    for (int h = 0; h < c.query.size(1); ++h)
-      for (int d = 0; d < kHeadDim; ++d)
-        c.query.set<uint16_t>(tok * c.query.stride(0) + h * c.query.stride(1) + d,
-                              to_bf16(std::ldexp(rng.normal(), 100)));
+  set_bf16_values(
+      c, [&] { return static_cast<uint16_t>(rng.uniform(1, 127) | (rng.chance(0.5) << 15)); },
+      [&] { return to_bf16(std::ldexp(rng.normal(), 100)); });
   c.bmm1_scale = 1;
   c.bmm2_scale = std::ldexp(1.0f, 100);  // outputs of normal size (~2^-30)
   ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
@@ -496,19 +502,9 @@ TEST(Decode, FlushModesKeepSubnormalProductsAndOutputs) {
     SCOPED_TRACE(std::string(s.what) + ", " + seed_note(seed));
     DecodeCase c = make_case({.heads = 8, .sinks = SinkKind::absent, .masked = 0.05}, seed);
     Rng rng(seed + 1);
-    for (HostTensor* t : {&c.swa_kv_cache, &c.compressed_kv_cache}) {
-      if (!t->defined()) continue;
-      const RefPool pool(*t);
-      for (int64_t o = 0; o < pool.blocks * pool.span; ++o)
-        if (pool.valid(o))
-          for (int d = 0; d < kHeadDim; ++d)
-            t->store<uint16_t>(pool.record(o) + 2 * d, to_bf16(std::ldexp(rng.normal(), -120)));
-    }
-    for (int64_t tok = 0; tok < c.query.size(0); ++tok)
-      for (int h = 0; h < c.query.size(1); ++h)
-        for (int d = 0; d < kHeadDim; ++d)
-          c.query.set<uint16_t>(tok * c.query.stride(0) + h * c.query.stride(1) + d,
-                                to_bf16(std::ldexp(rng.normal(), s.query_exponent)));
+    set_bf16_values(
+        c, [&] { return to_bf16(std::ldexp(rng.normal(), -120)); },
+        [&] { return to_bf16(std::ldexp(rng.normal(), s.query_exponent)); });
     c.bmm1_scale = s.bmm1;
     c.bmm2_scale = s.bmm2;
     ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
