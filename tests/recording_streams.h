@@ -1,5 +1,7 @@
 // Streams for host tests: the CPU's, logging each ordering call.
 #pragma once
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -36,6 +38,11 @@ class RecordingStreams final : public Streams {
   void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }
   void synchronize() override { inner_->synchronize(); }
   std::vector<std::string> log;
+
+  // How many times `entry` was logged.
+  int64_t count(const std::string& entry) const {
+    return std::count(log.begin(), log.end(), entry);
+  }
 
  private:
   std::unique_ptr<Streams> inner_ = make_streams(Device{});

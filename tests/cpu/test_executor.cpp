@@ -229,17 +229,14 @@ TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {
   test::RecordingStreams streams;
   StepExecutor executor(c.layers, streams, T, max_columns_of(c));
   executor.run_step(c.inputs, queries, outs);
-  const auto count = [&](const char* entry) {
-    return std::count(streams.log.begin(), streams.log.end(), entry);
-  };
-  EXPECT_GT(count("fork"), 0);
-  EXPECT_EQ(count("join"), count("fork"));  // every fork joined
+  EXPECT_GT(streams.count("fork"), 0);
+  EXPECT_EQ(streams.count("join"), streams.count("fork"));  // every fork joined
   EXPECT_EQ(streams.log.back(), "join");
   streams.log.clear();
   queries[1].dtype = DType::u8;  // layer 1's decode refuses it, with layer 0's fork pending
   test::expect_smla_error([&] { executor.run_step(c.inputs, queries, outs); }, ErrorKind::type,
                           "query", "bf16", "u8");
-  ASSERT_EQ(count("fork"), 1);
+  ASSERT_EQ(streams.count("fork"), 1);
   EXPECT_EQ(streams.log.back(), "join");
   // run_layer alone too (an engine's step with indexers between layers), the step still begun.
   executor.begin_step(c.inputs);
@@ -247,7 +244,7 @@ TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {
   test::expect_smla_error([&] { executor.run_layer(c.layers[0].spec.layer, queries[1], outs[0]); },
                           ErrorKind::type, "query", "bf16",
                           "u8 (layer " + std::to_string(c.layers[0].spec.layer) + ")");
-  ASSERT_EQ(count("fork"), 1);  // the lookup forked before the decode refused the query
+  ASSERT_EQ(streams.count("fork"), 1);  // the lookup forked before the decode refused the query
   EXPECT_EQ(streams.log.back(), "join");
   executor.run_layer(c.layers[0].spec.layer, queries[0], outs[0]);
   executor.end_step();
@@ -354,7 +351,7 @@ TEST(Executor, JoinsBeforeTheNextIndexSourcesIndexer) {
   const int64_t T = c.num_tokens();
   executor.begin_step(c.inputs);
   executor.run_layer(0, c.bf16(T, kHeads), c.bf16(T, kHeads));  // forks groups 1 and 2
-  ASSERT_EQ(std::count(streams.log.begin(), streams.log.end(), "fork"), 1);
+  ASSERT_EQ(streams.count("fork"), 1);
   EXPECT_NE(streams.log.back(), "join");  // layer 1 is no index source
   executor.run_layer(1, c.bf16(T, kHeads), c.bf16(T, kHeads));
   EXPECT_EQ(streams.log.back(), "join");  // layer 2's indexer comes next
@@ -753,12 +750,9 @@ TEST(Executor, JoinsOnlyBeforeIndexSources) {
   executor.run_step(c.inputs, queries, outs);
   const std::vector<int> waits{1, 3, 4, 6, 7, 9, 10, 12, 13};
   EXPECT_EQ(executor.tables().stats().waits, waits);
-  const auto count = [&](const char* entry) {
-    return std::count(streams.log.begin(), streams.log.end(), entry);
-  };
   // Layers 0, 2 and 8 fork; the joins are before layers 2 and 8 and at the end of the step.
-  EXPECT_EQ(count("fork"), 3);
-  EXPECT_EQ(count("join"), 3);
+  EXPECT_EQ(streams.count("fork"), 3);
+  EXPECT_EQ(streams.count("join"), 3);
   executor.build_tables(c.inputs);  // the same lookups without the decodes
   EXPECT_EQ(executor.tables().stats().waits, waits);
 }
@@ -785,7 +779,7 @@ TEST(Executor, NoJoinBeforeALayerReadingEveryEntry) {
   EXPECT_EQ(streams.log.back(), "wait 0");
   executor.run_layer(3, c.bf16(T, kHeads), c.bf16(T, kHeads));
   executor.end_step();
-  EXPECT_EQ(std::count(streams.log.begin(), streams.log.end(), "join"), 1);  // end_step's
+  EXPECT_EQ(streams.count("join"), 1);  // end_step's
   EXPECT_EQ(streams.log.back(), "join");
 }
 

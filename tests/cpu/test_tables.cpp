@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "case_gen.h"
@@ -185,11 +186,18 @@ TEST(ModelPresets, ShapesOfSpec6) {
   EXPECT_EQ(flash[43].compress_ratio, 0);
   EXPECT_EQ(flash[5].swa_group, 1);
   EXPECT_EQ(flash[3].index_topk, 0);  // ratio 128: every compressed entry
-  EXPECT_EQ(topk_width(flash[3], 4096), 32);
+  // As wide as the entries its longest request sees: position p sees (p + 1) / ratio, so
+  // max_seq_len / ratio, rounded down (SPEC §4).
+  const std::pair<int64_t, int64_t> widths[] = {{4096, 32}, {4095, 31}, {4097, 32},
+                                                {127, 0},   {128, 1},   {0, 0}};
+  for (const auto& [seq_len, width] : widths)
+    EXPECT_EQ(topk_width(flash[3], seq_len), width) << "max_seq_len " << seq_len;
   EXPECT_EQ(topk_width(flash[2], 4096), 512);
-  // A negative length or ratio has no width (ratio 128, -500: -3 before).
-  test::expect_smla_error([&] { topk_width(flash[3], -500); }, ErrorKind::value, "max_seq_len",
-                          ">= 0", "-500");
+  EXPECT_EQ(topk_width(flash[2], 4095), 512);  // an indexed layer: its index_topk
+  // A negative length or ratio has no width (ratio 128, -500: -3 before; -1, the first).
+  for (const int seq_len : {-500, -1})
+    test::expect_smla_error([&] { topk_width(flash[3], seq_len); }, ErrorKind::value, "max_seq_len",
+                            ">= 0", std::to_string(seq_len));
   LayerSpec negative = flash[3];
   for (const int ratio : {-4, -1}) {  // -1 too: the first below the SWA-only 0
     negative.compress_ratio = ratio;
@@ -265,23 +273,6 @@ TEST(ModelPresets, HeadsTopkAndWindowOfSpec6) {
       EXPECT_EQ(s.index_topk, indexed ? topk : 0) << "layer " << s.layer;
     }
   }
-}
-
-// A layer reading every entry is as wide as the entries its longest request sees: position p
-// sees (p + 1) / ratio, so max_seq_len / ratio, rounded down (SPEC §4); -1 is the first length
-// refused.
-TEST(ModelPresets, EveryEntryWidthRoundsDown) {
-  const auto flash = model_layers(model_preset("v4-flash"), 1);
-  ASSERT_EQ(flash[3].compress_ratio, 128);
-  ASSERT_EQ(flash[3].index_topk, 0);
-  EXPECT_EQ(topk_width(flash[3], 4095), 31);
-  EXPECT_EQ(topk_width(flash[3], 4097), 32);
-  EXPECT_EQ(topk_width(flash[3], 127), 0);
-  EXPECT_EQ(topk_width(flash[3], 128), 1);
-  EXPECT_EQ(topk_width(flash[3], 0), 0);
-  EXPECT_EQ(topk_width(flash[2], 4095), 512);  // an indexed layer: its index_topk
-  test::expect_smla_error([&] { topk_width(flash[3], -1); }, ErrorKind::value, "max_seq_len",
-                          ">= 0", "-1");
 }
 
 TEST(SparseIndexTables, V41ThreeGroupsByHand) {
