@@ -40,6 +40,8 @@ struct CaseSpec {
   // The largest extreme exponent: the float64 oracle takes 240 (values near 2^121), a kernel
   // that sums P.V in float32 needs 448 * 2^(e-127) * K * 2^32 below 2^128.
   int top_exponent = 240;
+  // fp8_ds_mla: UE8M0 exponents drawn from these alone (empty: as `extremes` says).
+  std::vector<uint8_t> scale_exponents;
   // Scores this many times their usual O(1) spread: a row's max then rises past the kernel's
   // rescale threshold (15-32 log2 units) from tile to tile.
   double score_spread = 1;
@@ -122,14 +124,21 @@ inline uint8_t e4m3_code(Rng& rng, bool extremes, int integers = 0) {
                               rng.uniform(0, 7));
 }
 
-// UE8M0 exponents for `count` scale slots: 127 +- 3, or (extremes) every exponent of
-// 127 +- 20 plus extreme ones up to `top` (values stay finite in float and bf16), shuffled.
-inline std::vector<uint8_t> scale_exponents(Rng& rng, int64_t count, bool extremes, int top) {
+// UE8M0 exponents for `count` scale slots: 127 +- 3, any of spec.scale_exponents, or
+// (extremes) every exponent of 127 +- 20 plus extreme ones up to spec.top_exponent (values stay
+// finite in float and bf16), shuffled.
+inline std::vector<uint8_t> scale_exponents(Rng& rng, int64_t count, const CaseSpec& spec) {
   std::vector<uint8_t> e(count);
-  if (!extremes) {
+  const std::vector<uint8_t>& from = spec.scale_exponents;
+  if (!from.empty()) {
+    for (auto& x : e) x = from[rng.uniform(0, int64_t(from.size()) - 1)];
+    return e;
+  }
+  if (!spec.extremes) {
     for (auto& x : e) x = static_cast<uint8_t>(127 + rng.uniform(-3, 3));
     return e;
   }
+  const int top = spec.top_exponent;
   std::vector<uint8_t> all = {0, 1, 2, static_cast<uint8_t>(top - 10), static_cast<uint8_t>(top)};
   for (int x = 107; x <= 147; ++x) all.push_back(static_cast<uint8_t>(x));
   for (int64_t i = 0; i < count; ++i) e[i] = all[i % all.size()];
@@ -145,8 +154,10 @@ struct Moments {
   double rms() const { return count && sum_squares > 0 ? std::sqrt(sum_squares / count) : 1.0; }
 };
 
-inline HostTensor make_pool(const PoolShape& s, Rng& rng, bool extremes, Moments& moments,
-                            int top_exponent = 240, int e4m3_integers = 0) {
+// A pool of `s`'s shape whose values `spec` describes (extremes, scale_exponents, integer_fp8).
+inline HostTensor make_pool(const PoolShape& s, Rng& rng, const CaseSpec& spec, Moments& moments) {
+  const bool extremes = spec.extremes;
+  const int e4m3_integers = spec.integer_fp8 ? 7 : 0;
   const bool ds = s.layout == KvLayout::fp8_ds_mla;
   const int64_t row = ds ? kDsMlaRecordBytes + kDsMlaScaleBytes : kHeadDim;
   const int64_t token = ds ? row : kHeadDim + s.token_pad;
@@ -160,8 +171,7 @@ inline HostTensor make_pool(const PoolShape& s, Rng& rng, bool extremes, Moments
   t.bytes.resize(s.num_blocks * block * dtype_size(dtype));
   std::fill(t.bytes.begin(), t.bytes.end(), std::byte{0xff});  // NaN in every format
   const std::vector<uint8_t> exps =
-      ds ? scale_exponents(rng, s.num_blocks * s.block_size * 7, extremes, top_exponent)
-         : std::vector<uint8_t>{};
+      ds ? scale_exponents(rng, s.num_blocks * s.block_size * 7, spec) : std::vector<uint8_t>{};
   const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
   for (int64_t p = 0; p < s.num_blocks; ++p) {
     for (int64_t i = 0; i < s.block_size; ++i) {
@@ -302,17 +312,15 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
       *std::max_element(q_lens.begin(), q_lens.end()) + static_cast<int>(rng.uniform(0, 1));
 
   Moments kv, qm;
-  const int integers = spec.integer_fp8 ? 7 : 0;
   const PoolShape swa = random_pool_shape(rng, spec.layout);
   PoolShape compressed = swa;
-  c.swa_kv_cache = make_pool(swa, rng, spec.extremes, kv, spec.top_exponent, integers);
+  c.swa_kv_cache = make_pool(swa, rng, spec, kv);
   const PoolSharing sharing =
       spec.pools != PoolSharing::random ? spec.pools : static_cast<PoolSharing>(rng.uniform(1, 3));
   if (sharing == PoolSharing::same) c.compressed_kv_cache = c.swa_kv_cache;
   if (sharing == PoolSharing::separate) {
     compressed = random_pool_shape(rng, spec.layout);
-    c.compressed_kv_cache =
-        make_pool(compressed, rng, spec.extremes, kv, spec.top_exponent, integers);
+    c.compressed_kv_cache = make_pool(compressed, rng, spec, kv);
   }
 
   const int64_t q_token_stride = H * kHeadDim + (rng.chance(0.3) ? kHeadDim : 0);
@@ -376,6 +384,10 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
     std::snprintf(text, sizeof text, "%g", x);
     return std::string(text);
   };
+  const std::string exponents =
+      spec.scale_exponents.empty()
+          ? ""
+          : " scale_exponents=" + join({spec.scale_exponents.begin(), spec.scale_exponents.end()});
   c.summary = seed_note(seed) + " query=" + dtype_name(spec.query_dtype) +
               " H=" + std::to_string(H) + " H_out=" + std::to_string(H_out) +
               " T=" + std::to_string(T) + " q_lens=" + join(q_lens) +
@@ -385,7 +397,7 @@ inline DecodeCase make_case(const CaseSpec& spec, uint64_t seed) {
               (sharing == PoolSharing::separate ? compressed.describe() : "") +
               " sinks=" + sink_names[static_cast<int>(spec.sinks)] + (spec.lse ? " lse" : "") +
               (spec.extremes ? " extremes" : "") + (spec.integer_fp8 ? " integer_fp8" : "") +
-              (spec.all_masked ? " all_masked" : "") +
+              exponents + (spec.all_masked ? " all_masked" : "") +
               (spec.all_masked && spec.nonfinite_query ? " nonfinite_query" : "") +
               " bmm1=" + real(c.bmm1_scale) + " bmm2=" + real(c.bmm2_scale);
   return c;

@@ -39,7 +39,7 @@ inline PoolShape quantize_pool_shape(Rng& rng, KvLayout layout, int round) {
 inline HostTensor filled_pool(const PoolShape& shape, std::byte fill) {
   Rng unused_rng(0);
   Moments unused;
-  HostTensor pool = make_pool(shape, unused_rng, false, unused);
+  HostTensor pool = make_pool(shape, unused_rng, CaseSpec{}, unused);
   std::fill(pool.bytes.begin(), pool.bytes.end(), fill);
   return pool;
 }

@@ -6,11 +6,13 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cuda/backend.h"
 #include "cuda/decode_plan.h"
@@ -214,6 +216,61 @@ TEST(GpuDecode, SizeOneDimsTakeAnyStride) {
     EXPECT_TRUE(row_major == c.out.bytes) << "H=" << heads;
     EXPECT_TRUE(row_major_lse == c.lse.bytes) << "H=" << heads << ": lse";
   }
+}
+
+// Outputs in views with gaps: out's heads 1040 bytes apart, lse's tokens H + 5 floats apart (its
+// last dim must be contiguous). Each value equals the contiguous launch's bit for bit, and the
+// gaps keep their poison: unsplit, cluster and counter plans, with padded heads.
+TEST(GpuDecode, OutAndLseViewsWithGaps) {
+  SKIP_WITHOUT_GPU();
+  constexpr int64_t kPitch = kHeadDim + 8, kLsePad = 5;
+  for (int heads : {16, 64, 100})
+    for (Reduction reduction : {Reduction::any, Reduction::counters, Reduction::unsplit}) {
+      std::optional<CountersOnly> counters_only;
+      if (reduction != Reduction::any) counters_only.emplace();
+      DecodeCase c =
+          make_case({.heads = heads, .out_heads = 128, .compressed_width = 512}, fresh_seed());
+      SCOPED_TRACE(c.summary);
+      const size_t split_bytes = reduction == Reduction::unsplit ? 0 : SIZE_MAX;
+      DeviceCase d(c, split_bytes, split_bytes);
+      sparse_mla_decode(d.args);
+      ASSERT_CUDA(cudaDeviceSynchronize());
+      d.fetch(c);
+      EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(DType::bf16)));
+
+      const int64_t T = c.out.size(0), H_out = c.out.size(1);
+      std::vector<uint16_t> out(T * H_out * kPitch, 0xffff);
+      const int64_t lse_pitch = heads + kLsePad;
+      std::vector<float> lse(T * lse_pitch, std::numeric_limits<float>::quiet_NaN());
+      DeviceMemory out_memory(out.size() * 2), lse_memory(lse.size() * 4);
+      ASSERT_CUDA(cudaMemcpy(out_memory.get(), out.data(), out_memory.bytes(), cudaMemcpyDefault));
+      ASSERT_CUDA(cudaMemcpy(lse_memory.get(), lse.data(), lse_memory.bytes(), cudaMemcpyDefault));
+      DecodeArgs args = d.args;
+      args.out = make_view(out_memory.get(), DType::bf16, args.out.device, {T, H_out, kHeadDim},
+                           {H_out * kPitch, kPitch, 1});
+      args.lse =
+          make_view(lse_memory.get(), DType::f32, args.lse.device, {T, heads}, {lse_pitch, 1});
+      sparse_mla_decode(args);
+      ASSERT_CUDA(cudaMemcpy(out.data(), out_memory.get(), out_memory.bytes(), cudaMemcpyDefault));
+      ASSERT_CUDA(cudaMemcpy(lse.data(), lse_memory.get(), lse_memory.bytes(), cudaMemcpyDefault));
+      int bad = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H_out; ++h)
+          for (int64_t e = 0; e < kPitch; ++e) {
+            const uint16_t want =
+                e < kHeadDim ? c.out.get<uint16_t>(t * c.out.stride(0) + h * c.out.stride(1) + e)
+                             : 0xffff;
+            bad += out[(t * H_out + h) * kPitch + e] != want;
+          }
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < lse_pitch; ++h) {
+          const float want = h < heads ? c.lse.get<float>(t * c.lse.stride(0) + h * c.lse.stride(1))
+                                       : std::numeric_limits<float>::quiet_NaN();
+          bad += std::memcmp(&lse[t * lse_pitch + h], &want, sizeof want) != 0;
+        }
+      EXPECT_EQ(bad, 0) << "elements unlike the contiguous launch's, or gaps written";
+      if (HasFailure()) return;
+    }
 }
 
 // Split rows reduced in clusters of every size the planner picks (2..16 CTAs), with 16 to 64
@@ -727,6 +784,25 @@ TEST(GpuDecode, Fp8CachesAgainstOracleAndCpu) {
     EXPECT_GT(in_clusters[k], 0) << "cases split in clusters, " << kind;
     EXPECT_GT(through_counters[k], 0) << "cases split through the counters, " << kind;
   }
+}
+
+// fp8_ds_mla scale bytes on either side of 134, past which the conversion multiplies twice: a warp
+// takes that path when any of its rows' scales needs it, so the extremes' mix (scales past 135
+// in nearly every warp) would pass a kernel whose edge is off by one. Here every scale comes
+// from one or two neighbouring bytes, split and unsplit plans.
+TEST(GpuDecode, DsMlaScalesAtTheSecondMultiplysEdge) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::vector<uint8_t>> sets = {{133, 134}, {134}, {135}, {134, 135}, {135, 136}};
+  for (const auto& exponents : sets)
+    for (int h : {16, 64})
+      for (Reduction reduction : {Reduction::any, Reduction::unsplit}) {
+        const CaseSpec spec{.layout = KvLayout::fp8_ds_mla,
+                            .heads = h,
+                            .compressed_width = 512,
+                            .scale_exponents = exponents};
+        check_reduced(spec, reduction);
+        if (HasFailure()) return;
+      }
 }
 
 // Scores spread wide, so that a row's max rises past the rescale threshold from tile to tile and

@@ -37,20 +37,31 @@ HostTensor i32_tensor(const std::vector<int32_t>& values) {
 
 TensorView host_view(HostTensor& t) { return t.view(t.bytes.data(), Device{}); }
 
-// A host tensor's bytes, every one of them (gaps and page tails too), in device memory.
+// A host tensor's bytes, every one of them (gaps and page tails too), in device memory, then
+// `guard` bytes of poison that no call may write.
 struct OnDevice {
   DeviceMemory memory;
   TensorView view;
-  explicit OnDevice(const HostTensor& t)
-      : memory(t.bytes.size()), view(t.view(memory.get(), kGpu)) {
-    CUDA_THROW(cudaMemcpy(memory.get(), t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice));
+  size_t size;
+  explicit OnDevice(const HostTensor& t, size_t guard = 0)
+      : memory(t.bytes.size() + guard), view(t.view(memory.get(), kGpu)), size(t.bytes.size()) {
+    CUDA_THROW(cudaMemcpy(memory.get(), t.bytes.data(), size, cudaMemcpyHostToDevice));
+    CUDA_THROW(cudaMemset(static_cast<std::byte*>(memory.get()) + size, int(kPoison), guard));
     // A pageable copy may return before its DMA lands, on the legacy stream, which the tests'
     // non-blocking streams do not wait for.
     CUDA_THROW(cudaDeviceSynchronize());
   }
-  std::vector<std::byte> bytes() const {
-    std::vector<std::byte> b(memory.bytes());
-    CUDA_THROW(cudaMemcpy(b.data(), memory.get(), b.size(), cudaMemcpyDeviceToHost));
+  std::vector<std::byte> bytes() const { return copy(0, size); }
+  bool guard_intact() const {
+    const std::vector<std::byte> guard = copy(size, memory.bytes() - size);
+    return std::all_of(guard.begin(), guard.end(), [](std::byte b) { return b == kPoison; });
+  }
+
+ private:
+  std::vector<std::byte> copy(size_t from, size_t count) const {
+    std::vector<std::byte> b(count);
+    CUDA_THROW(cudaMemcpy(b.data(), static_cast<const std::byte*>(memory.get()) + from, count,
+                          cudaMemcpyDeviceToHost));
     return b;
   }
 };
@@ -67,10 +78,12 @@ std::vector<std::byte> on_cpu(const Rows& rows, const std::vector<int32_t>& slot
 // The pool's bytes after quantize_kv on the GPU (on a stream of its own), from the same bytes.
 std::vector<std::byte> on_gpu(const Rows& rows, const std::vector<int32_t>& slots,
                               const HostTensor& pool, float kv_scale) {
-  const OnDevice r(rows.t), s(i32_tensor(slots)), p(pool);
+  // Slots one page past the pool would write up to two pages past it.
+  const OnDevice r(rows.t), s(i32_tensor(slots)), p(pool, 2 * pool.bytes.size());
   TestStream stream;
   quantize_kv(r.view, s.view, p.view, kv_scale, stream.get());
   stream.synchronize();
+  EXPECT_TRUE(p.guard_intact()) << "bytes past the pool written";
   return p.bytes();
 }
 
