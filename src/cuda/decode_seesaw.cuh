@@ -73,16 +73,6 @@ struct SeesawConsumer
     return reinterpret_cast<uint8_t*>(full) - Smem::bars;
   }
 
-  // P word w, scaled (P of a partner tile moved to this warpgroup's base).
-  static __device__ __forceinline__ uint32_t scaled(uint32_t w, float factor) {
-    float2 f;
-    if constexpr (kF16)
-      f = __half22float2(*reinterpret_cast<const __half2*>(&w));
-    else
-      f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
-    return pack(f.x * factor, f.y * factor);
-  }
-
   // Warpgroup 1's first step has no partner tile, the last step of the warpgroup whose turn
   // comes at n = tiles no tile of its own: separate instances, so that no wgmma is issued or
   // waited for under a condition while another is in flight (ptxas would serialize them all).
@@ -218,12 +208,11 @@ struct SeesawConsumer
     if constexpr (partner) take_partner_p(n, their_pa, theirs);
     if constexpr (own && kSplitAt < Core::kScoreSteps)
       this->template issue_scores<kSplitAt, Core::kScoreSteps>(s, buffer);
-    float alpha[2], factor[2];
+    float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float base = fmaxf(row_max[r], theirs[r]);
       alpha[r] = base == row_max[r] ? 1.f : ptx::exp2_approx(row_max[r] - base);
-      factor[r] = theirs[r] == base ? 1.f : ptx::exp2_approx(theirs[r] - base);  // -inf: 0
       row_max[r] = base;
       row_sum[r] *= alpha[r];
     }
@@ -233,18 +222,12 @@ struct SeesawConsumer
       // the proxies before its handover, which this thread waited for (release and acquire
       // chain; the fence is cumulative). Waiting for `full` again here held 6% of the warp
       // samples (bf16 128 x 2 H=128).
-      if constexpr (kSmemP) {
-        // P as handed over, with no factor: the partner's base is never below mine, as it
-        // adopted mine (my last P's) before its softmax, unless it is -inf (P all zeros).
+      // P as handed over: its base is the one just adopted, as the partner took mine (my last
+      // P's) before its softmax and mine has not moved since, so it is never below mine.
+      if constexpr (kSmemP)
         this->issue_pv(their_p, (n - 1) % kNumStages);
-      } else {  // the register path scales it wherever that would not hold
-        if (__any_sync(~0u, factor[0] != 1.f || factor[1] != 1.f)) {
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-            their_pa[i / 4][i % 4] = scaled(their_pa[i / 4][i % 4], factor[i & 1]);
-        }
+      else
         this->issue_pv(their_pa, (n - 1) % kNumStages);
-      }
     } else {
       ptx::wgmma_commit();  // an empty group, so that wait<1> below waits for the scores
     }
