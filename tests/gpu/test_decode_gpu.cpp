@@ -790,7 +790,7 @@ TEST(GpuDecode, Fp8CachesAgainstOracleAndCpu) {
 // takes that path when any of its rows' scales needs it, so the extremes' mix (scales past 135
 // in nearly every warp) would pass a kernel whose edge is off by one. Here every scale comes
 // from one or two neighbouring bytes, split and unsplit plans.
-TEST(GpuDecode, DsMlaScalesAtTheSecondMultiplysEdge) {
+TEST(GpuDecode, DsMlaScalesAroundTheSecondMultiply) {
   SKIP_WITHOUT_GPU();
   const std::vector<std::vector<uint8_t>> sets = {{133, 134}, {134}, {135}, {134, 135}, {135, 136}};
   for (const auto& exponents : sets)

@@ -73,7 +73,7 @@ TEST(GpuTopkColumns, EqualTheBuiltTableBitForBitAndTheCpu) {
     std::vector<LayerSpec> specs = three_layers(1 + trial % 4);
     for (LayerSpec& s : specs) s.num_heads = H;
     // Trials 0, 1, 8, 9, 16, 17 (valid tails): a top-k wider than the 512 entries the kernel
-    // counts in one pass, whose decode rows then attend all 1100.
+    // counts in one pass, whose decode rows then hold up to 1100 valid entries.
     if (trial % 8 < 2) specs[2].index_topk = 1100;
     CaseShape shape = random_shape(rng, trial);
     shape.layout = kind.layout;
