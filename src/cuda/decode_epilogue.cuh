@@ -21,7 +21,7 @@ __device__ __forceinline__ float finish_row(const DecodeParams& p, const Work& w
                                             bool write_lse) {
   const int head = w.head0 + row;
   if (write_lse && p.lse)
-    p.lse[w.token * p.lse_token_stride + head * p.lse_head_stride] =
+    p.lse[w.token * p.lse_token_stride + head] =
         m == -INFINITY ? -INFINITY : (m + __log2f(l)) * kLn2;
   const float sink = reinterpret_cast<const float*>(smem + Smem::sinks)[row];
   const float top = fmaxf(m, sink);

@@ -274,7 +274,6 @@ void decode(const DecodeProblem& problem, const DecodeArgs& args, void* stream) 
   p.out_head_stride = args.out.stride(1);
   p.lse = args.lse.defined() ? args.lse.ptr<float>() : nullptr;
   p.lse_token_stride = args.lse.defined() ? args.lse.stride(0) : 0;
-  p.lse_head_stride = args.lse.defined() ? args.lse.stride(1) : 0;
   p.scale_log2 = args.bmm1_scale * kLog2e;
   p.bmm2_scale = args.bmm2_scale;
   p.num_requests = int(problem.num_requests);

@@ -46,8 +46,8 @@ struct DecodeParams {
   const float* sinks;                // [H] or null
   void* out;                         // [T, H_out, 512] bf16
   int64_t out_token_stride, out_head_stride;
-  float* lse;                        // [T, H] or null
-  int64_t lse_token_stride, lse_head_stride;
+  float* lse;                        // [T, H] or null, heads contiguous (validated)
+  int64_t lse_token_stride;
   float scale_log2;                  // bmm1_scale * log2(e)
   float bmm2_scale;
   int num_requests, num_heads, out_heads, num_columns, window;
