@@ -120,6 +120,30 @@ TEST(GpuIndex, RandomDsparkStepsMatchTheCpuBitForBit) {
   }
 }
 
+// A DSpark draft block longer than its window allows (q_len past decode_swa_width - W: refused on
+// the CPU, where the values are read; unseen on the GPU) claims at most K columns, so that a
+// decode reading the table stays inside it.
+TEST(GpuIndex, AnOversizedDraftBlockClaimsAtMostKColumns) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  const CaseShape s{.q_lens = {3, 80},
+                    .seq_lens = {200, 600},
+                    .num_decodes = 2,
+                    .decode_swa_width = dspark_swa_width(kWindow, 8)};
+  const StepCase c({{.layer = 0, .num_heads = 1}}, s, seed);
+  const SparseIndexArgs a = c.args(0);
+  const int64_t K = sparse_index_columns(a);
+  ASSERT_LT(K, kWindow + 80) << "the block must outgrow the window";
+  test::expect_smla_error([&] { build(a, nullptr); }, ErrorKind::value, "cum_seq_lens_q",
+                          "q_len <= decode_swa_width - window", "q_len 80 for request 1");
+  DeviceMirror gpu;
+  const Built device = build(a, &gpu);
+  const auto* lens = reinterpret_cast<const int32_t*>(device.lens.data());
+  for (int64_t t = 0; t < c.num_tokens(); ++t) EXPECT_LE(lens[t], K) << "token " << t;
+  EXPECT_EQ(lens[c.num_tokens() - 1], K) << "the oversized block's tokens take all K";
+}
+
 // Large steps: many CTAs, rows of one pass of the CTA's columns (W + 1024) and of two
 // (W + 2000, the second pass holding entries of request 0 and -1 padding of request 2).
 TEST(GpuIndex, WideAndLongTablesMatchTheCpu) {
