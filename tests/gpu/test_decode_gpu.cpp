@@ -6,7 +6,6 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -18,6 +17,7 @@
 #include "cuda/decode_plan.h"
 #include "cuda/device.h"
 #include "device_case.h"
+#include "device_step.h"
 #include "error_check.h"
 #include "nan_row.h"
 #include "oracle.h"
@@ -238,21 +238,17 @@ TEST(GpuDecode, OutAndLseViewsWithGaps) {
       d.fetch(c);
       EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(DType::bf16)));
 
-      const int64_t T = c.out.size(0), H_out = c.out.size(1);
-      std::vector<uint16_t> out(T * H_out * kPitch, 0xffff);
-      const int64_t lse_pitch = heads + kLsePad;
-      std::vector<float> lse(T * lse_pitch, std::numeric_limits<float>::quiet_NaN());
-      DeviceMemory out_memory(out.size() * 2), lse_memory(lse.size() * 4);
-      ASSERT_CUDA(cudaMemcpy(out_memory.get(), out.data(), out_memory.bytes(), cudaMemcpyDefault));
-      ASSERT_CUDA(cudaMemcpy(lse_memory.get(), lse.data(), lse_memory.bytes(), cudaMemcpyDefault));
+      const int64_t T = c.out.size(0), H_out = c.out.size(1), lse_pitch = heads + kLsePad;
+      DeviceMirror gpu;  // poisoned: 0xffff a bf16 gap, 0xffffffff an f32 one
+      const TensorView out_rows = gpu.output(DType::bf16, {T, H_out, kPitch}, 0xff);
+      const TensorView lse_rows = gpu.output(DType::f32, {T, lse_pitch}, 0xff);
       DecodeArgs args = d.args;
-      args.out = make_view(out_memory.get(), DType::bf16, args.out.device, {T, H_out, kHeadDim},
-                           {H_out * kPitch, kPitch, 1});
-      args.lse =
-          make_view(lse_memory.get(), DType::f32, args.lse.device, {T, heads}, {lse_pitch, 1});
+      args.out = out_rows, args.out.shape[2] = kHeadDim;
+      args.lse = lse_rows, args.lse.shape[1] = heads;
       sparse_mla_decode(args);
-      ASSERT_CUDA(cudaMemcpy(out.data(), out_memory.get(), out_memory.bytes(), cudaMemcpyDefault));
-      ASSERT_CUDA(cudaMemcpy(lse.data(), lse_memory.get(), lse_memory.bytes(), cudaMemcpyDefault));
+      const std::vector<std::byte> out_bytes = bytes_of(out_rows), lse_bytes = bytes_of(lse_rows);
+      const auto* out = reinterpret_cast<const uint16_t*>(out_bytes.data());
+      const auto* lse = reinterpret_cast<const uint32_t*>(lse_bytes.data());
       int bad = 0;
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = 0; h < H_out; ++h)
@@ -264,9 +260,10 @@ TEST(GpuDecode, OutAndLseViewsWithGaps) {
           }
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = 0; h < lse_pitch; ++h) {
-          const float want = h < heads ? c.lse.get<float>(t * c.lse.stride(0) + h * c.lse.stride(1))
-                                       : std::numeric_limits<float>::quiet_NaN();
-          bad += std::memcmp(&lse[t * lse_pitch + h], &want, sizeof want) != 0;
+          const uint32_t want = h < heads
+                                    ? c.lse.get<uint32_t>(t * c.lse.stride(0) + h * c.lse.stride(1))
+                                    : 0xffffffffu;
+          bad += lse[t * lse_pitch + h] != want;
         }
       EXPECT_EQ(bad, 0) << "elements unlike the contiguous launch's, or gaps written";
       if (HasFailure()) return;
