@@ -3,7 +3,7 @@
 // tests print the table as they end, so that a GPU run shows how far each tolerance could
 // tighten. `group` is the bound in force (scaled by each 64-dim group's largest |value|), `row`
 // the same tolerance scaled by the row's largest |value| (the bound before the seventy-fourth
-// session).
+// session). Each kind also names the test and case (DecodeCase::summary) that set its group ratio.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -21,6 +21,7 @@ namespace smla::test {
 struct HeadroomRatios {
   double row = 0, group = 0, lse = 0;
   int64_t elements = 0;
+  std::string group_case;  // the case that set `group`: the test's name is added by record()
 };
 
 class Headroom : public ::testing::Environment {
@@ -29,6 +30,11 @@ class Headroom : public ::testing::Environment {
     const std::lock_guard lock(mutex());
     HeadroomRatios& worst = table()[kind];
     worst.row = std::max(worst.row, r.row);
+    if (r.group > worst.group) {
+      const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+      worst.group_case = (test ? std::string(test->test_suite_name()) + "." + test->name() : "") +
+                         ": " + r.group_case;
+    }
     worst.group = std::max(worst.group, r.group);
     worst.lse = std::max(worst.lse, r.lse);
     worst.elements += r.elements;
@@ -41,6 +47,8 @@ class Headroom : public ::testing::Environment {
     for (const auto& [kind, r] : table())
       std::printf("%-40s %9.3g %9.3g %9.3g %12lld\n", kind.c_str(), r.row, r.group, r.lse,
                   static_cast<long long>(r.elements));
+    for (const auto& [kind, r] : table())
+      std::printf("largest group ratio of %s: %s\n", kind.c_str(), r.group_case.c_str());
   }
 
  private:

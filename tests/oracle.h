@@ -229,6 +229,7 @@ inline ::testing::AssertionResult matches(const DecodeCase& c, const Reference& 
     if (mismatches++ < 8) bad << "\n  " << what;
   };
   HeadroomRatios headroom;
+  std::string worst_element;  // where headroom.group came from
   for (int64_t t = 0; t < r.tokens; ++t)
     for (int h = 0; h < r.out_heads; ++h) {
       const double* ref = &r.out[(t * r.out_heads + h) * 512];
@@ -244,7 +245,12 @@ inline ::testing::AssertionResult matches(const DecodeCase& c, const Reference& 
         };
         const double bound = bound_over(group_scale[d / 64]);
         const double error = std::abs(got - ref[d]);
-        headroom.group = std::max(headroom.group, headroom_ratio(error, bound));
+        if (const double ratio = headroom_ratio(error, bound); ratio > headroom.group) {
+          headroom.group = ratio;
+          worst_element = "out[" + std::to_string(t) + "," + std::to_string(h) + "," +
+                          std::to_string(d) + "] = " + fmt(got) + ", oracle " + fmt(ref[d]) +
+                          ", group max " + fmt(group_scale[d / 64]);
+        }
         headroom.row = std::max(headroom.row, headroom_ratio(error, bound_over(row_scale)));
         ++headroom.elements;
         if (!(error <= bound))
@@ -270,6 +276,7 @@ inline ::testing::AssertionResult matches(const DecodeCase& c, const Reference& 
   const char* layout = c.swa_kv_cache.dtype == DType::u8       ? "fp8_ds_mla"
                        : c.swa_kv_cache.dtype == DType::f8e4m3 ? "fp8_e4m3"
                                                                : "bf16";
+  headroom.group_case = worst_element + " in " + c.summary;
   Headroom::record(
       std::string(tol.name) + " " + layout + " cache, " + dtype_name(c.query.dtype) + " query",
       headroom);
