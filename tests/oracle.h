@@ -243,20 +243,19 @@ inline ::testing::AssertionResult matches(const DecodeCase& c, const Reference& 
         const auto bound_over = [&](double scale) {  // 2^-134: bf16 subnormals' half spacing
           return tol.out_rtol * std::abs(ref[d]) + tol.out_atol * scale + 0x1p-134;
         };
+        const auto element = [&] {
+          return "out[" + std::to_string(t) + "," + std::to_string(h) + "," + std::to_string(d) +
+                 "] = " + fmt(got) + ", oracle " + fmt(ref[d]);
+        };
         const double bound = bound_over(group_scale[d / 64]);
         const double error = std::abs(got - ref[d]);
         if (const double ratio = headroom_ratio(error, bound); ratio > headroom.group) {
           headroom.group = ratio;
-          worst_element = "out[" + std::to_string(t) + "," + std::to_string(h) + "," +
-                          std::to_string(d) + "] = " + fmt(got) + ", oracle " + fmt(ref[d]) +
-                          ", group max " + fmt(group_scale[d / 64]);
+          worst_element = element() + ", group max " + fmt(group_scale[d / 64]);
         }
         headroom.row = std::max(headroom.row, headroom_ratio(error, bound_over(row_scale)));
         ++headroom.elements;
-        if (!(error <= bound))
-          report("out[" + std::to_string(t) + "," + std::to_string(h) + "," + std::to_string(d) +
-                 "] = " + fmt(got) + ", oracle " + fmt(ref[d]) +
-                 (h >= r.heads ? " (padded head)" : ""));
+        if (!(error <= bound)) report(element() + (h >= r.heads ? " (padded head)" : ""));
       }
     }
   if (c.lse.defined())
