@@ -219,14 +219,17 @@ void store_out(const DecodeArgs& a, int64_t t, int h, const double* values) {
   for (int d = 0; d < kHeadDim; ++d) dst[d] = double_to_bf16(values[d]);
 }
 
-// pos(t) = seq_len[b] - q_len[b] + i for the i-th token of request b.
+// pos(t) = seq_len[b] - q_len[b] + i for the i-th token of request b. The validated boundaries,
+// read again, are kept inside [0, T] so that values another thread changed since cannot index
+// past the rows.
 std::vector<TokenRow> token_rows(const DecodeProblem& p, const DecodeArgs& a) {
   std::vector<TokenRow> rows(p.num_tokens);
   const TensorView& cum = a.cum_seq_lens_q;
   auto i32 = [](const TensorView& v, int64_t i) { return v.ptr<const int32_t>()[i * v.stride(0)]; };
   for (int64_t b = 0; b < p.num_requests; ++b) {
-    const int64_t begin = cum.defined() ? i32(cum, b) : b;
-    const int64_t end = cum.defined() ? i32(cum, b + 1) : b + 1;
+    const int64_t begin = std::clamp<int64_t>(cum.defined() ? i32(cum, b) : b, 0, p.num_tokens);
+    const int64_t end =
+        std::clamp<int64_t>(cum.defined() ? i32(cum, b + 1) : b + 1, begin, p.num_tokens);
     const int64_t first_pos = i32(a.seq_lens, b) - (end - begin);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t pos = first_pos + (t - begin);

@@ -63,8 +63,10 @@ class RowWriter {
     set_len(t, p_.window);
   }
 
-  // Columns [0, last) hold positions [start, end) of request b's SWA pages, then -1.
+  // Columns [0, last) hold positions [start, end) of request b's SWA pages, then -1. The clamp
+  // only bites on values another thread changed since validation: no write leaves the row.
   void swa_columns(int64_t t, int64_t b, int64_t start, int64_t end, int64_t last) const {
+    end = std::clamp(end, start, start + last);
     const TensorView& table = a_.swa.block_table;
     const int64_t block_size = p_.swa.block_size;
     for (int64_t pos = start; pos < end; ++pos) {
@@ -145,7 +147,8 @@ void build_sparse_indices(const IndexProblem& p, const SparseIndexArgs& a) {
     const int64_t first = task * kTokensPerTask;
     const int64_t last = std::min(first + kTokensPerTask, p.num_tokens);
     for (int64_t t = first, b = rules::request_of(first, p.num_requests, start); t < last; ++t) {
-      while (start(b + 1) <= t) ++b;
+      // b + 1 < B: starts another thread changed since validation stay inside the requests.
+      while (b + 1 < p.num_requests && start(b + 1) <= t) ++b;
       writer.write(t, b, t - start(b), start(b + 1) - start(b));
     }
   });

@@ -39,7 +39,8 @@ void quantize_kv(const QuantizeProblem& p, const TensorView& rows, const TensorV
   const KvPool& pool = p.pool;
   auto write = [&](int64_t i) {
     const int32_t slot = check::at(slots, i);
-    if (slot < 0) return;  // padding
+    // Padding; or a slot changed by another thread since validation: never written out of bounds.
+    if (slot < 0 || slot >= pool.slots()) return;
     const uint16_t* x = rows.ptr<const uint16_t>() + i * rows.stride(0);
     const int64_t offset = pool.slot_offset(slot);
     // KvPool keeps the decode op's read-only view; the pool tensor itself is writable.

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/problem.h"
+#include "cpu/backend.h"
 #include "flush_modes.h"
 #include "nan_row.h"
 #include "oracle.h"
@@ -282,6 +284,22 @@ TEST(Decode, EverySinkKind) {
        {SinkKind::absent, SinkKind::neg_inf, SinkKind::finite, SinkKind::pos_inf, SinkKind::mixed})
     for (KvLayout layout : {KvLayout::bf16, KvLayout::fp8_ds_mla})
       check({.layout = layout, .heads = 8, .sinks = sinks});
+}
+
+// The backend reads cum_seq_lens_q again after validate_decode checked it. Boundaries changed in
+// between (by another thread: a race the caller owns) give wrong rows but stay inside the
+// tokens: here request 0 then claims every token, and every output (poisoned) is written.
+TEST(Decode, QueryBoundariesChangedAfterValidationStayInsideTheTokens) {
+  for (const int32_t boundary : {1 << 20, -7}) {
+    DecodeCase c = make_case({.heads = 4, .q_lens = {2, 3}}, fresh_seed());
+    SCOPED_TRACE(c.summary);
+    const DecodeArgs a = c.args();
+    const DecodeProblem problem = validate_decode(a);
+    c.cum_seq_lens_q.set<int32_t>(1, boundary);
+    cpu::decode(problem, a);
+    for (int64_t i = 0; i < c.out.size(0) * c.out.size(1) * kHeadDim; ++i)
+      ASSERT_TRUE(std::isfinite(ref_bf16(c.out.get<uint16_t>(i)))) << "element " << i;
+  }
 }
 
 TEST(Decode, VarlenMixedQueryLengths) {

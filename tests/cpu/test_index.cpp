@@ -7,10 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "case_gen.h"
+#include "core/index_problem.h"
+#include "cpu/index.h"
+#include "error_check.h"
 #include "smla/error.h"
 #include "smla/index.h"
-#include "case_gen.h"
-#include "error_check.h"
 #include "step_case.h"
 #include "threads_env.h"
 
@@ -350,6 +352,55 @@ TEST(IndexDspark, NonCausalWindowPerToken) {
   EXPECT_EQ(b.indices, (Rows{draft, draft, draft, row({12, 13})}));
   EXPECT_EQ(b.lens, (std::vector<int32_t>{7, 7, 7, 4}));  // max(window len, W)
   EXPECT_EQ(b.seq_lens, (std::vector<int32_t>{10, 10, 10, 2}));
+}
+
+// The backend reads the step's values again after validate_index checked them. Values changed
+// in between (by another thread: a race the caller owns) may throw or give wrong rows, but every
+// write stays inside the outputs: guard words before and after them stay as they were.
+TEST(IndexDecode, StepValuesChangedAfterValidationWriteOnlyTheOutputs) {
+  struct Change {
+    const char* what;
+    std::vector<int32_t> seq_lens, cum;
+  };
+  const auto check = [](auto& c, const Change& change) {
+    SCOPED_TRACE(change.what);
+    SparseIndexArgs a = c.args();
+    const int64_t T = a.step.num_tokens, K = sparse_index_columns(a), kGuard = 256;
+    constexpr int32_t kPoison = 0x7eadbeef;
+    std::vector<int32_t> memory(3 * kGuard + T * K + 2 * T, kPoison);
+    int32_t* indices = memory.data() + kGuard;
+    int32_t* lens = indices + T * K + kGuard;
+    a.out.sparse_indices = make_view(indices, DType::i32, Device{}, {T, K});
+    a.out.sparse_topk_lens = make_view(lens, DType::i32, Device{}, {T});
+    if (a.step.decode_swa_width > a.window)
+      a.out.seq_lens = make_view(lens + T, DType::i32, Device{}, {T});
+    const IndexProblem problem = validate_index(a);
+    c.seq_lens = change.seq_lens, c.cum = change.cum;  // same sizes: the views still see them
+    try {
+      cpu::build_sparse_indices(problem, a);
+    } catch (const Error&) {  // a page past the block table: refused, as it should be
+    }
+    const auto intact = [&](const int32_t* from, int64_t n) {
+      return std::all_of(from, from + n, [&](int32_t x) { return x == kPoison; });
+    };
+    EXPECT_TRUE(intact(memory.data(), kGuard)) << "written before the indices";
+    EXPECT_TRUE(intact(indices + T * K, kGuard)) << "written between indices and lengths";
+    EXPECT_TRUE(intact(lens + 2 * T, kGuard)) << "written after the lengths";
+  };
+  for (const Change& change :
+       {Change{"cum reversed", {3, 6}, {0, 3, 1}}, Change{"cum past T", {3, 6}, {0, 1 << 20, 3}},
+        Change{"seq_len negative", {-100, 6}, {0, 1, 3}},
+        Change{"seq_len past the table", {3, 1 << 20}, {0, 1, 3}}}) {
+    SwaOnlyCase c;
+    check(c, change);
+  }
+  // DSpark: a draft block grown past the row (K = 64 columns, q_len 60 + W).
+  for (const Change& change : {Change{"draft block past K", {70, 2}, {0, 60, 4}},
+                               Change{"seq_len negative", {-50, 2}, {0, 3, 4}}}) {
+    DsparkCase c;
+    c.block_table = std::vector<int32_t>(c.block_table.size(), 0);
+    check(c, change);
+  }
 }
 
 // A negative DSpark width is not a way to say "causal" (0..W is): refused, naming it.

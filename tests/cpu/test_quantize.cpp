@@ -12,6 +12,8 @@
 #include <set>
 #include <vector>
 
+#include "core/quantize_problem.h"
+#include "cpu/quantize.h"
 #include "flush_modes.h"
 #include "oracle.h"
 #include "quantize_inputs.h"
@@ -376,6 +378,30 @@ TEST(Quantize, RoundTripWithinHalfAStep) {
                         << ")";
       }
     }
+  }
+}
+
+// The backend reads the slots again after validate_quantize checked them. Slots changed in
+// between (by another thread: a race the caller owns) to past the pool are skipped: the pool and
+// the guard bytes after it stay as they were.
+TEST(Quantize, SlotsChangedAfterValidationWriteNothingOutsideThePool) {
+  for (const KvLayout layout : {KvLayout::bf16, KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla}) {
+    SCOPED_TRACE(kv_layout_name(layout));
+    const PoolShape shape = one_page(layout, 4);
+    HostTensor pool = filled_pool(shape, std::byte{0xab});
+    const int64_t pool_bytes = static_cast<int64_t>(pool.bytes.size());
+    pool.bytes.resize(2 * pool_bytes, std::byte{0xab});  // guard bytes after the pool
+    Rows rows(2);
+    std::fill(rows.row(0), rows.row(2), uint16_t{0x3f80});  // 1.0
+    HostTensor slots = HostTensor::make(DType::i32, {2});
+    slots.set<int32_t>(0, 0), slots.set<int32_t>(1, 3);
+    const TensorView slot_view = host_view(slots), pool_view = host_view(pool);
+    const QuantizeProblem problem =
+        validate_quantize(host_view(rows.t), slot_view, pool_view, 1.0f);
+    slots.set<int32_t>(0, 4), slots.set<int32_t>(1, 1 << 28);  // one past the pool, far past it
+    cpu::quantize_kv(problem, host_view(rows.t), slot_view);
+    EXPECT_TRUE(std::all_of(pool.bytes.begin(), pool.bytes.end(),
+                            [](std::byte b) { return b == std::byte{0xab}; }));
   }
 }
 
