@@ -143,7 +143,8 @@ Invocation parse_args(int argc, const char* const* argv) {
   const std::string_view command = args[0] == "--version" ? "version" : args[0];
   const auto known = [](std::string_view a) { return a == "run" || a == "info" || a == "version"; };
   if (is_help(command) || command == "help") {
-    const auto topic = [&](std::string_view a) { return known(a) || is_help(a); };
+    // Any command the usage lists, `help` among them.
+    const auto topic = [&](std::string_view a) { return known(a) || a == "help" || is_help(a); };
     if (args.size() > 2 || (args.size() == 2 && !topic(args[1])))
       throw UsageError("help takes a command or nothing, got '" +
                        std::string(args[args.size() > 2 ? 2 : 1]) + "'");

@@ -76,6 +76,8 @@ TEST(RunArgs, HelpOnlyForKnownCommands) {
   EXPECT_EQ(parse({"--help", "info"}).command, Command::help);
   EXPECT_EQ(parse({"help", "--help"}).command, Command::help);
   EXPECT_EQ(parse({"--help", "-h"}).command, Command::help);
+  EXPECT_EQ(parse({"help", "help"}).command, Command::help);  // help is a command too
+  EXPECT_EQ(parse({"--help", "help"}).command, Command::help);
   expect_usage_error({"help", "extra"}, "help takes a command or nothing, got 'extra'");
   expect_usage_error({"help", "run", "extra"}, "help takes a command or nothing, got 'extra'");
   expect_usage_error({}, "no command");
