@@ -30,6 +30,13 @@ std::string model_names() {
 
 constexpr int kMaxInt = 1 << 30;
 
+constexpr std::string_view kHelp = "--help";  // a switch of every command
+
+// A switch given a value: what parse_flags and is_help throw.
+UsageError no_value(std::string_view flag, std::string_view value) {
+  return UsageError(std::string(flag) + ": takes no value, got '" + std::string(value) + "'");
+}
+
 // Flags renamed to SPEC's names (seventy-ninth session): the old name is refused, naming the new.
 constexpr std::pair<std::string_view, std::string_view> kRenamedFlags[] = {
     {"--context", "--seq-len"}, {"--groups", "--swa-groups"}};
@@ -93,6 +100,12 @@ constexpr RunFlag kRunFlags[] = {
 
 }  // namespace
 
+bool is_help(std::string_view word) {
+  if (word.starts_with(kHelp) && word.size() > kHelp.size() && word[kHelp.size()] == '=')
+    throw no_value(kHelp, word.substr(kHelp.size() + 1));
+  return word == kHelp || word == "-h";
+}
+
 void parse_flags(std::span<const std::string_view> words,
                  std::span<const std::string_view> valued,
                  std::span<const std::string_view> switches,
@@ -107,7 +120,7 @@ void parse_flags(std::span<const std::string_view> words,
       throw UsageError("unexpected argument '" + std::string(word) + "' (flags start with --)");
     const size_t eq = word.find('=');
     const std::string_view flag = word.substr(0, eq);
-    const bool is_switch = in(switches, flag);
+    const bool is_switch = flag == kHelp || in(switches, flag);
     if (!is_switch && !in(valued, flag)) {  // known before its value is taken
       for (const auto& [old_name, name] : kRenamedFlags)
         if (flag == old_name && in(valued, name))
@@ -119,9 +132,7 @@ void parse_flags(std::span<const std::string_view> words,
     given.push_back(flag);
     std::string_view value;
     if (is_switch) {
-      if (eq != std::string_view::npos)
-        throw UsageError(std::string(flag) + ": takes no value, got '" +
-                         std::string(word.substr(eq + 1)) + "'");
+      if (eq != std::string_view::npos) throw no_value(flag, word.substr(eq + 1));
     } else if (eq != std::string_view::npos) {
       value = word.substr(eq + 1);
     } else if (i + 1 < words.size()) {
@@ -137,7 +148,6 @@ void parse_flags(std::span<const std::string_view> words,
 Invocation parse_args(int argc, const char* const* argv) {
   const std::vector<std::string_view> args(argv + 1, argv + argc);
   if (args.empty()) throw UsageError("no command");
-  const auto is_help = [](std::string_view a) { return a == "--help" || a == "-h"; };
   Invocation inv;
   // `--version` is `version`; `help run`, `help -h` too: one text covers all.
   const std::string_view command = args[0] == "--version" ? "version" : args[0];

@@ -168,6 +168,24 @@ TEST(RunArgs, SwitchesTakeNoValue) {
   }
 }
 
+// --help is a switch of every command, wherever it stands: given a value, it says it takes none
+// (not "unknown flag", nor "unknown command" in the command's place), as parse_flags does for
+// the benchmarks, whose flags do not list it.
+TEST(RunArgs, HelpTakesNoValue) {
+  expect_usage_error({"run", "--help=foo"}, "--help: takes no value, got 'foo'");
+  expect_usage_error({"run", "--requests", "2", "--help="}, "--help: takes no value, got ''");
+  expect_usage_error({"--help=1"}, "--help: takes no value, got '1'");
+  expect_usage_error({"help", "--help=1"}, "--help: takes no value, got '1'");
+  expect_usage_error({"info", "--help=1"}, "--help: takes no value, got '1'");
+  const std::string_view valued[] = {"--csv"}, words[] = {"--csv=a.csv", "--help=1"};
+  try {
+    parse_flags(words, valued, {}, [](std::string_view, std::string_view) {});
+    ADD_FAILURE() << "taken";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "--help: takes no value, got '1'");
+  }
+}
+
 // A renamed flag's refusal names the new flag only where the command takes it: smla_step_bench
 // (--csv, --swa-groups) never took --context, whose new name --seq-len it does not have.
 TEST(RunArgs, RenamedFlagNamedOnlyWhereItIsTaken) {
