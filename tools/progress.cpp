@@ -25,7 +25,7 @@ void Progress::advance(int64_t steps) {
   done_ += steps;
   const auto now = Clock::now();
   if (!terminal_) {
-    if (now - drawn_at_ < log_every_ || done_ >= total_) return;
+    if (now - drawn_at_ < log_every_) return;  // the last step's line as any other's
     std::fprintf(stderr, "%s: %lld/%lld after %.0fs\n", label_.c_str(),
                  static_cast<long long>(done_), static_cast<long long>(total_),
                  std::chrono::duration<double>(now - start_).count());

@@ -1135,7 +1135,7 @@ TEST(Progress, BarOnATerminalAfterASecond) {
 }
 
 // Progress where stderr is no terminal (a pipe): a plain line once the interval has passed, none
-// before it nor for the last step, and no bar.
+// before it, the last step's as any other's, and no bar.
 TEST(Progress, LinesOnAPipeEveryInterval) {
   const std::string written = on_a_pipe([] {
     Progress progress("work", 5, std::chrono::milliseconds(50));
@@ -1144,9 +1144,18 @@ TEST(Progress, LinesOnAPipeEveryInterval) {
     progress.advance();  // "work: 2/5 after 0s"
     progress.advance();  // the interval starts again at that line: nothing
     std::this_thread::sleep_for(std::chrono::milliseconds(60));
-    progress.advance(2);  // the end: nothing
+    progress.advance(2);  // the end, after the interval: "work: 5/5 after 0s"
   });
-  EXPECT_EQ(written, "work: 2/5 after 0s\n");
+  EXPECT_EQ(written, "work: 2/5 after 0s\nwork: 5/5 after 0s\n");
+}
+
+// An interval of 0 (--progress 0) is a line a step, the last one's included: N/N, not N-1/N.
+TEST(Progress, LineEveryStepAtIntervalZero) {
+  const std::string written = on_a_pipe([] {
+    Progress progress("work", 3, std::chrono::milliseconds(0));
+    for (int i = 0; i < 3; ++i) progress.advance();
+  });
+  EXPECT_EQ(written, "work: 1/3 after 0s\nwork: 2/3 after 0s\nwork: 3/3 after 0s\n");
 }
 
 // After its first draw the bar is redrawn at most every 100 ms, except at the end, which is drawn
