@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <string_view>
 #include <vector>
 
@@ -64,9 +67,21 @@ constexpr RunFlag kRunFlags[] = {
      [](RunOptions& o, Text f, Text v) {
        double x = 0;
        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+       std::string why;  // a positive number past a double's range: which end
+       if (ec == std::errc::result_out_of_range && end == v.data() + v.size() &&
+           !v.starts_with('-')) {
+         char bound[32];
+         const bool above = std::isinf(std::strtod(std::string(v).c_str(), nullptr));
+         std::snprintf(bound, sizeof bound, "%.2g",
+                       above ? std::numeric_limits<double>::max()
+                             : std::numeric_limits<double>::denorm_min());
+         why = std::string(" (out of range: ") +
+               (above ? "above the largest double, " : "below the smallest positive double, ") +
+               bound + ")";
+       }
        if (ec != std::errc() || end != v.data() + v.size() || !(x > 0) || !std::isfinite(x))
          throw UsageError(std::string(f) + ": expected a finite number > 0, got '" +
-                          std::string(v) + "'");
+                          std::string(v) + "'" + why);
        o.tolerance = x;
      }},
     {"--swa-groups", [](RunOptions& o, Text f, Text v) { o.swa_groups = number(f, v, 1, 64); }},

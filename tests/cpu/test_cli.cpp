@@ -127,9 +127,19 @@ TEST(RunArgs, ToleranceIsAPositiveFiniteNumber) {
   EXPECT_EQ(parse({"run"}).run.tolerance, 0.0);
   EXPECT_EQ(parse({"run", "--tolerance", "0.015"}).run.tolerance, 0.015);
   EXPECT_EQ(parse({"run", "--tolerance=1e-12"}).run.tolerance, 1e-12);
-  for (const char* bad : {"0", "-1e-2", "nan", "inf", "1e-2x", "", "1e999"})
+  EXPECT_EQ(parse({"run", "--tolerance", "4.9e-324"}).run.tolerance,
+            std::numeric_limits<double>::denorm_min());
+  // No leading '+', as the integer flags (NumbersAreParsedStrictly's "+5").
+  for (const char* bad : {"0", "-1e-2", "nan", "inf", "1e-2x", "", "+0.1", "-1e-400"})
     expect_usage_error({"run", "--tolerance", bad},
                        std::string("--tolerance: expected a finite number > 0, got '") + bad + "'");
+  // Past a double's range: which end, not as if the number were malformed.
+  expect_usage_error({"run", "--tolerance", "1e-400"},
+                     "--tolerance: expected a finite number > 0, got '1e-400' (out of range: below "
+                     "the smallest positive double, 4.9e-324)");
+  expect_usage_error({"run", "--tolerance=1e999"},
+                     "--tolerance: expected a finite number > 0, got '1e999' (out of range: above "
+                     "the largest double, 1.8e+308)");
 }
 
 // --progress takes whole seconds from 0 (a line a layer) to a day; 10 by default.
