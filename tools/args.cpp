@@ -244,7 +244,7 @@ std::string usage() {
          "                    0..86400 (default " +
          std::to_string(d.progress.count()) +
          "; 0: a line a layer; a terminal gets a bar)\n"
-         "  --seed N          seed of the synthetic step (default " +
+         "  --seed N          seed of the synthetic step, 0..2^64-1 (default " +
          std::to_string(d.seed) +
          ")\n"
          "  --compressed-index auto|topk|table   compressed columns read from the top-k by the\n"

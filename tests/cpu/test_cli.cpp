@@ -447,8 +447,9 @@ TEST(RunArgs, EveryFlagIsInTheUsage) {
     EXPECT_NE(text.find(std::string("\n  ") + flag + " "), std::string::npos) << flag;
   }
   // The bounds a flag's refusal names, and what each exit status means.
-  for (const char* line : {"1..1024 and at most --seq-len", "1..64 and at most the model's",
-                           "\nexit status: 0 done", "2 a usage error\n"})
+  for (const char* line :
+       {"1..1024 and at most --seq-len", "1..64 and at most the model's",
+        "synthetic step, 0..2^64-1 (default 0)", "\nexit status: 0 done", "2 a usage error\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line;
 }
 
