@@ -240,10 +240,12 @@ std::string usage() {
          "                    layers (default " +
          std::to_string(d.swa_groups) +
          ")\n"
-         "  --progress S      seconds between progress lines where stderr is not a terminal,\n"
-         "                    0..86400 (default " +
+         "  --progress S      where stderr is not a terminal, at most one progress line a layer,\n"
+         "                    about every S seconds (a layer that ends S s or more after the last\n"
+         "                    line prints one), 0..86400 (default " +
          std::to_string(d.progress.count()) +
-         "; 0: a line a layer; a terminal gets a bar)\n"
+         "; 0: a line a layer; a terminal\n"
+         "                    gets a bar)\n"
          "  --seed N          seed of the synthetic step, 0..2^64-1 (default " +
          std::to_string(d.seed) +
          ")\n"

@@ -28,7 +28,7 @@ struct RunOptions {
   int swa_groups = 1;    // interleaved SWA groups
   uint64_t seed = 0;
   CompressedIndex compressed_index = CompressedIndex::automatic;  // executor.h
-  std::chrono::seconds progress = kProgressEvery;  // between progress lines off a terminal
+  std::chrono::seconds progress = kProgressEvery;  // least gap between progress lines off a tty
 };
 
 enum class Command { help, info, run, version };

@@ -1,6 +1,7 @@
 // Progress on stderr for work that runs past a second: a bar redrawn in place on a terminal;
-// where stderr is not one (a log, a pipe), a plain line every `log_every` (10 s) instead, since
-// redraws would be glued to the log's next line.
+// where stderr is not one (a log, a pipe), plain lines instead, since redraws would be glued to
+// the log's next line: at most one a step, about every `log_every` (10 s): a step that ends
+// `log_every` or more after the last line prints one.
 #pragma once
 #include <chrono>
 #include <cstdint>
