@@ -74,9 +74,10 @@ _torch_tensor_type = None
 
 
 def _torch_capsule(x, name: str, dtype, writable: bool):
-    """(what _smla.Tensor imports, dtype) for a torch tensor: ATen's own DLPack capsule, since
-    Tensor.__dlpack__ costs ~6x as much in Python checks and refuses a CUDA tensor of a device
-    that is not the current one, which a call on it makes current only afterwards (on_device)."""
+    """(what _smla.Tensor imports, dtype, holds) for a torch tensor: ATen's own DLPack capsule,
+    since Tensor.__dlpack__ costs ~6x as much in Python checks and refuses a CUDA tensor of a
+    device that is not the current one, which a call on it makes current only afterwards
+    (on_device); holds: the tensor's dtype name where the capsule is of its raw bits."""
     torch = sys.modules["torch"]
     if x.requires_grad:  # DLPack refuses tensors that require grad: inputs are only read
         if writable:  # a write autograd would not see
@@ -87,27 +88,36 @@ def _torch_capsule(x, name: str, dtype, writable: bool):
     if x.is_neg():  # a pending negation: the memory holds the values' negatives
         raise type_error(name, "a tensor without a pending negation (.resolve_neg())",
                          "a tensor with the negative bit set")
+    holds = None
     if x.dtype == getattr(torch, "float8_e4m3fn", None):  # older exports lack fp8 codes
-        x, dtype = x.view(torch.uint8), dtype or "f8e4m3"
+        x, dtype, holds = x.view(torch.uint8), dtype or "f8e4m3", "float8_e4m3fn"
     try:
-        return torch.utils.dlpack.to_dlpack(x), dtype
+        return torch.utils.dlpack.to_dlpack(x), dtype, holds
     except (RuntimeError, BufferError) as e:
         raise type_error(name, "a strided CPU or CUDA tensor",
                          f"a {x.layout} tensor on {x.device}: {e}") from None
 
 
-def tensor(x, name: str, writable: bool = False, required: str = ""):
+# The dtypes an argument takes (`takes` of tensor()), by smla's names: errors for an array of
+# another element type name them and the conversion to them.
+I32, F32, U8, BF16 = "i32", "f32", "u8", "bf16"
+QUERY = "bf16,f8e4m3"          # bf16, or e4m3 with a per-tensor fp8 cache
+POOL = "bf16,f8e4m3,u8"        # bf16, per-tensor fp8 or fp8_ds_mla bytes
+
+
+def tensor(x, name: str, writable: bool = False, required: str = "", takes: str = ""):
     """The `_smla.Tensor` view of `x`, None for None (a ValueError where `required` describes
-    what must come). `name` is the argument's name, used in errors; `writable` for outputs."""
+    what must come). `name` is the argument's name, used in errors; `writable` for outputs;
+    `takes` the dtypes the argument accepts (I32, POOL, ...), which a dtype error names."""
     global _torch_tensor_type
     if type(x) is _torch_tensor_type:  # engines' arguments: checked first
-        capsule, dtype = _torch_capsule(x, name, None, writable)
-        return _smla.Tensor(capsule, name, dtype, writable)
+        capsule, dtype, holds = _torch_capsule(x, name, None, writable)
+        return _smla.Tensor(capsule, name, dtype, writable, takes, holds)
     if x is None:
         if required:
             raise value_error(name, required, "None")
         return None
-    dtype = None
+    dtype = holds = None
     if isinstance(x, Typed):
         x, dtype = x.array, x.dtype
         if not isinstance(dtype, str):
@@ -117,13 +127,16 @@ def tensor(x, name: str, writable: bool = False, required: str = ""):
             raise type_error(name, "an array in with_dtype", "None")
     torch = sys.modules.get("torch")
     if framework_of(x) == "numpy":
-        raw = _RAW_NUMPY.get(getattr(getattr(x, "dtype", None), "name", ""))
+        holds = getattr(getattr(x, "dtype", None), "name", "")
+        raw = _RAW_NUMPY.get(holds)
         if raw is not None:
             x, dtype = x.view(raw[0]), dtype or raw[1]
+        else:
+            holds = None
     elif torch is not None and isinstance(x, torch.Tensor):  # subclasses too (nn.Parameter)
         _torch_tensor_type = torch.Tensor
-        x, dtype = _torch_capsule(x, name, dtype, writable)
-    return _smla.Tensor(x, name, dtype, writable)
+        x, dtype, holds = _torch_capsule(x, name, dtype, writable)
+    return _smla.Tensor(x, name, dtype, writable, takes, holds)
 
 
 def device_of(t) -> tuple:

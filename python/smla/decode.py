@@ -4,8 +4,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import _smla
-from ._arrays import (device_of, instance, integer, on_device, parse_device, scale,
-                      stream_handle, tensor)
+from ._arrays import (BF16, F32, I32, POOL, QUERY, U8, device_of, instance, integer, on_device,
+                      parse_device, scale, stream_handle, tensor)
 from ._errors import type_error
 from ._traced import as_torch_op
 
@@ -62,28 +62,29 @@ def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, 
     torch.ops.smla.sparse_mla_decode."""
     topk = (instance(topk_columns, TopkColumns, "topk_columns") if topk_columns is not None
             else TopkColumns(None, None, 0))
-    q = tensor(query, "query", required="a [T, H, 512] array")
+    q = tensor(query, "query", required="a [T, H, 512] array", takes=QUERY)
     device = device_of(q)
     args = dict(
         query=q,
-        swa_kv_cache=tensor(swa_kv_cache, "swa_kv_cache"),
-        compressed_kv_cache=tensor(compressed_kv_cache, "compressed_kv_cache"),
-        sparse_indices=tensor(sparse_indices, "sparse_indices"),
-        sparse_topk_lens=tensor(sparse_topk_lens, "sparse_topk_lens"),
-        seq_lens=tensor(seq_lens, "seq_lens"),
-        cum_seq_lens_q=tensor(cum_seq_lens_q, "cum_seq_lens_q"),
+        swa_kv_cache=tensor(swa_kv_cache, "swa_kv_cache", takes=POOL),
+        compressed_kv_cache=tensor(compressed_kv_cache, "compressed_kv_cache", takes=POOL),
+        sparse_indices=tensor(sparse_indices, "sparse_indices", takes=I32),
+        sparse_topk_lens=tensor(sparse_topk_lens, "sparse_topk_lens", takes=I32),
+        seq_lens=tensor(seq_lens, "seq_lens", takes=I32),
+        cum_seq_lens_q=tensor(cum_seq_lens_q, "cum_seq_lens_q", takes=I32),
         max_q_len=integer(max_q_len, "max_q_len"),
-        sinks=tensor(sinks, "sinks"),
+        sinks=tensor(sinks, "sinks", takes=F32),
         bmm1_scale=scale(bmm1_scale, "bmm1_scale"),
         bmm2_scale=scale(bmm2_scale, "bmm2_scale"),
-        out=tensor(out, "out", writable=True),
-        lse=tensor(lse, "lse", writable=True),
-        workspace=tensor(workspace, "workspace", writable=True),
-        kv_counters=tensor(kv_counters, "kv_counters", writable=True),
+        out=tensor(out, "out", writable=True, takes=BF16),
+        lse=tensor(lse, "lse", writable=True, takes=F32),
+        workspace=tensor(workspace, "workspace", writable=True, takes=U8),
+        kv_counters=tensor(kv_counters, "kv_counters", writable=True, takes=U8),
         window=integer(window, "window"),
-        topk_indices=tensor(topk.topk_indices, "topk_columns.topk_indices"),
-        topk_block_table=tensor(topk.block_table, "topk_columns.block_table"),
-        is_valid_token=tensor(topk.is_valid_token, "topk_columns.is_valid_token"),
+        topk_indices=tensor(topk.topk_indices, "topk_columns.topk_indices", takes=I32),
+        topk_block_table=tensor(topk.block_table, "topk_columns.block_table", takes=I32),
+        is_valid_token=tensor(topk.is_valid_token, "topk_columns.is_valid_token",
+                              takes=U8),
         num_decodes=integer(topk.num_decodes, "topk_columns.num_decodes", 64),
         compress_ratio=integer(topk.compress_ratio, "topk_columns.compress_ratio"),
         stream=stream_handle(stream, device, query),

@@ -15,7 +15,7 @@ import sys
 from .buffers import kv_counter_buffer, workspace_buffer  # noqa: F401  (engines import these)
 from . import _smla
 from .decode import WINDOW, sparse_mla_decode
-from ._arrays import Typed, framework_of, on_a_device, stream_handle, tensor
+from ._arrays import I32, QUERY, Typed, framework_of, on_a_device, stream_handle, tensor
 from ._errors import import_error, raise_renamed, value_error
 
 HEAD_DIM = _smla.HEAD_DIM
@@ -131,7 +131,7 @@ def trtllm_batch_decode_sparse_mla_dsv4(
         raise value_error("query", "a [T, H, 512] or [B, q, H, 512] array", "None")
     q_array = _array(query)
     if not hasattr(q_array, "shape"):
-        tensor(query, "query")  # raises the named TypeError for what is not an array
+        tensor(query, "query", takes=QUERY)  # raises the named TypeError for what is not an array
     q_len = q_array.shape[1] if getattr(q_array, "ndim", 3) == 4 else 1
     with _call_stream(query, stream):
         if out is None:

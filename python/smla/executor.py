@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence
 
 from . import _smla
-from ._arrays import device_of, instance, integer, items, on_device, scale, stream_handle, tensor
+from ._arrays import (BF16, F32, I32, POOL, QUERY, device_of, instance, integer, items, on_device,
+                      scale, stream_handle, tensor)
 from ._errors import value_error
 from .index import StepMetadata, step_metadata
 
@@ -39,11 +40,11 @@ def _inputs(inputs: StepInputs):
     instance(inputs, StepInputs, "inputs")
     by_layer = {}
     for name in ("compressed_block_tables", "topk_indices"):
-        by_layer[name] = {integer(k, f"{name} key"): tensor(t, f"{name}[{k}]")
+        by_layer[name] = {integer(k, f"{name} key"): tensor(t, f"{name}[{k}]", takes=I32)
                           for k, t in getattr(inputs, name).items()}
     return _smla.make_step_inputs(
         metadata=step_metadata(inputs.metadata),
-        block_tables=[tensor(t, f"block_tables[{g}]")
+        block_tables=[tensor(t, f"block_tables[{g}]", takes=I32)
                       for g, t in enumerate(items(inputs.block_tables, "block_tables"))],
         **by_layer)
 
@@ -72,19 +73,20 @@ class StepExecutor:
         if not layers:
             raise value_error("layers", "at least one layer", "none")
         first = tensor(layers[0].swa_kv_cache, "layers[0].swa_kv_cache",
-                       required="a KV pool [blocks, block_size, (1,) row]")
+                       required="a KV pool [blocks, block_size, (1,) row]", takes=POOL)
         self._device = device_of(first)
         self._like = layers[0].swa_kv_cache
         handle = stream_handle(stream, self._device, self._like)
         with on_device(self._device, self._like):
             self._executor = _smla.StepExecutor(
                 specs=[l.spec for l in layers],
-                swa_kv_caches=[tensor(l.swa_kv_cache, f"layers[{i}].swa_kv_cache")
+                swa_kv_caches=[tensor(l.swa_kv_cache, f"layers[{i}].swa_kv_cache", takes=POOL)
                                for i, l in enumerate(layers)],
                 compressed_kv_caches=[tensor(l.compressed_kv_cache,
-                                             f"layers[{i}].compressed_kv_cache")
+                                             f"layers[{i}].compressed_kv_cache", takes=POOL)
                                       for i, l in enumerate(layers)],
-                sinks=[tensor(l.sinks, f"layers[{i}].sinks") for i, l in enumerate(layers)],
+                sinks=[tensor(l.sinks, f"layers[{i}].sinks", takes=F32)
+                       for i, l in enumerate(layers)],
                 bmm1_scales=[scale(l.bmm1_scale, f"layers[{i}].bmm1_scale")
                              for i, l in enumerate(layers)],
                 bmm2_scales=[scale(l.bmm2_scale, f"layers[{i}].bmm2_scale")
@@ -110,8 +112,8 @@ class StepExecutor:
         stays begun and the layer may run again."""
         with on_device(self._device, self._like):
             self._executor.run_layer(integer(layer, "layer"),
-                                     tensor(query, "query", required=_QUERY),
-                                     tensor(out, "out", writable=True, required=_OUT))
+                                     tensor(query, "query", required=_QUERY, takes=QUERY),
+                                     tensor(out, "out", writable=True, required=_OUT, takes=BF16))
 
     def end_step(self) -> None:
         """Joins the side stream, so a graph capture of the step ends joined."""
@@ -124,9 +126,9 @@ class StepExecutor:
         with on_device(self._device, self._like):
             self._executor.run_step(
                 _inputs(inputs),
-                [tensor(q, f"queries[{i}]", required=_QUERY)
+                [tensor(q, f"queries[{i}]", required=_QUERY, takes=QUERY)
                  for i, q in enumerate(items(queries, "queries"))],
-                [tensor(o, f"outs[{i}]", writable=True, required=_OUT)
+                [tensor(o, f"outs[{i}]", writable=True, required=_OUT, takes=BF16)
                  for i, o in enumerate(items(outs, "outs"))])
 
     @property

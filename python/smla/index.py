@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import _smla
-from ._arrays import device_of, instance, integer, on_device, stream_handle, tensor
+from ._arrays import (I32, POOL, U8, device_of, instance, integer, on_device, stream_handle,
+                      tensor)
 from .decode import WINDOW
 
 
@@ -76,9 +77,9 @@ def step_metadata(s: StepMetadata):
     instance(s, StepMetadata, "step")
     return _smla.make_step_metadata(
         num_tokens=integer(s.num_tokens, "num_tokens", 64),
-        seq_lens=tensor(s.seq_lens, "seq_lens"),
-        cum_seq_lens_q=tensor(s.cum_seq_lens_q, "cum_seq_lens_q"),
-        is_valid_token=tensor(s.is_valid_token, "is_valid_token"),
+        seq_lens=tensor(s.seq_lens, "seq_lens", takes=I32),
+        cum_seq_lens_q=tensor(s.cum_seq_lens_q, "cum_seq_lens_q", takes=I32),
+        is_valid_token=tensor(s.is_valid_token, "is_valid_token", takes=U8),
         num_decodes=integer(s.num_decodes, "num_decodes", 64),
         max_q_len=integer(s.max_q_len, "max_q_len"),
         decode_swa_width=integer(s.decode_swa_width, "decode_swa_width"))
@@ -93,16 +94,17 @@ def index_args(args: SparseIndexArgs):
     o = o or SparseIndexTable(None, None)
     return _smla.make_index_args(
         step=step_metadata(args.step),
-        block_table=tensor(w.block_table, "block_table"),
-        swa_kv_cache=tensor(w.swa_kv_cache, "swa_kv_cache"),
+        block_table=tensor(w.block_table, "block_table", takes=I32),
+        swa_kv_cache=tensor(w.swa_kv_cache, "swa_kv_cache", takes=POOL),
         compress_ratio=integer(c.compress_ratio, "compress_ratio"),
-        topk_indices=tensor(c.topk_indices, "topk_indices"),
-        compressed_block_table=tensor(c.block_table, "compressed.block_table"),
-        compressed_kv_cache=tensor(c.compressed_kv_cache, "compressed_kv_cache"),
+        topk_indices=tensor(c.topk_indices, "topk_indices", takes=I32),
+        compressed_block_table=tensor(c.block_table, "compressed.block_table", takes=I32),
+        compressed_kv_cache=tensor(c.compressed_kv_cache, "compressed_kv_cache", takes=POOL),
         window=integer(args.window, "window"),
-        sparse_indices=tensor(o.sparse_indices, "sparse_indices", writable=True),
-        sparse_topk_lens=tensor(o.sparse_topk_lens, "sparse_topk_lens", writable=True),
-        out_seq_lens=tensor(o.seq_lens, "out.seq_lens", writable=True))
+        sparse_indices=tensor(o.sparse_indices, "sparse_indices", writable=True, takes=I32),
+        sparse_topk_lens=tensor(o.sparse_topk_lens, "sparse_topk_lens", writable=True,
+                                takes=I32),
+        out_seq_lens=tensor(o.seq_lens, "out.seq_lens", writable=True, takes=I32))
 
 
 def build_sparse_indices(args: SparseIndexArgs, stream=None) -> None:
@@ -110,6 +112,6 @@ def build_sparse_indices(args: SparseIndexArgs, stream=None) -> None:
     arrays, on `stream` (default: the framework's current stream) for CUDA ones."""
     built = index_args(args)
     like = args.step.seq_lens
-    device = device_of(tensor(like, "seq_lens")) if like is not None else ("cpu", 0)
+    device = device_of(tensor(like, "seq_lens", takes=I32)) if like is not None else ("cpu", 0)
     with on_device(device, like):
         _smla.build_sparse_indices(built, stream_handle(stream, device, like))

@@ -1,7 +1,7 @@
 """Writing KV rows into a pool of any layout (include/smla/quantize.h)."""
 
 from . import _smla
-from ._arrays import device_of, on_device, scale, stream_handle, tensor
+from ._arrays import BF16, I32, POOL, device_of, on_device, scale, stream_handle, tensor
 from ._traced import as_torch_op
 
 
@@ -17,9 +17,10 @@ def quantize_kv(*, rows, slots, pool, kv_scale=1.0, stream=None) -> None:
     bytes; slot values are not read on the host there, and a slot past the pool is skipped.
     Traced by torch.compile (torch tensors, a float scale, no `stream`), it is
     torch.ops.smla.quantize_kv."""
-    r = tensor(rows, "rows", required="bf16 rows [N, 512]")
+    r = tensor(rows, "rows", required="bf16 rows [N, 512]", takes=BF16)
     device = device_of(r)
-    args = dict(rows=r, slots=tensor(slots, "slots"), pool=tensor(pool, "pool", writable=True),
+    args = dict(rows=r, slots=tensor(slots, "slots", takes=I32),
+                pool=tensor(pool, "pool", writable=True, takes=POOL),
                 kv_scale=scale(kv_scale, "kv_scale"), stream=stream_handle(stream, device, rows))
     with on_device(device, rows):
         _smla.quantize_kv(**args)

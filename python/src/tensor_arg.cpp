@@ -27,16 +27,59 @@ std::string dlpack_name(nb::dlpack::dtype d) {
   return base + std::to_string(d.bits) + (d.lanes != 1 ? "x" + std::to_string(d.lanes) : "");
 }
 
-// For the dtypes engines hold indices and scales in, the conversion that smla takes (arrays are
-// never converted here: a copy per call would hide its cost).
-std::string conversion_hint(nb::dlpack::dtype d) {
+// For the dtypes engines hold indices, masks, scales and rows in, the conversion to what the
+// argument takes (`takes`: its dtypes; empty: not known, guessed from the dtype alone). Arrays
+// are never converted here: a copy per call would hide its cost.
+std::string conversion_hint(nb::dlpack::dtype d, const std::vector<DType>& takes) {
   if (d.lanes != 1) return "";
   const auto code = static_cast<Code>(d.code);
-  if ((code == Code::Int && d.bits != 32) || (code == Code::UInt && d.bits >= 32))
-    return ": indices, lengths and offsets are int32 (.to(torch.int32) or .astype(numpy.int32))";
-  if (code == Code::Float && d.bits != 32)
-    return ": sinks and lse are float32 (.float() or .astype(numpy.float32)), rows bf16";
+  const auto takes_one = [&](DType t) { return std::ranges::find(takes, t) != takes.end(); };
+  const bool integer = code == Code::Int || code == Code::UInt || code == Code::Bool;
+  const bool floating = code == Code::Float;
+  const std::string to_int32 =
+      ": indices, lengths and offsets are int32 (.to(torch.int32) or .astype(numpy.int32))";
+  const std::string to_float32 = ": sinks and lse are float32 (.float() or .astype(numpy.float32))";
+  if (takes.empty()) {
+    if ((code == Code::Int && d.bits != 32) || (code == Code::UInt && d.bits >= 32))
+      return to_int32;
+    if (code == Code::Float && d.bits != 32) return to_float32 + ", rows bf16";
+    return "";
+  }
+  if (integer && takes_one(DType::i32)) return to_int32;
+  if (integer && takes_one(DType::u8) && d.bits == 8)  // the same bytes: a view, no copy
+    return std::string(takes.size() == 1 ? ": flags and buffers are u8"
+                                         : ": an fp8_ds_mla pool is u8") +
+           " (.view(torch.uint8) or .view(numpy.uint8))";
+  if (integer && takes.size() == 1 && takes_one(DType::u8))
+    return ": flags are u8 (.to(torch.uint8) or .astype(numpy.uint8)), buffers their bytes "
+           "(.view(torch.uint8) or .view(numpy.uint8))";
+  if (floating && takes_one(DType::f32)) return to_float32;
+  if (floating && takes_one(DType::bf16))
+    return ": rows are bf16 (.to(torch.bfloat16) or .astype(ml_dtypes.bfloat16))";
   return "";
+}
+
+// What an argument that takes `takes` expects of its elements, said when another type came.
+std::string expected_elements(const std::vector<DType>& takes) {
+  if (takes.empty())
+    return "elements of a type smla reads, those of bf16, f8e4m3 (float8_e4m3fn), f32, i32 "
+           "and u8 that this argument takes (a uint16/uint8 array holding bf16/fp8 bits: "
+           "smla.with_dtype(array, 'bf16'/'f8e4m3'))";
+  std::string names;
+  for (size_t i = 0; i < takes.size(); ++i) {
+    names += i == 0 ? "" : i + 1 == takes.size() ? " or " : ", ";
+    names += takes[i] == DType::f8e4m3 ? "f8e4m3 (float8_e4m3fn)" : dtype_name(takes[i]);
+  }
+  const bool bf16 = std::ranges::find(takes, DType::bf16) != takes.end();
+  const bool fp8 = std::ranges::find(takes, DType::f8e4m3) != takes.end();
+  const std::string bits = bf16 && fp8 ? " (a uint16/uint8 array holding bf16/fp8 bits: "
+                                         "smla.with_dtype(array, 'bf16'/'f8e4m3'))"
+                           : bf16      ? " (a uint16 array holding bf16 bits: "
+                                         "smla.with_dtype(array, 'bf16'))"
+                           : fp8       ? " (a uint8 array holding fp8 bits: "
+                                         "smla.with_dtype(array, 'f8e4m3'))"
+                                       : "";
+  return names + " elements" + bits;
 }
 
 // The smla dtype a DLPack dtype is, if any.
@@ -53,9 +96,23 @@ std::optional<DType> native(nb::dlpack::dtype d) {
   return std::nullopt;
 }
 
+// The dtypes named in `takes` ("bf16,f8e4m3"), parsed only for an error's message.
+std::vector<DType> dtypes_of(const std::string& takes) {
+  std::vector<DType> dtypes;
+  for (size_t start = 0; start < takes.size();) {
+    const size_t end = std::min(takes.find(',', start), takes.size());
+    dtypes.push_back(parse_dtype(takes.substr(start, end - start), "takes"));
+    start = end + 1;
+  }
+  return dtypes;
+}
+
+// `takes`: the dtypes the argument accepts (Tensor's); `holds`: the dtype of the caller's array
+// where the import sees its raw bits (an ml_dtypes or torch fp8 array viewed as integers),
+// named in errors in place of the view's.
 template <class Array>
-TensorView view_of(const Array& a, const std::string& name,
-                   const std::optional<std::string>& dtype) {
+TensorView view_of(const Array& a, const std::string& name, const std::optional<std::string>& dtype,
+                   const std::string& takes, const std::optional<std::string>& holds) {
   TensorView v;
   const nb::dlpack::dtype d = a.dtype();
   if (dtype) {
@@ -64,15 +121,13 @@ TensorView view_of(const Array& a, const std::string& name,
     if (d.lanes != 1 || d.bits != dtype_size(v.dtype) * 8)
       throw Error(ErrorKind::type, name,
                   std::to_string(dtype_size(v.dtype) * 8) + "-bit elements to read as " + *dtype,
-                  dlpack_name(d));
+                  holds.value_or(dlpack_name(d)));
   } else if (const auto t = native(d)) {
     v.dtype = *t;
   } else {
-    throw Error(ErrorKind::type, name,
-                "elements of a type smla reads, those of bf16, f8e4m3 (float8_e4m3fn), f32, i32 "
-                "and u8 that this argument takes (a uint16/uint8 array holding bf16/fp8 bits: "
-                "smla.with_dtype(array, 'bf16'/'f8e4m3'))",
-                dlpack_name(d) + conversion_hint(d));
+    const std::vector<DType> accepted = dtypes_of(takes);
+    throw Error(ErrorKind::type, name, expected_elements(accepted),
+                holds.value_or(dlpack_name(d)) + conversion_hint(d, accepted));
   }
   switch (a.device_type()) {
     case nb::device::cpu::value:
@@ -121,7 +176,7 @@ Device parse_device(const std::string& kind, int id) {
 }
 
 Tensor::Tensor(nb::handle array, const std::string& name, std::optional<std::string> dtype,
-               bool writable) {
+               bool writable, const std::string& takes, std::optional<std::string> holds) {
   // A buffer exporter may leave its strides out (ctypes arrays), which the import would read:
   // a memoryview of it states them.
   nb::object source = nb::borrow(array);
@@ -134,13 +189,13 @@ Tensor::Tensor(nb::handle array, const std::string& name, std::optional<std::str
   // convert=false: an array of another dtype or order is refused, never copied.
   nb::ndarray<> rw;
   if (nb::try_cast(source, rw, false)) {
-    view_ = view_of(rw, name, dtype);
+    view_ = view_of(rw, name, dtype, takes, holds);
     rw_ = std::move(rw);
     return;
   }
   nb::ndarray<nb::ro> ro;
   if (!writable && nb::try_cast(source, ro, false)) {
-    view_ = view_of(ro, name, dtype);
+    view_ = view_of(ro, name, dtype, takes, holds);
     ro_ = std::move(ro);
     return;
   }
@@ -193,11 +248,11 @@ nb::object as_array(const TensorView& view, nb::handle owner) {
 }
 
 void bind_tensor(nb::module_& m) {
-  nb::class_<Tensor>(m, "Tensor",
-                     "An array argument as smla sees it (a DLPack view; no copy).")
-      .def(nb::init<nb::handle, const std::string&, std::optional<std::string>, bool>(),
+  nb::class_<Tensor>(m, "Tensor", "An array argument as smla sees it (a DLPack view; no copy).")
+      .def(nb::init<nb::handle, const std::string&, std::optional<std::string>, bool,
+                    const std::string&, std::optional<std::string>>(),
            nb::arg("array"), nb::arg("name"), nb::arg("dtype").none() = nb::none(),
-           nb::arg("writable") = false)
+           nb::arg("writable") = false, nb::arg("takes") = "", nb::arg("holds").none() = nb::none())
       .def_prop_ro("dtype", [](const Tensor& t) { return dtype_name(t.view().dtype); })
       .def_prop_ro("device", [](const Tensor& t) { return device_name(t.view().device); })
       .def_prop_ro("shape",

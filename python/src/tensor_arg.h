@@ -14,13 +14,17 @@ namespace smla::py {
 
 namespace nb = nanobind;
 
-// `_smla.Tensor(array, name, dtype=None, writable=False)`. `name` is the argument's name, so a
-// rejected array raises the same TypeError/ValueError as the C++ checks. `dtype` reinterprets
-// arrays whose element type NumPy lacks (a uint16 array as bf16, a uint8 one as f8e4m3).
+// `_smla.Tensor(array, name, dtype=None, writable=False, takes="", holds=None)`. `name` is the
+// argument's name, so a rejected array raises the same TypeError/ValueError as the C++ checks.
+// `dtype` reinterprets arrays whose element type NumPy lacks (a uint16 array as bf16, a uint8
+// one as f8e4m3). `takes`: the dtypes the argument accepts, comma-separated smla names ("i32",
+// "bf16,f8e4m3,u8"), which an error for another element type names with the conversion to
+// them; empty: unknown. `holds`: the caller's dtype where `array` is a raw view of it (an
+// ml_dtypes bfloat16 array seen as uint16), named in errors in place of the view's.
 class Tensor {
  public:
-  Tensor(nb::handle array, const std::string& name, std::optional<std::string> dtype,
-         bool writable);
+  Tensor(nb::handle array, const std::string& name, std::optional<std::string> dtype, bool writable,
+         const std::string& takes = "", std::optional<std::string> holds = {});
   const TensorView& view() const { return view_; }
 
  private:

@@ -286,15 +286,20 @@ def test_decode_takes_array_subclasses():
 
 def test_with_dtype_element_sizes_must_agree():
     """with_dtype reads an array's bits as another dtype of the same element size only; it
-    also names the dtype of an ml_dtypes array (which is read as that, not as its own)."""
+    also names the dtype of an ml_dtypes array (which is read as that, not as its own), by
+    that dtype's name, not by the integers its bits cross as."""
     args, _ = make_case(ref.fresh_rng())
     with pytest.raises(TypeError, match="smla: query: expected 16-bit elements to read as bf16, "
                        "got uint8"):
         smla.sparse_mla_decode(**dict(args, query=smla.with_dtype(args["query"].view(np.uint8),
                                                                    "bf16")))
     with pytest.raises(TypeError, match="smla: query: expected 8-bit elements to read as "
-                       "f8e4m3, got uint16"):
+                       "f8e4m3, got bfloat16$"):
         smla.sparse_mla_decode(**dict(args, query=smla.with_dtype(args["query"], "f8e4m3")))
+    fp8 = args["query"].astype(np.float32).astype(E4M3)
+    with pytest.raises(TypeError, match="smla: query: expected 16-bit elements to read as "
+                       "bf16, got float8_e4m3fn$"):
+        smla.sparse_mla_decode(**dict(args, query=smla.with_dtype(fp8, "bf16")))
     # 16 bits, but in two lanes of a vector type: not one 16-bit element.
     query = DlpackExport(args["query"].view(np.uint16), CPU, UINT, lanes=2)
     with pytest.raises(TypeError, match="smla: query: expected 16-bit elements to read as bf16, "
@@ -964,8 +969,9 @@ def test_build_sparse_indices_errors_name_the_argument():
     with pytest.raises(TypeError, match="smla: block_table: .*, got int64: indices, lengths and "
                        r"offsets are int32 \(\.to\(torch\.int32\)"):
         smla.build_sparse_indices(args)
-    args.swa.block_table = c["block_table"].astype(np.uint16)  # no int32 hint: bf16 bits, maybe
-    with pytest.raises(TypeError, match="smla: block_table: .*with_dtype.*, got uint16$"):
+    args.swa.block_table = c["block_table"].astype(np.uint16)  # i32 alone: no bf16 bits
+    with pytest.raises(TypeError, match="smla: block_table: expected i32 elements, got uint16: "
+                       "indices, lengths and offsets are int32"):
         smla.build_sparse_indices(args)
     args.swa.block_table = c["block_table"]
     args.out.sparse_indices = np.zeros((4, W + 4), np.int32)
@@ -1574,8 +1580,54 @@ def test_dtype_errors_name_the_conversion_for_other_widths():
     with pytest.raises(TypeError) as info:
         smla.sparse_mla_decode(**bad(args, query=args["query"].astype(np.float16)))
     assert info.value.argument == "query"
-    assert info.value.got.startswith("float16: sinks and lse are float32") and \
-        info.value.got.endswith("rows bf16"), info.value.got
+    assert info.value.got == ("float16: rows are bf16 (.to(torch.bfloat16) or "
+                              ".astype(ml_dtypes.bfloat16))"), info.value.got
+
+
+def test_dtype_errors_follow_the_dtype_the_argument_takes():
+    """The expectation and the conversion named are the argument's (u8 flags and buffers, an
+    fp8_ds_mla pool's bytes, f32 sinks, bf16 rows), not guessed from the dtype that came."""
+    rng = ref.fresh_rng()
+    args, _ = make_case(rng)
+    view = ".view(torch.uint8) or .view(numpy.uint8))"
+    pools = ("bf16, f8e4m3 (float8_e4m3fn) or u8 elements (a uint16/uint8 array holding "
+             "bf16/fp8 bits: smla.with_dtype(array, 'bf16'/'f8e4m3'))")
+    c = step_case(rng)
+    step = dataclasses.replace(c["step"], is_valid_token=np.ones(4, np.int8))
+    table = smla.SparseIndexArgs(step=step, swa=smla.SwaGroup(c["block_table"], c["swa_view"]),
+                                 out=smla.SparseIndexTable(np.zeros((4, W), np.int32),
+                                                           np.zeros(4, np.int32)))
+    pool8 = np.zeros((2, 16, 584), np.int8)
+    quantize = dict(rows=np.zeros((2, D), BF16), slots=np.array([0, 1], np.int32), pool=pool8)
+    for argument, call, expected, got in (
+            ("is_valid_token", lambda: smla.build_sparse_indices(table), "u8 elements",
+             "int8: flags and buffers are u8 (" + view),
+            ("workspace", lambda: smla.sparse_mla_decode(
+                **bad(args, workspace=np.zeros(64, np.int8))), "u8 elements",
+             "int8: flags and buffers are u8 (" + view),
+            ("kv_counters", lambda: smla.sparse_mla_decode(
+                **bad(args, kv_counters=np.zeros(16, np.int16))), "u8 elements",
+             "int16: flags are u8 (.to(torch.uint8) or .astype(numpy.uint8)), buffers their "
+             "bytes (" + view),
+            ("swa_kv_cache", lambda: smla.sparse_mla_decode(**bad(args, swa_kv_cache=pool8)),
+             pools, "int8: an fp8_ds_mla pool is u8 (" + view),
+            ("pool", lambda: smla.quantize_kv(**quantize), pools,
+             "int8: an fp8_ds_mla pool is u8 (" + view),
+            ("sinks", lambda: smla.sparse_mla_decode(
+                **bad(args, sinks=args["sinks"].astype(np.float16))), "f32 elements",
+             "float16: sinks and lse are float32 (.float() or .astype(numpy.float32))"),
+            ("out", lambda: smla.sparse_mla_decode(**bad(args, out=np.zeros((6, 8, D)))),
+             "bf16 elements (a uint16 array holding bf16 bits: smla.with_dtype(array, 'bf16'))",
+             "float64: rows are bf16 (.to(torch.bfloat16) or .astype(ml_dtypes.bfloat16))"),
+            ("sparse_indices", lambda: smla.sparse_mla_decode(
+                **bad(args, sparse_indices=args["sparse_indices"].astype(np.float64))),
+             "i32 elements", "float64"),  # no conversion: float indices are no int32's copy
+    ):
+        with pytest.raises(TypeError) as info:
+            call()
+        assert (info.value.argument, info.value.expected, info.value.got) == \
+            (argument, expected, got)
+        assert str(info.value) == f"smla: {argument}: expected {expected}, got {got}"
 
 
 @pytest.mark.parametrize("output", ["out", "lse", "workspace", "kv_counters"])
