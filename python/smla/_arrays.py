@@ -6,6 +6,7 @@ are recognised among the modules already imported (subclasses of their array typ
 a NumPy caller never imports torch.
 """
 
+import collections.abc
 import math
 import numbers
 import operator
@@ -245,6 +246,16 @@ def items(x, name: str, cls=None) -> list:
         for i, item in enumerate(x):
             instance(item, cls, f"{name}[{i}]")
     return x
+
+
+def mapping(x, name: str, what: str) -> dict:
+    """A dict argument (`what`: how to name its items) as a dict, None as an empty one (the
+    dicts a dataclass defaults to empty), else a TypeError naming it."""
+    if x is None:
+        return {}
+    if not isinstance(x, collections.abc.Mapping):
+        raise type_error(name, f"a dict {what} (or None: none)", type(x).__name__)
+    return dict(x)
 
 
 def integer(x, name: str, bits: int = 32) -> int:

@@ -2,11 +2,11 @@
 through SparseIndexTables, with kv counters and workspace allocated once and shared."""
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import _smla
-from ._arrays import (BF16, F32, I32, POOL, QUERY, device_of, instance, integer, items, on_device,
-                      scale, stream_handle, tensor)
+from ._arrays import (BF16, F32, I32, POOL, QUERY, device_of, instance, integer, items, mapping,
+                      on_device, scale, stream_handle, tensor)
 from ._errors import value_error
 from .index import StepMetadata, step_metadata
 
@@ -29,8 +29,9 @@ class StepInputs:
 
     metadata: StepMetadata
     block_tables: List[Any]                                         # per SWA group
-    compressed_block_tables: Dict[int, Any] = field(default_factory=dict)  # by kv source
-    topk_indices: Dict[int, Any] = field(default_factory=dict)      # by index source
+    # By kv source and by index source; None: empty (a step of SWA-only layers).
+    compressed_block_tables: Optional[Dict[int, Any]] = field(default_factory=dict)
+    topk_indices: Optional[Dict[int, Any]] = field(default_factory=dict)
 
 
 _QUERY, _OUT = "a [T, H, 512] array", "a [T, H_out, 512] bf16 array"  # a layer's, when None
@@ -39,9 +40,11 @@ _QUERY, _OUT = "a [T, H, 512] array", "a [T, H_out, 512] bf16 array"  # a layer'
 def _inputs(inputs: StepInputs):
     instance(inputs, StepInputs, "inputs")
     by_layer = {}
-    for name in ("compressed_block_tables", "topk_indices"):
+    for name, what in (("compressed_block_tables", "{kv source layer: [>= B, pages] array}"),
+                       ("topk_indices", "{index source layer: [T, top_k] array}")):
+        entries = mapping(getattr(inputs, name), name, what)
         by_layer[name] = {integer(k, f"{name} key"): tensor(t, f"{name}[{k}]", takes=I32)
-                          for k, t in getattr(inputs, name).items()}
+                          for k, t in entries.items()}
     return _smla.make_step_inputs(
         metadata=step_metadata(inputs.metadata),
         block_tables=[tensor(t, f"block_tables[{g}]", takes=I32)

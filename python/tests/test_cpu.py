@@ -1506,6 +1506,40 @@ def test_step_executor_argument_checks():
     executor.end_step()
 
 
+def test_step_inputs_dicts_take_none_as_empty_and_refuse_other_kinds():
+    """compressed_block_tables and topk_indices default to empty dicts: None is one too (a
+    model of SWA-only layers runs); a list or other non-dict is a TypeError naming the field."""
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    specs, pools = layers_and_pools(rng)
+    layers = [smla.AttentionLayer(spec=specs[i], swa_kv_cache=pools[i][0], bmm1_scale=D**-0.5)
+              for i in range(2)]  # the two SWA-only layers
+    executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W)
+    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in layers]
+    outs = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in layers]
+    groups = [c["block_table"], c["block_table"]]
+    executor.run_step(smla.StepInputs(c["step"], groups), queries, outs)
+    want = [o.copy() for o in outs]
+    none = smla.StepInputs(c["step"], groups, compressed_block_tables=None, topk_indices=None)
+    for o in outs:
+        o[:] = np.nan
+    executor.run_step(none, queries, outs)
+    for a, b in zip(outs, want):
+        assert (a.view(np.uint16) == b.view(np.uint16)).all()
+    executor.begin_step(none)
+    executor.end_step()
+    for name, value in (("compressed_block_tables", [c["comp_table"]]), ("topk_indices", []),
+                        ("topk_indices", (c["topk"],)), ("compressed_block_tables", 2)):
+        step = dataclasses.replace(none, **{name: value})
+        for call in (lambda: executor.begin_step(step),
+                     lambda: executor.run_step(step, queries, outs)):
+            with pytest.raises(TypeError) as info:
+                call()
+            assert info.value.argument == name
+            assert info.value.got == type(value).__name__
+            assert str(info.value).startswith(f"smla: {name}: expected a dict {{")
+
+
 def test_index_builder_argument_checks():
     c = step_case(ref.fresh_rng())
     args = index_args(c, 4)
