@@ -16,7 +16,7 @@ from .buffers import kv_counter_buffer, workspace_buffer  # noqa: F401  (engines
 from . import _smla
 from .decode import WINDOW, sparse_mla_decode
 from ._arrays import I32, QUERY, Typed, framework_of, on_a_device, stream_handle, tensor
-from ._errors import import_error, raise_renamed, value_error
+from ._errors import import_error, raise_renamed, shape_text, value_error
 
 HEAD_DIM = _smla.HEAD_DIM
 
@@ -38,11 +38,20 @@ def _module(x):
     return np
 
 
-def _merge_tokens(x, name: str, ndim: int):
+def _merge_tokens(x, name: str, ndim: int, merged: dict):
+    """_merged_view of x, noting in `merged` the shape the op sees and the caller's (for
+    raise_renamed: the op's errors say the shape the caller passed)."""
+    view = _merged_view(x, name, ndim)
+    if getattr(_array(x), "ndim", ndim) == ndim + 1:
+        merged[name] = (_array(view).shape, _array(x).shape)
+    return view
+
+
+def _merged_view(x, name: str, ndim: int):
     """[B, q, ...] -> [B*q, ...] as a view (engines pass [T, 1, H, D] for DSpark); a tensor
     that would need a copy is refused (an output copy would lose the writes)."""
     if isinstance(x, Typed):
-        return Typed(_merge_tokens(x.array, name, ndim), x.dtype)
+        return Typed(_merged_view(x.array, name, ndim), x.dtype)
     if x is None or getattr(x, "ndim", ndim) != ndim + 1:
         return x
     shape = (x.shape[0] * x.shape[1],) + tuple(x.shape[2:])
@@ -133,16 +142,26 @@ def trtllm_batch_decode_sparse_mla_dsv4(
     if not hasattr(q_array, "shape"):
         tensor(query, "query", takes=QUERY)  # raises the named TypeError for what is not an array
     q_len = q_array.shape[1] if getattr(q_array, "ndim", 3) == 4 else 1
+    uniform = cum_seq_lens_q is None and q_len > 1 and seq_lens is not None
+    if uniform:  # the offsets made below count the query's B requests: seq_lens must have B
+        shape = tuple(getattr(_array(seq_lens), "shape", ()))  # no DLPack: torch.compile traces
+        if len(shape) == 0:
+            tensor(seq_lens, "seq_lens", takes=I32)  # names what is no array, or of no dims
+        if len(shape) != 1 or shape[0] != q_array.shape[0]:
+            raise value_error("seq_lens", f"[B = {q_array.shape[0]}] (the B of query "
+                              f"{shape_text(q_array.shape)}, cum_seq_lens_q absent)",
+                              shape_text(shape))
     with _call_stream(query, stream):
         if out is None:
             out = _new_out(query)
-        if cum_seq_lens_q is None and q_len > 1 and seq_lens is not None:
+        if uniform:
             cum_seq_lens_q = _uniform_cum(seq_lens, q_len)
             max_q_len = q_len if max_q_len is None else max_q_len
-    query = _merge_tokens(query, "query", 3)
     result = out
-    out = _merge_tokens(out, "out", 3)
-    sparse_indices = _merge_tokens(sparse_indices, "sparse_indices", 2)
+    merged = {}  # the shape the op sees of each array merged here, and the caller's
+    query = _merge_tokens(query, "query", 3, merged)
+    out = _merge_tokens(out, "out", 3, merged)
+    sparse_indices = _merge_tokens(sparse_indices, "sparse_indices", 2, merged)
     if max_q_len is None:
         max_q_len = 1 if cum_seq_lens_q is None else _max_q_len(cum_seq_lens_q)
     try:
@@ -154,7 +173,10 @@ def trtllm_batch_decode_sparse_mla_dsv4(
             workspace=workspace_buffer, kv_counters=multi_ctas_kv_counter_buffer, window=window,
             stream=stream)
     except Exception as e:  # named as this call's keywords, not the op's
-        raise_renamed(e, _ENGINE_NAMES)
+        raise_renamed(e, _ENGINE_NAMES, {
+            name: (shape_text(seen), f"{shape_text(passed)} (its first two dims merged: "
+                                     f"{shape_text(seen)})")
+            for name, (seen, passed) in merged.items()})
     return result
 
 

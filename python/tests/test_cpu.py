@@ -715,6 +715,58 @@ def test_engine_call_uniform_q_len_from_4d_query():
     ref.assert_out_close(out.reshape(6, 8, D), expected_out, ref.CPU_TOL)
 
 
+def test_engine_call_4d_query_checks_seq_lens_against_its_b():
+    """A [B, q, H, D] query without cum_seq_lens_q makes B requests' offsets from seq_lens:
+    seq_lens that is no array, or of no B, is named as the 3-D call names it (not an
+    AttributeError or IndexError, nor the cum_seq_lens_q the caller never passed)."""
+    args, _ = make_case(ref.fresh_rng(), q_lens=(2, 2), seq_lens=(2, 260))
+    query = args["query"].reshape(2, 2, 8, D)
+    common = dict(swa_kv_cache=args["swa_kv_cache"],
+                  compressed_kv_cache=args["compressed_kv_cache"],
+                  sparse_indices=args["sparse_indices"], sparse_topk_lens=args["sparse_topk_lens"],
+                  bmm1_scale=args["bmm1_scale"])
+    for seq_lens, error in (([2, 260], TypeError), (np.int32(260), ValueError)):
+        with pytest.raises(error) as flat:  # the 3-D call's error ...
+            trtllm_batch_decode_sparse_mla_dsv4(query=args["query"], seq_lens=seq_lens,
+                                                cum_seq_lens_q=args["cum_seq_lens_q"], **common)
+        with pytest.raises(error) as info:  # ... is the 4-D one's
+            trtllm_batch_decode_sparse_mla_dsv4(query=query, seq_lens=seq_lens, **common)
+        assert info.value.argument == "seq_lens"
+        assert str(info.value) == str(flat.value)
+    for seq_lens in (args["seq_lens"][:1], np.array([[2, 260]], np.int32)):
+        with pytest.raises(ValueError) as info:
+            trtllm_batch_decode_sparse_mla_dsv4(query=query, seq_lens=seq_lens, **common)
+        assert str(info.value) == (
+            "smla: seq_lens: expected [B = 2] (the B of query [2, 2, 8, 512], cum_seq_lens_q "
+            f"absent), got [{', '.join(map(str, seq_lens.shape))}]")
+
+
+def test_engine_call_errors_give_the_shape_passed_before_the_merge():
+    """An error about a [B, q, ...] array the call merged into [B*q, ...] says the shape the
+    caller passed, and the merged one it was checked as."""
+    args, _ = make_case(ref.fresh_rng(), q_lens=(2, 2), seq_lens=(2, 260))
+    common = dict(swa_kv_cache=args["swa_kv_cache"],
+                  compressed_kv_cache=args["compressed_kv_cache"],
+                  sparse_topk_lens=args["sparse_topk_lens"], bmm1_scale=args["bmm1_scale"],
+                  seq_lens=args["seq_lens"], cum_seq_lens_q=args["cum_seq_lens_q"])
+    query, indices = args["query"], args["sparse_indices"]
+    with pytest.raises(ValueError) as info:
+        trtllm_batch_decode_sparse_mla_dsv4(query=query, **common,
+                                            sparse_indices=np.full((2, 2, 64), -1, np.int32))
+    assert info.value.argument == "sparse_indices"
+    assert info.value.got == "[2, 2, 64] (its first two dims merged: [4, 64])"
+    with pytest.raises(ValueError) as info:  # 7 heads: the out's [B, q, H_out, D] too
+        trtllm_batch_decode_sparse_mla_dsv4(query=query.reshape(2, 2, 8, D), **common,
+                                            sparse_indices=indices,
+                                            out=np.zeros((2, 2, 7, D), BF16))
+    assert (info.value.argument, info.value.got) == (
+        "out", "[2, 2, 7, 512] (its first two dims merged: [4, 7, 512])")
+    with pytest.raises(ValueError) as info:  # a 3-D array is as it came
+        trtllm_batch_decode_sparse_mla_dsv4(query=query, **common,
+                                            sparse_indices=indices[:, :64])
+    assert info.value.got == "[4, 64]"
+
+
 def test_engine_call_takes_with_dtype_arrays():
     """A with_dtype query in [B, q, H, D], out allocated: the op's result."""
     args, pools = make_case(ref.fresh_rng(), q_lens=(2, 2), seq_lens=(2, 260))
