@@ -25,7 +25,7 @@ struct LayerSpec {
 };
 
 // Columns of the top-k a layer reads for KV lengths up to max_seq_len (0 for SWA-only layers).
-// A negative max_seq_len, compress_ratio or index_topk throws smla::Error.
+// A negative max_seq_len, compress_ratio or index_topk, or a window below 1, throws smla::Error.
 int64_t topk_width(const LayerSpec& layer, int64_t max_seq_len);
 
 struct ModelPreset {

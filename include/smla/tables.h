@@ -21,7 +21,8 @@ enum class TableSharing { shared, none };
 
 // Layers with equal keys build equal tables in a step (within one SWA group): "swa_only", or
 // "<compressed cache id>:<index source layer>:<ratio>" with the kv source layer as cache id;
-// with sharing none, "layer <id>".
+// with sharing none, "layer <id>". A spec topk_width refuses (a negative compress_ratio or
+// index_topk, a window below 1) throws smla::Error naming `layer.<field>`, as there.
 std::string sparse_index_key(const LayerSpec& layer, TableSharing sharing = TableSharing::shared);
 
 // The build arguments (outputs unset) of a layer's table in the current step.
@@ -41,7 +42,8 @@ struct TableStats {
 
 class SparseIndexTables {
  public:
-  // `layers` in model order (strictly increasing ids; runs are consecutive equal keys).
+  // `layers` in model order (strictly increasing ids; runs are consecutive equal keys); a
+  // spec sparse_index_key refuses throws smla::Error naming `layers[i].<field>`.
   // `streams` orders the builds and must outlive this object.
   SparseIndexTables(std::span<const LayerSpec> layers, Streams& streams,
                     TableSharing sharing = TableSharing::shared);

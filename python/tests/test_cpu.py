@@ -1592,6 +1592,33 @@ def test_step_inputs_dicts_take_none_as_empty_and_refuse_other_kinds():
             assert str(info.value).startswith(f"smla: {name}: expected a dict {{")
 
 
+def test_layer_specs_are_checked_when_tables_and_executors_are_made():
+    """A window below 1 is refused by the StepExecutor and SparseIndexTables constructors,
+    named as their other spec fields are (it failed only at run_step); sparse_index_key refuses
+    the specs topk_width refuses, in the same words."""
+    rng = ref.fresh_rng()
+    specs, pools = layers_and_pools(rng)
+    for window in (0, -5):
+        spec = smla.LayerSpec(layer=0, num_heads=4, window=window)
+        layer = smla.AttentionLayer(spec=spec, swa_kv_cache=pools[0][0], bmm1_scale=D**-0.5)
+        raises_named(ValueError, "layers[0].spec.window",
+                     lambda: smla.StepExecutor([layer], max_tokens=8, max_columns=W))
+        raises_named(ValueError, "layers[1].window", lambda: smla.SparseIndexTables(
+            [specs[0], smla.LayerSpec(layer=1, swa_group=1, num_heads=4, window=window)]))
+    raises_named(ValueError, "layers[0].compress_ratio", lambda: smla.SparseIndexTables(
+        [smla.LayerSpec(layer=0, num_heads=4, compress_ratio=-1)]))
+    for spec, field in ((smla.LayerSpec(compress_ratio=-1), "layer.compress_ratio"),
+                        (smla.LayerSpec(compress_ratio=4, index_topk=-8), "layer.index_topk"),
+                        (smla.LayerSpec(window=0), "layer.window")):
+        with pytest.raises(ValueError) as width:
+            smla.topk_width(spec, 1024)
+        for sharing in (smla.TableSharing.shared, smla.TableSharing.none):
+            with pytest.raises(ValueError) as key:
+                smla.sparse_index_key(spec, sharing)
+            assert key.value.argument == field
+            assert str(key.value) == str(width.value)
+
+
 def test_index_builder_argument_checks():
     c = step_case(ref.fresh_rng())
     args = index_args(c, 4)

@@ -14,8 +14,11 @@
 namespace smla {
 
 // A negative ratio would run as an SWA-only layer and a negative top-k as every compressed
-// entry: refused, each named `prefix` + field.
+// entry, and a window below 1 would fail only when a step runs: refused, each named `prefix` +
+// field.
 inline void check_layer_counts(const LayerSpec& spec, const std::string& prefix) {
+  if (spec.window < 1)
+    check::fail(ErrorKind::value, prefix + "window", ">= 1", std::to_string(spec.window));
   if (spec.compress_ratio < 0)
     check::fail(ErrorKind::value, prefix + "compress_ratio", ">= 0 (0: SWA-only)",
                 std::to_string(spec.compress_ratio));

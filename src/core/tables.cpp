@@ -9,6 +9,7 @@
 namespace smla {
 
 std::string sparse_index_key(const LayerSpec& layer, TableSharing sharing) {
+  check_layer_counts(layer, "layer.");  // as topk_width: no key for a spec no step runs
   // A key no other layer has: runs of one layer, so no fork, and each new key drops the
   // group's previous table (store), keeping memory bounded as with sharing.
   if (sharing == TableSharing::none) return "layer " + std::to_string(layer.layer);
@@ -26,6 +27,7 @@ SparseIndexTables::SparseIndexTables(std::span<const LayerSpec> layers, Streams&
       check::fail(
           ErrorKind::value, "layers", "strictly increasing layer ids",
           std::to_string(layers_[i - 1].layer) + " then " + std::to_string(layers_[i].layer));
+    check_layer_counts(layers_[i], "layers[" + std::to_string(i) + "].");
     keys_.push_back(sparse_index_key(layers_[i], sharing));
   }
   run_end_.resize(layers_.size());

@@ -692,6 +692,9 @@ TEST(Executor, LayersAreCheckedWhenMade) {
   refused([](Layers& l) { l[0].spec.swa_group = -1; }, "layers[0].spec.swa_group", ">= 0", "-1");
   refused([](Layers& l) { l[1].spec.index_topk = -4; }, "layers[1].spec.index_topk", ">= 0",
           "-4");
+  // A window below 1 failed only as a step ran.
+  refused([](Layers& l) { l[0].spec.window = 0; }, "layers[0].spec.window", ">= 1", "0");
+  refused([](Layers& l) { l[1].spec.window = -5; }, "layers[1].spec.window", ">= 1", "-5");
   refused([](Layers& l) { l[0].bmm1_scale = NAN; }, "layers[0].bmm1_scale",
           "a finite float of magnitude below 2.3e38", "nan");
   refused([](Layers& l) { l[1].bmm2_scale = INFINITY; }, "layers[1].bmm2_scale", "a finite float",

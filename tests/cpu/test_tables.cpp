@@ -178,6 +178,21 @@ TEST(SparseIndexKey, SwaOnlyOrCacheSourceRatio) {
   EXPECT_EQ(sparse_index_key(flash[0], TableSharing::none), "layer 0");
 }
 
+// A spec topk_width refuses has no key either (it came back as "-1:-1:-1"), with either sharing.
+TEST(SparseIndexKey, RefusesTheSpecsTopkWidthRefuses) {
+  const auto refused = [](LayerSpec s, const char* field, const char* expected, const char* got) {
+    for (TableSharing sharing : {TableSharing::shared, TableSharing::none})
+      test::expect_smla_error([&] { sparse_index_key(s, sharing); }, ErrorKind::value, field,
+                              expected, got);
+    test::expect_smla_error([&] { topk_width(s, 1024); }, ErrorKind::value, field, expected, got);
+  };
+  refused({.compress_ratio = -1}, "layer.compress_ratio", ">= 0 (0: SWA-only)", "-1");
+  refused({.compress_ratio = 4, .kv_source = 2, .index_source = 2, .index_topk = -8},
+          "layer.index_topk", ">= 0 (0: every compressed entry)", "-8");
+  refused({.window = 0}, "layer.window", ">= 1", "0");
+  refused({.compress_ratio = 4, .window = -5}, "layer.window", ">= 1", "-5");
+}
+
 TEST(ModelPresets, ShapesOfSpec6) {
   const auto flash = model_layers(model_preset("v4-flash"), 2, true);
   ASSERT_EQ(flash.size(), 44u);
@@ -601,6 +616,30 @@ TEST(SparseIndexTables, LayerIdsMustIncrease) {
   refused({flash[1], flash[0]}, "1 then 0");
   refused({flash[0], flash[2], flash[3], flash[3], flash[4]}, "3 then 3");  // the same key
   refused({flash[0], flash[2], flash[4], flash[3]}, "4 then 3");
+}
+
+// Each spec is checked as the tables are made, named by its position (a window below 1 failed
+// only in a lookup's build, a negative ratio ran as SWA-only).
+TEST(SparseIndexTables, SpecsAreCheckedWhenMade) {
+  const auto flash = model_layers(model_preset("v4-flash"), 2);
+  test::RecordingStreams streams;
+  const auto refused = [&](size_t i, auto edit, const char* field, const char* expected,
+                           const char* got) {
+    std::vector<LayerSpec> layers(flash.begin(), flash.begin() + 4);
+    edit(layers[i]);
+    test::expect_smla_error([&] { SparseIndexTables tables(layers, streams); }, ErrorKind::value,
+                            field, expected, got);
+  };
+  refused(
+      1, [](LayerSpec& s) { s.window = 0; }, "layers[1].window", ">= 1", "0");
+  refused(
+      2, [](LayerSpec& s) { s.window = -5; }, "layers[2].window", ">= 1", "-5");
+  refused(
+      0, [](LayerSpec& s) { s.compress_ratio = -1; }, "layers[0].compress_ratio",
+      ">= 0 (0: SWA-only)", "-1");
+  refused(
+      3, [](LayerSpec& s) { s.index_topk = -1; }, "layers[3].index_topk",
+      ">= 0 (0: every compressed entry)", "-1");
 }
 
 TEST(SparseIndexTables, UnknownLayerIsAnError) {
