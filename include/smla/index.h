@@ -15,7 +15,8 @@ struct StepMetadata {
   TensorView cum_seq_lens_q{};  // [B+1] i32, cum[B] == T; absent: one token per request (B == T)
   TensorView is_valid_token{};  // [T] u8, optional (absent: all valid); 0 = padding token
   int64_t num_decodes = 0;      // requests [0, num_decodes) are decode requests, the rest prefill
-  int max_q_len = 1;            // >= every q_len; what the decode op is told
+  int max_q_len = 1;            // >= every q_len (>= 1); what the decode op is told, checked
+                                // by the builders as by the decode (q_lens: host values only)
   int decode_swa_width = 0;     // > window: DSpark non-causal window (dspark_swa_width); 0..window:
                                 // causal; negative: refused
 };

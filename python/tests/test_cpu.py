@@ -1032,6 +1032,28 @@ def test_build_sparse_indices_errors_name_the_argument():
     assert smla.dspark_swa_width(W, 3) == 192
 
 
+def test_build_sparse_indices_checks_max_q_len():
+    """StepMetadata.max_q_len is checked by the builder as the decode checks it (>= 1, and no
+    request of more tokens, a host value), naming max_q_len; a larger one builds the same
+    table."""
+    c = step_case(ref.fresh_rng(), q_lens=(1, 3, 2))
+    args = index_args(c, 4)
+    k = smla.sparse_index_columns(W, c["topk"].shape[1])
+    args.out = smla.SparseIndexTable(np.full((6, k), 12345, np.int32), np.full(6, -9, np.int32))
+    smla.build_sparse_indices(args)
+    want = args.out.sparse_indices.copy(), args.out.sparse_topk_lens.copy()
+    for max_q_len, expected in ((0, ">= 1"), (-5, ">= 1"),
+                                (2, ">= every q_len (request 1 has q_len 3)")):
+        args.step = dataclasses.replace(c["step"], max_q_len=max_q_len)
+        with pytest.raises(ValueError) as info:
+            smla.build_sparse_indices(args)
+        assert str(info.value) == f"smla: max_q_len: expected {expected}, got {max_q_len}"
+    args.step = dataclasses.replace(c["step"], max_q_len=8)
+    smla.build_sparse_indices(args)
+    np.testing.assert_array_equal(args.out.sparse_indices, want[0])
+    np.testing.assert_array_equal(args.out.sparse_topk_lens, want[1])
+
+
 def layers_and_pools(rng, heads=4):
     """Four layers, two SWA groups: SWA-only in each, then a run of one ratio-4 key
     (index and kv source: layer 2) across both groups."""

@@ -30,6 +30,8 @@ void check_step(const StepMetadata& s, IndexProblem& p) {
   if (s.num_decodes < 0 || s.num_decodes > p.num_requests)
     fail(ErrorKind::value, "num_decodes", "0..B = " + num(p.num_requests), num(s.num_decodes));
   p.num_decodes = s.num_decodes;
+  // What the decode op is told: refused here as it would be there (host values below).
+  if (s.max_q_len < 1) fail(ErrorKind::value, "max_q_len", ">= 1", num(s.max_q_len));
   check::int32_count(s.decode_swa_width, "decode_swa_width");  // 0..window: causal, not < 0
 }
 
@@ -37,6 +39,11 @@ void check_step(const StepMetadata& s, IndexProblem& p) {
 void check_step_values(const StepMetadata& s, const IndexProblem& p) {
   check::step_requests(s.seq_lens, s.cum_seq_lens_q, p.num_requests, p.num_tokens,
                        [&](int64_t b, int64_t q_len) {
+                         if (q_len > s.max_q_len)
+                           fail(ErrorKind::value, "max_q_len",
+                                ">= every q_len (request " + num(b) + " has q_len " + num(q_len) +
+                                    ")",
+                                num(s.max_q_len));
                          // The whole draft block sees one window of up to W + q_len positions.
                          if (p.dspark && q_len > p.num_columns - p.window)
                            fail(ErrorKind::value, "cum_seq_lens_q",

@@ -786,6 +786,29 @@ TEST(IndexErrors, NumDecodesWithinTheRequests) {
   }
 }
 
+// max_q_len is what the decode op is told: >= 1 on any device, and (host values) no request
+// of more tokens, named as the decode names it; a larger one is taken. It was taken unchecked
+// and refused only by the decode that read the table.
+TEST(IndexErrors, MaxQLenCoversEveryRequest) {
+  SwaOnlyCase c;
+  SparseIndexArgs a = c.args();
+  for (const int max_q_len : {0, -5}) {
+    a.step.max_q_len = max_q_len;
+    test::expect_smla_error([&] { build(a); }, ErrorKind::value, "max_q_len", ">= 1",
+                            std::to_string(max_q_len));
+  }
+  a.step.max_q_len = 1;  // request 1 has 2 tokens
+  test::expect_smla_error([&] { build(a); }, ErrorKind::value, "max_q_len",
+                          ">= every q_len (request 1 has q_len 2)", "1");
+  const Built want = build(c.args());
+  for (const int max_q_len : {2, 7}) {
+    a.step.max_q_len = max_q_len;
+    const Built b = build(a);
+    EXPECT_EQ(b.indices, want.indices) << max_q_len;
+    EXPECT_EQ(b.lens, want.lens) << max_q_len;
+  }
+}
+
 // The DSpark window (decode_swa_width > W) is for decode-only steps, in a width of a multiple
 // of 4 (8 = W + 4 is one).
 TEST(IndexErrors, DsparkIsDecodeOnlyInAWidthOfFours) {
