@@ -55,7 +55,8 @@ class SparseIndexTables {
   // stores it, then forks onto the side stream the builds the run's later layers will look
   // up in the other groups (one per group). A hit on a forked table waits for its event.
   // The views stay valid until the group stores another key (a compressed table's) or, for
-  // swa_only, until reset().
+  // swa_only, until reset(). `inputs(l)` gives layer l's arguments: its spec's compress_ratio
+  // and window, outputs unset (else smla::Error naming the field, before any allocation).
   SparseIndexTable lookup(int layer, const TableInputs& inputs);
   // The memory behind the views lookup(layer) returns now (null until a table of its group and
   // key is stored: by its lookup, an earlier layer's of the same key, or a fork): holding it

@@ -5,6 +5,7 @@ from typing import Callable
 
 from . import _smla
 from ._arrays import integer, items, on_device, parse_device, stream_handle
+from ._errors import type_error
 from .index import SparseIndexArgs, SparseIndexTable, index_args
 
 
@@ -21,11 +22,22 @@ class SparseIndexTables:
 
     def lookup(self, layer: int, inputs: Callable[[int], SparseIndexArgs]) -> SparseIndexTable:
         """The table of `layer`; `inputs(layer)` gives any layer's build arguments (outputs
-        unset). The arrays view the table's memory (no copy) and keep it: the next step's
+        unset, compress_ratio and window the layer's LayerSpec's, else ValueError naming the
+        field). The arrays view the table's memory (no copy) and keep it: the next step's
         tables, after reset(), are built elsewhere while they live."""
+        if not callable(inputs):
+            raise type_error("inputs", "a callable: inputs(layer) -> SparseIndexArgs",
+                             type(inputs).__name__)
+
+        def build_args(other):
+            args = inputs(other)
+            if not isinstance(args, SparseIndexArgs):
+                raise type_error("inputs", "a callable that returns a SparseIndexArgs",
+                                 f"{type(args).__name__} from inputs({other})")
+            return index_args(args)
+
         with on_device(self._device, None):
-            indices, lens, seq_lens = self._tables.lookup(
-                integer(layer, "layer"), lambda other: index_args(inputs(other)))
+            indices, lens, seq_lens = self._tables.lookup(integer(layer, "layer"), build_args)
         return SparseIndexTable(indices, lens, seq_lens)
 
     def join(self) -> None:

@@ -1679,6 +1679,49 @@ def test_sparse_index_tables_argument_checks():
     raises_named(TypeError, "layers", lambda: smla.SparseIndexTables("v4-flash"))
 
 
+def test_sparse_index_tables_check_what_inputs_gives():
+    """lookup's `inputs` must be a callable returning a SparseIndexArgs (a TypeError naming
+    inputs, not "'int' object is not callable"), whose compress_ratio and window are the
+    layer's and whose outputs are unset (ValueError naming the field: another ratio built
+    another table under the layer's key, outputs went unwritten)."""
+    c = step_case(ref.fresh_rng())
+    specs = four_layers(4)
+    tables = smla.SparseIndexTables(specs)
+    for inputs, got in ((5, "int"), (None, "NoneType"), ([index_args(c, 0)], "list")):
+        with pytest.raises(TypeError) as info:
+            tables.lookup(2, inputs)
+        assert str(info.value) == ("smla: inputs: expected a callable: inputs(layer) -> "
+                                   f"SparseIndexArgs, got {got}")
+    with pytest.raises(TypeError) as info:
+        tables.lookup(1, lambda layer: None)
+    assert str(info.value) == ("smla: inputs: expected a callable that returns a "
+                               "SparseIndexArgs, got NoneType from inputs(1)")
+
+    def refused(layer, change, argument, expected, got):
+        def inputs(other):
+            args = index_args(c, specs[other].compress_ratio)
+            change(args)
+            return args
+        with pytest.raises(ValueError) as info:
+            tables.lookup(layer, inputs)
+        assert (info.value.argument, info.value.expected) == (argument, expected)
+        assert info.value.got.startswith(got + f" (the table of layer {layer}, SWA group ")
+        assert tables.stats["builds"] == {}  # nothing built under the key
+        tables.reset()
+
+    def ratio(value):
+        return lambda args: setattr(args, "compressed", index_args(c, value).compressed)
+    refused(2, ratio(0), "compress_ratio", "4, the layer's (its LayerSpec)", "0")
+    refused(0, ratio(4), "compress_ratio", "0, the layer's (its LayerSpec)", "4")
+    refused(1, lambda args: setattr(args, "window", 64), "window",
+            "128, the layer's (its LayerSpec)", "64")
+    out = smla.SparseIndexTable(np.zeros((4, W), np.int32), np.zeros(4, np.int32))
+    refused(0, lambda args: setattr(args, "out", out), "out.sparse_indices",
+            "unset (the tables allocate their own)", f"i32[4, {W}] cpu")
+    table = tables.lookup(2, lambda layer: index_args(c, specs[layer].compress_ratio))
+    np.testing.assert_array_equal(table.sparse_indices, expected_table(c, 4)[0])
+
+
 def test_quantize_kv_defaults_and_names():
     rng = ref.fresh_rng()
     rows = (rng.standard_normal((8, D)) * 20).astype(BF16)

@@ -68,6 +68,23 @@ SparseIndexTable SparseIndexTables::build(int layer, const TableInputs& inputs, 
                                           void* stream) {
   try {
     SparseIndexArgs args = inputs(layer);
+    // The table serves the layers of its key as their specs say: arguments of another ratio or
+    // window would build another table under that key, and outputs given would go unwritten.
+    const LayerSpec& spec = layers_[position(layer)];
+    if (args.compressed.compress_ratio != spec.compress_ratio)
+      check::fail(ErrorKind::value, "compress_ratio",
+                  std::to_string(spec.compress_ratio) + ", the layer's (its LayerSpec)",
+                  std::to_string(args.compressed.compress_ratio));
+    if (args.window != spec.window)
+      check::fail(ErrorKind::value, "window",
+                  std::to_string(spec.window) + ", the layer's (its LayerSpec)",
+                  std::to_string(args.window));
+    for (const auto& [view, name] : {std::pair{&args.out.sparse_indices, "out.sparse_indices"},
+                                     std::pair{&args.out.sparse_topk_lens, "out.sparse_topk_lens"},
+                                     std::pair{&args.out.seq_lens, "out.seq_lens"}})
+      if (view->defined())
+        check::fail(ErrorKind::value, name, "unset (the tables allocate their own)",
+                    describe(*view));
     // Checked before the allocation they size (build_sparse_indices checks the rest).
     const int64_t T = args.step.num_tokens, K = sparse_index_columns(args);
     check::int32_count(T, "num_tokens");

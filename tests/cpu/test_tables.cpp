@@ -655,6 +655,42 @@ TEST(SparseIndexTables, UnknownLayerIsAnError) {
                           ErrorKind::value, "layer", "a layer these tables were made for", "1");
 }
 
+// A table serves its key's layers as their specs say: build arguments of another ratio or window
+// (they built another table under the key) or with outputs set (never written) are refused by
+// name, before anything is allocated or stored.
+TEST(SparseIndexTables, InputsAreTheLayersOwn) {
+  const auto flash = model_layers(model_preset("v4-flash"), 1);
+  LoggedStep logged({flash.begin(), flash.begin() + 3}, 1);  // SWA-only x2, then ratio 4
+  auto& [layers, seed, c, streams, tables] = logged;
+  SCOPED_TRACE(test::seed_note(seed));
+  std::vector<int32_t> out(4096);
+  const auto refused = [&](int layer, auto edit, const char* argument, const char* expected,
+                           const char* got) {
+    const TableInputs inputs = [&](int other) {
+      SparseIndexArgs a = c.args(other);
+      edit(a);
+      return a;
+    };
+    test::expect_smla_error([&] { tables.lookup(layer, inputs); }, ErrorKind::value, argument,
+                            expected, got);
+    EXPECT_EQ(tables.stats().bytes, 0u);
+    EXPECT_TRUE(tables.stats().builds.empty());
+  };
+  refused(
+      2, [](SparseIndexArgs& a) { a.compressed.compress_ratio = 0; }, "compress_ratio",
+      "4, the layer's (its LayerSpec)", "0 (the table of layer 2, SWA group 0)");
+  refused(
+      0, [&](SparseIndexArgs& a) { a.compressed = c.args(2).compressed; }, "compress_ratio",
+      "0, the layer's", "4 (the table of layer 0");
+  refused(
+      1, [](SparseIndexArgs& a) { a.window = 64; }, "window", "128, the layer's", "64");
+  refused(
+      1, [&](SparseIndexArgs& a) { a.out.seq_lens = make_view(out.data(), DType::i32, {}, {4}); },
+      "out.seq_lens", "unset (the tables allocate their own)", "i32[4]");
+  EXPECT_EQ(contents(tables.lookup(2, [&](int other) { return c.args(other); })),
+            contents(tables.lookup(2, [&](int other) { return c.args(other); })));
+}
+
 // num_tokens sizes the table's allocation: a negative count is refused by name before it (it
 // came back as std::bad_alloc, or a wrapped size).
 TEST(SparseIndexTables, NegativeTokenCountIsRefusedBeforeTheAllocation) {
