@@ -661,8 +661,10 @@ TEST(SparseIndexTables, UnknownLayerIsAnError) {
 TEST(SparseIndexTables, InputsAreTheLayersOwn) {
   const auto flash = model_layers(model_preset("v4-flash"), 1);
   LoggedStep logged({flash.begin(), flash.begin() + 3}, 1);  // SWA-only x2, then ratio 4
-  auto& [layers, seed, c, streams, tables] = logged;
-  SCOPED_TRACE(test::seed_note(seed));
+  // References, not a structured binding: lambdas capture them (Clang refuses bindings there).
+  const test::StepCase& c = logged.c;
+  SparseIndexTables& tables = logged.tables;
+  SCOPED_TRACE(test::seed_note(logged.seed));
   std::vector<int32_t> out(4096);
   const auto refused = [&](int layer, auto edit, const char* argument, const char* expected,
                            const char* got) {
