@@ -30,6 +30,10 @@ using TableInputs = std::function<SparseIndexArgs(int layer)>;
 
 using TableKey = std::pair<int, std::string>;  // (SWA group, sparse_index_key)
 
+// What the caller calls an argument of layer `layer`'s build, given the name the build's error
+// gives it (a SparseIndexArgs field's, as build_sparse_indices names them); "" keeps that name.
+using TableArgumentNames = std::function<std::string(int layer, const std::string& argument)>;
+
 // What a step did, for tests and reports; cleared by reset().
 struct TableStats {
   std::map<TableKey, int> builds;  // builds of each table
@@ -57,7 +61,10 @@ class SparseIndexTables {
   // The views stay valid until the group stores another key (a compressed table's) or, for
   // swa_only, until reset(). `inputs(l)` gives layer l's arguments: its spec's compress_ratio
   // and window, outputs unset (else smla::Error naming the field, before any allocation).
-  SparseIndexTable lookup(int layer, const TableInputs& inputs);
+  // A build's error says which layer's table and SWA group it was, and names its argument as
+  // `names` (when given) says: the StepExecutor names its StepInputs fields so.
+  SparseIndexTable lookup(int layer, const TableInputs& inputs,
+                          const TableArgumentNames& names = {});
   // The memory behind the views lookup(layer) returns now (null until a table of its group and
   // key is stored: by its lookup, an earlier layer's of the same key, or a fork): holding it
   // keeps them valid past reset() and later stores, while `streams` lives. Dropping it hands
@@ -80,9 +87,10 @@ class SparseIndexTables {
     size_t bytes = 0;
   };
   size_t position(int layer) const;
-  SparseIndexTable build(int layer, const TableInputs& inputs, const TableKey& key, void* stream);
+  SparseIndexTable build(int layer, const TableInputs& inputs, const TableArgumentNames& names,
+                         const TableKey& key, void* stream);
   void store(const TableKey& key, Stored stored);
-  void fork(size_t leader, const TableInputs& inputs);
+  void fork(size_t leader, const TableInputs& inputs, const TableArgumentNames& names);
 
   std::vector<LayerSpec> layers_;
   std::vector<std::string> keys_;  // per position

@@ -1948,6 +1948,34 @@ def _executor_case(rng):
     return specs, layers, inputs, queries
 
 
+@pytest.mark.parametrize("compressed_index", ["table", "topk", "auto"])
+def test_step_executor_errors_name_the_step_inputs_fields(compressed_index):
+    """A block table, compressed block table or top-k that a table build or a decode refuses
+    is named as the StepInputs field it came in, keyed as given (not as the build's block_table
+    or the decode's topk_columns), with the layer (and table) it failed in."""
+    rng = ref.fresh_rng()
+    specs, layers, inputs, queries = _executor_case(rng)
+    other_table = rng.permutation(40)[:16].reshape(4, 4).astype(np.int32)
+    inputs.block_tables = [inputs.block_tables[0], other_table]
+    executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12,
+                                 compressed_index=compressed_index)
+    outs = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
+    executor.run_step(inputs, queries, outs)  # as given, they run
+    short = np.zeros((1, 4), np.int32)
+    for argument, spoiled in (
+            ("compressed_block_tables[2]",
+             dataclasses.replace(inputs, compressed_block_tables={2: short})),
+            ("topk_indices[2]",
+             dataclasses.replace(inputs, topk_indices={2: inputs.topk_indices[2][:3]})),
+            ("block_tables[1]", dataclasses.replace(inputs, block_tables=[
+                inputs.block_tables[0], other_table[:1]]))):
+        with pytest.raises(ValueError, match=f"^smla: {re.escape(argument)}: expected ") as info:
+            executor.run_step(spoiled, queries, outs)
+        assert info.value.argument == argument
+        assert re.search(r"\((layer \d+|the table of layer \d+, SWA group \d+)\)$",
+                         info.value.got), info.value.got
+
+
 @pytest.mark.parametrize("by_layer", [False, True])
 def test_step_executor_refuses_every_call_while_a_thread_runs_it(by_layer):
     """While another thread's run_step, or run_layer, runs without the GIL, run_step, run_layer,

@@ -59,6 +59,25 @@ CompressedColumns compressed_columns(const StepInputs& inputs, const AttentionLa
           .compressed_kv_cache = l.compressed_kv_cache};
 }
 
+// The StepInputs field, keyed as the caller keyed it, behind the name that a table build
+// (SparseIndexArgs') or a decode (DecodeArgs' topk_columns) of layer `l` gives its argument;
+// "" for the others, named as the caller's already (the metadata's fields, the query) or the
+// layer's own (its pools, scales and spec). The tables and decodes of every layer name these
+// alike, whichever entry they read.
+std::string step_input_name(const AttentionLayer& l, const std::string& argument) {
+  const auto keyed = [](const char* field, int key) {
+    return std::string(field) + "[" + std::to_string(key) + "]";
+  };
+  if (argument == "block_table") return keyed("block_tables", l.spec.swa_group);
+  if (argument == "topk_indices" || argument == "topk_columns.topk_indices")
+    return keyed("topk_indices", l.spec.index_source);
+  if (argument == "compressed.block_table" || argument == "topk_columns.block_table")
+    return keyed("compressed_block_tables", l.spec.kv_source);
+  if (argument == "topk_columns.is_valid_token") return "is_valid_token";  // the metadata's
+  if (argument == "topk_columns.num_decodes") return "num_decodes";
+  return "";
+}
+
 // A layer's spec and scales, named by its position in the list. A negative group would be
 // looked up as a huge one: refused here.
 void check_layer(const AttentionLayer& l, size_t i) {
@@ -338,7 +357,11 @@ bool StepExecutor::is_index_source(size_t i) const {
 
 SparseIndexTable StepExecutor::table_of(const AttentionLayer& l) {
   if (is_index_source(position(l.spec.layer))) tables_now().join();
-  return tables_now().lookup(l.spec.layer, [this](int other) { return table_inputs(other); });
+  return tables_now().lookup(
+      l.spec.layer, [this](int other) { return table_inputs(other); },
+      [this](int other, const std::string& argument) {
+        return step_input_name(layer_at(other), argument);
+      });
 }
 
 void StepExecutor::before_next(size_t i) {
@@ -424,7 +447,9 @@ void StepExecutor::decode(const AttentionLayer& l, const TensorView& query, cons
   try {
     sparse_mla_decode(args, streams_.current());
   } catch (const Error& e) {  // every layer's arguments have the same names: say which
-    throw Error(e.kind(), e.argument(), e.expected(),
+    std::string argument = step_input_name(l, e.argument());
+    if (argument.empty()) argument = e.argument();
+    throw Error(e.kind(), std::move(argument), e.expected(),
                 e.got() + " (layer " + std::to_string(layer) + ")");
   }
 }

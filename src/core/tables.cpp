@@ -43,7 +43,8 @@ size_t SparseIndexTables::position(int layer) const {
   return layer_position(layers_, layer, "a layer these tables were made for");
 }
 
-SparseIndexTable SparseIndexTables::lookup(int layer, const TableInputs& inputs) {
+SparseIndexTable SparseIndexTables::lookup(int layer, const TableInputs& inputs,
+                                           const TableArgumentNames& names) {
   const size_t i = position(layer);
   const TableKey key{layers_[i].swa_group, keys_[i]};
   if (const auto hit = tables_.find(key); hit != tables_.end()) {
@@ -53,8 +54,8 @@ SparseIndexTable SparseIndexTables::lookup(int layer, const TableInputs& inputs)
     }
     return hit->second.table;
   }
-  const SparseIndexTable table = build(layer, inputs, key, streams_.current());
-  fork(i, inputs);
+  const SparseIndexTable table = build(layer, inputs, names, key, streams_.current());
+  fork(i, inputs, names);
   return table;
 }
 
@@ -64,7 +65,8 @@ std::shared_ptr<void> SparseIndexTables::memory(int layer) const {
   return stored == tables_.end() ? nullptr : stored->second.memory;
 }
 
-SparseIndexTable SparseIndexTables::build(int layer, const TableInputs& inputs, const TableKey& key,
+SparseIndexTable SparseIndexTables::build(int layer, const TableInputs& inputs,
+                                          const TableArgumentNames& names, const TableKey& key,
                                           void* stream) {
   try {
     SparseIndexArgs args = inputs(layer);
@@ -104,7 +106,9 @@ SparseIndexTable SparseIndexTables::build(int layer, const TableInputs& inputs, 
     ++stats_.builds[key];
     return out;
   } catch (const Error& e) {  // a forked build fails in another layer's lookup: say which
-    throw Error(e.kind(), e.argument(), e.expected(),
+    std::string argument = names ? names(layer, e.argument()) : std::string();
+    if (argument.empty()) argument = e.argument();
+    throw Error(e.kind(), std::move(argument), e.expected(),
                 e.got() + " (the table of layer " + std::to_string(layer) + ", SWA group " +
                     std::to_string(key.first) + ")");
   }
@@ -138,7 +142,8 @@ void SparseIndexTables::store(const TableKey& key, Stored stored) {
   stats_.peak_tables[group] = std::max(stats_.peak_tables[group], held);
 }
 
-void SparseIndexTables::fork(size_t leader, const TableInputs& inputs) {
+void SparseIndexTables::fork(size_t leader, const TableInputs& inputs,
+                             const TableArgumentNames& names) {
   const std::string& name = keys_[leader];
   std::vector<size_t> builds;  // the first follower of each other group lacking the table
   std::set<int> seen{layers_[leader].swa_group};
@@ -152,7 +157,7 @@ void SparseIndexTables::fork(size_t leader, const TableInputs& inputs) {
   try {
     for (size_t n = 0; n < builds.size(); ++n) {
       const TableKey key{layers_[builds[n]].swa_group, name};
-      build(layers_[builds[n]].layer, inputs, key, streams_.side());
+      build(layers_[builds[n]].layer, inputs, names, key, streams_.side());
       // Slots are reused across forks: a wait on a re-recorded slot waits for more work on
       // the same in-order side stream, never less.
       streams_.record(static_cast<int>(n));

@@ -289,7 +289,7 @@ TEST(Executor, DecodeErrorsNameTheLayer) {
 }
 
 // A table built for another SWA group fails inside the layer that forked it: its errors say
-// which layer's table and which group.
+// which layer's table and which group, and name the group's block table as the caller keyed it.
 TEST(Executor, TableErrorsNameTheLayerAndGroup) {
   const auto all = model_layers(model_preset("v41-flash"), 3, false);
   std::vector<LayerSpec> specs(all.begin(), all.begin() + 6);
@@ -303,11 +303,63 @@ TEST(Executor, TableErrorsNameTheLayerAndGroup) {
     ASSERT_TRUE(e) << "no error for group " << group << "'s u8 block table";
     const auto first = std::ranges::find(specs, group, &LayerSpec::swa_group);
     ASSERT_NE(first, specs.end());
-    EXPECT_EQ(e->argument(), "block_table") << e->what();
+    EXPECT_EQ(e->argument(), "block_tables[" + std::to_string(group) + "]") << e->what();
     EXPECT_EQ(e->got(), "u8 (the table of layer " + std::to_string(first->layer) + ", SWA group " +
                             std::to_string(group) + ")")
         << e->what();
   }
+}
+
+// A step's block table, compressed block table or top-k that a table build or a decode refuses
+// is named as the StepInputs field the caller filled, with its group or layer key (not as the
+// build's block_table or the decode's topk_columns), whichever reads it in each mode.
+TEST(Executor, StepInputErrorsNameTheCallersFields) {
+  const auto all = model_layers(model_preset("v41-flash"), 3, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 6);  // groups 0, 1, 2
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  const auto compressed = std::ranges::find_if(specs, [](auto& s) { return s.compress_ratio; });
+  ASSERT_NE(compressed, specs.end());
+  const int kv = compressed->kv_source, index = compressed->index_source;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  // The first row of `view` alone: too few rows for the step's requests or tokens.
+  const auto first_row = [](TensorView& view) {
+    view = make_view(view.data, view.dtype, view.device, {1, view.size(1)},
+                     {view.stride(0), view.stride(1)});
+  };
+  struct Spoiled {
+    std::string argument;
+    std::function<void(StepInputs&)> spoil;
+  };
+  const std::vector<Spoiled> cases{
+      {"compressed_block_tables[" + std::to_string(kv) + "]",
+       [&](StepInputs& in) { first_row(in.compressed_block_tables.at(kv)); }},
+      {"topk_indices[" + std::to_string(index) + "]",
+       [&](StepInputs& in) { first_row(in.topk_indices.at(index)); }},
+      {"block_tables[1]", [&](StepInputs& in) { first_row(in.block_tables.at(1)); }}};
+  for (const CompressedIndex mode :
+       {CompressedIndex::table, CompressedIndex::topk, CompressedIndex::automatic})
+    for (const Spoiled& bad : cases) {
+      SCOPED_TRACE(std::string(compressed_index_name(mode)) + ": " + bad.argument);
+      test::StepCase c(specs, kThreeRequests, seed);
+      std::vector<TensorView> queries, outs;
+      add_layer_buffers(c, queries, outs);
+      const auto streams = make_streams(Device{});
+      StepExecutor executor(c.layers, *streams, c.num_tokens(), max_columns_of(c),
+                            TableSharing::shared, mode);
+      StepInputs inputs = c.inputs;
+      bad.spoil(inputs);
+      try {
+        executor.run_step(inputs, queries, outs);
+        ADD_FAILURE() << "no error";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::value) << e.what();
+        EXPECT_EQ(e.argument(), bad.argument) << e.what();
+        EXPECT_NE(e.got().find("(layer "), e.got().find("(the table of layer ")) << e.what();
+        EXPECT_EQ(std::string(e.what()).rfind("smla: " + bad.argument + ": expected ", 0), 0u)
+            << e.what();
+      }
+    }
 }
 
 // SPEC §4: the DSpark window is for SWA-only layers. A compressed layer that reads its top-k in
