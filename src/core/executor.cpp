@@ -324,7 +324,7 @@ size_t StepExecutor::checked_plan(const StepInputs& inputs) const {
     if (s.compress_ratio == 0 || plans_[plan].specs[i].compress_ratio > 0 ||
         topk == inputs.topk_indices.end() || topk->second.size(1) <= readable)
       continue;
-    check::fail(ErrorKind::unsupported, "topk_indices",
+    check::fail(ErrorKind::unsupported, "topk_indices[" + std::to_string(s.index_source) + "]",
                 "top-k widths up to " + std::to_string(readable) +
                     " where the decode reads them (" + device_name(streams_.device()) +
                     ", compressed_index \"" + compressed_index_name(compressed_index_) + "\")",

@@ -337,9 +337,10 @@ TEST(GpuExecutorWideTopk, StepsPastTheDecodesWidthReadTables) {
   g.inputs = narrow, g.c.inputs = narrow_host;
   widen_every_entry_topk(g, width);
   StepOnStream topk(g, CompressedIndex::topk);
-  test::expect_smla_error([&] { topk.executor.run_step(g.inputs, g.queries, g.outs); },
-                          ErrorKind::unsupported, "topk_indices", ", compressed_index \"topk\")",
-                          std::to_string(width) + " columns for layers[3] (layer 3)");
+  test::expect_smla_error(
+      [&] { topk.executor.run_step(g.inputs, g.queries, g.outs); }, ErrorKind::unsupported,
+      "topk_indices[" + std::to_string(g.c.layers[3].spec.index_source) + "]",
+      ", compressed_index \"topk\")", std::to_string(width) + " columns for layers[3] (layer 3)");
 }
 
 // (c) The step captured on a non-default stream after one eager step, replayed 10 times, equals
