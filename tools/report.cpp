@@ -39,12 +39,12 @@ std::string layer_kind(const LayerSpec& layer) {
 void print_report(const RunReport& r) {
   const RunOptions& o = r.options;
   std::printf(
-      "%s: %zu layers, %d request%s x %d token%s, seq_len %d, %s KV (%.1f MiB), %s query, "
+      "%s: %zu layer%s, %d request%s x %d token%s, seq_len %d, %s KV (%.1f MiB), %s query, "
       "%d SWA group%s, compressed index %s, on %s\n",
-      o.model.c_str(), r.layers.size(), o.requests, o.requests > 1 ? "s" : "", o.q_len,
-      o.q_len > 1 ? "s" : "", o.seq_len, kv_layout_name(o.kv), r.kv_bytes / 1048576.0,
-      dtype_name(query_dtype(o.kv)), o.swa_groups, o.swa_groups > 1 ? "s" : "",
-      compressed_index_name(o.compressed_index), r.device.c_str());
+      o.model.c_str(), r.layers.size(), r.layers.size() == 1 ? "" : "s", o.requests,
+      o.requests > 1 ? "s" : "", o.q_len, o.q_len > 1 ? "s" : "", o.seq_len, kv_layout_name(o.kv),
+      r.kv_bytes / 1048576.0, dtype_name(query_dtype(o.kv)), o.swa_groups,
+      o.swa_groups > 1 ? "s" : "", compressed_index_name(o.compressed_index), r.device.c_str());
   std::printf("%-10s %6s %10s %10s %9s %9s\n", "layers", "count", "time ms", "ms/layer", "GB/s",
               "TFLOP/s");
   std::vector<Totals> kinds;  // in order of first appearance
@@ -67,9 +67,9 @@ void print_report(const RunReport& r) {
   print_row(all);
   int builds = 0;
   for (const auto& [key, count] : r.tables.builds) builds += count;
-  std::printf("tables: %d built (%zu forked), %zu lookups waited for a fork, peak %.2f MiB\n",
+  std::printf("tables: %d built (%zu forked), %zu lookup%s waited for a fork, peak %.2f MiB\n",
               builds, r.tables.forks.size(), r.tables.waits.size(),
-              r.tables.peak_bytes / 1048576.0);
+              r.tables.waits.size() == 1 ? "" : "s", r.tables.peak_bytes / 1048576.0);
   if (r.graphs) {
     std::printf(
         "graph: the step captured as one CUDA graph after an eager step, median of %d replays; "

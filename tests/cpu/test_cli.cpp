@@ -544,9 +544,9 @@ TEST(Report, TotalsPerKindAndTheCheck) {
   EXPECT_NE(out.find(", 1 SWA group, "), std::string::npos) << out;
 }
 
-// The header's plurals are each their own count's (2 requests x 1 token, 1 request x 2 tokens),
-// and the tolerance is printed in the fewest digits that read back as itself: 1.5e-2 is not
-// rounded to 2e-02, and a value of any digits reads back exactly.
+// The report's plurals are each their own count's (2 requests x 1 token, 1 request x 2 tokens,
+// 1 layer, 1 lookup waited), and the tolerance is printed in the fewest digits that read back as
+// itself: 1.5e-2 is not rounded to 2e-02, and a value of any digits reads back exactly.
 TEST(Report, PluralsAndTheToleranceAsGiven) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));
@@ -561,6 +561,11 @@ TEST(Report, PluralsAndTheToleranceAsGiven) {
   r.options.q_len = 2;
   out = printed([&] { print_report(r); }).out;
   EXPECT_NE(out.find(", 1 request x 2 tokens, "), std::string::npos) << out;
+  EXPECT_NE(out.find(": 1 layer, "), std::string::npos) << out;
+  EXPECT_NE(out.find(", 0 lookups waited "), std::string::npos) << out;
+  r.tables.waits = {2};
+  out = printed([&] { print_report(r); }).out;
+  EXPECT_NE(out.find(", 1 lookup waited "), std::string::npos) << out;
   const auto tolerance = [&](double x) {
     r.tolerance = x;
     const std::string text = printed([&] { print_report(r); }).out;
