@@ -95,8 +95,9 @@ class StepExecutor {
   // decode, since that indexer may overwrite a top-k the forks read (an index source joins
   // before its lookup too). A call that throws joins first (a capture of the step can still
   // end); the step stays begun and the layer may run again. Its errors name a step input as
-  // the StepInputs field, keyed ("block_tables[1]", "topk_indices[2]"), and say which layer's
-  // decode, or which layer's table in which SWA group, refused it.
+  // the StepInputs field, keyed ("block_tables[1]", "topk_indices[2]", an entry as
+  // "topk_indices[2][0][3]"), in their argument and texts alike, and say which layer's decode,
+  // or which layer's table in which SWA group, refused it.
   void run_layer(int layer, const TensorView& query, const TensorView& out);
   void end_step();  // joins, so a graph capture of the step ends joined; run_layer needs a new
                     // begin_step after it

@@ -31,7 +31,8 @@ using TableInputs = std::function<SparseIndexArgs(int layer)>;
 using TableKey = std::pair<int, std::string>;  // (SWA group, sparse_index_key)
 
 // What the caller calls an argument of layer `layer`'s build, given the name the build's error
-// gives it (a SparseIndexArgs field's, as build_sparse_indices names them); "" keeps that name.
+// gives it, as its argument or in its expected and got texts (a SparseIndexArgs field's, as
+// build_sparse_indices names them); "" keeps that name.
 using TableArgumentNames = std::function<std::string(int layer, const std::string& argument)>;
 
 // What a step did, for tests and reports; cleared by reset().
@@ -61,8 +62,9 @@ class SparseIndexTables {
   // The views stay valid until the group stores another key (a compressed table's) or, for
   // swa_only, until reset(). `inputs(l)` gives layer l's arguments: its spec's compress_ratio
   // and window, outputs unset (else smla::Error naming the field, before any allocation).
-  // A build's error says which layer's table and SWA group it was, and names its argument as
-  // `names` (when given) says: the StepExecutor names its StepInputs fields so.
+  // A build's error says which layer's table and SWA group it was, and names its arguments
+  // (its argument's, and those its texts mention) as `names` (when given) says: the
+  // StepExecutor names its StepInputs fields so.
   SparseIndexTable lookup(int layer, const TableInputs& inputs,
                           const TableArgumentNames& names = {});
   // The memory behind the views lookup(layer) returns now (null until a table of its group and

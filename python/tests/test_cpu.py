@@ -1952,7 +1952,8 @@ def _executor_case(rng):
 def test_step_executor_errors_name_the_step_inputs_fields(compressed_index):
     """A block table, compressed block table or top-k that a table build or a decode refuses
     is named as the StepInputs field it came in, keyed as given (not as the build's block_table
-    or the decode's topk_columns), with the layer (and table) it failed in."""
+    or the decode's topk_columns), in the argument and the expected and got texts alike, with
+    the layer (and table) it failed in."""
     rng = ref.fresh_rng()
     specs, layers, inputs, queries = _executor_case(rng)
     other_table = rng.permutation(40)[:16].reshape(4, 4).astype(np.int32)
@@ -1962,16 +1963,24 @@ def test_step_executor_errors_name_the_step_inputs_fields(compressed_index):
     outs = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
     executor.run_step(inputs, queries, outs)  # as given, they run
     short = np.zeros((1, 4), np.int32)
-    for argument, spoiled in (
+    past = inputs.topk_indices[2].copy()
+    past[0] = -1
+    past[0, 0] = 4 * 16  # token 0 (a decode token): past its 4 pages of E = 16 entries
+    for argument, spoiled, texts in (
             ("compressed_block_tables[2]",
-             dataclasses.replace(inputs, compressed_block_tables={2: short})),
+             dataclasses.replace(inputs, compressed_block_tables={2: short}), ""),
             ("topk_indices[2]",
-             dataclasses.replace(inputs, topk_indices={2: inputs.topk_indices[2][:3]})),
+             dataclasses.replace(inputs, topk_indices={2: inputs.topk_indices[2][:3]}), ""),
             ("block_tables[1]", dataclasses.replace(inputs, block_tables=[
-                inputs.block_tables[0], other_table[:1]]))):
+                inputs.block_tables[0], other_table[:1]]), ""),
+            ("topk_indices[2]", dataclasses.replace(inputs, topk_indices={2: past}),
+             "local indices below compressed_block_tables[2] pages * E = 64, "
+             "got topk_indices[2][0][0] = 64 (")):
         with pytest.raises(ValueError, match=f"^smla: {re.escape(argument)}: expected ") as info:
             executor.run_step(spoiled, queries, outs)
         assert info.value.argument == argument
+        assert texts in str(info.value)
+        assert not re.search(r"block_table\b|topk_columns", str(info.value))
         assert re.search(r"\((layer \d+|the table of layer \d+, SWA group \d+)\)$",
                          info.value.got), info.value.got
 

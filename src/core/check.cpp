@@ -1,6 +1,7 @@
 #include "core/check.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +15,32 @@ namespace smla::check {
 void fail(ErrorKind kind, const std::string& argument, const std::string& expected,
           const std::string& got) {
   throw Error(kind, argument, expected, got);
+}
+
+static bool word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+static std::string renamed_text(const std::string& text, const Rename& name) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    if (!word_char(text[i])) {
+      out += text[i++];
+      continue;
+    }
+    size_t end = i + 1;
+    while (end < text.size() &&
+           (word_char(text[end]) ||
+            (text[end] == '.' && end + 1 < text.size() && word_char(text[end + 1]))))
+      ++end;
+    const std::string word = text.substr(i, end - i), other = name(word);
+    out += other.empty() ? word : other;
+    i = end;
+  }
+  return out;
+}
+
+Error renamed(const Error& e, const Rename& name, const std::string& where) {
+  return Error(e.kind(), renamed_text(e.argument(), name), renamed_text(e.expected(), name),
+               renamed_text(e.got(), name) + where);
 }
 
 static std::string list_of(const int64_t* values, int ndim) {

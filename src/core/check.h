@@ -15,6 +15,13 @@ namespace smla::check {
 [[noreturn]] void fail(ErrorKind kind, const std::string& argument, const std::string& expected,
                        const std::string& got);
 
+// `e` as a caller that filled its arguments under other names (the StepExecutor) says it: its
+// argument, and every name its expected and got texts mention (a word of letters, digits, '_'
+// and inner '.'s: "compressed.block_table", the "topk_indices" of "topk_indices[3][1] = 9"),
+// as `name` renames them ("" keeps a name), then `where` after its got.
+using Rename = std::function<std::string(const std::string& name)>;
+Error renamed(const Error& e, const Rename& name, const std::string& where);
+
 inline std::string num(int64_t value) { return std::to_string(value); }
 std::string real(float value);  // the shortest "%g" text that reads back as `value`
 // "name[i] = value", how a message names one element of an argument.

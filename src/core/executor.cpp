@@ -60,10 +60,10 @@ CompressedColumns compressed_columns(const StepInputs& inputs, const AttentionLa
 }
 
 // The StepInputs field, keyed as the caller keyed it, behind the name that a table build
-// (SparseIndexArgs') or a decode (DecodeArgs' topk_columns) of layer `l` gives its argument;
-// "" for the others, named as the caller's already (the metadata's fields, the query) or the
-// layer's own (its pools, scales and spec). The tables and decodes of every layer name these
-// alike, whichever entry they read.
+// (SparseIndexArgs') or a decode (DecodeArgs' topk_columns) of layer `l` gives an argument, in
+// its error's argument or texts; "" for the others, named as the caller's already (the
+// metadata's fields, the query) or the layer's own (its pools, scales and spec). The tables and
+// decodes of every layer name these alike, whichever entry they read.
 std::string step_input_name(const AttentionLayer& l, const std::string& argument) {
   const auto keyed = [](const char* field, int key) {
     return std::string(field) + "[" + std::to_string(key) + "]";
@@ -159,9 +159,9 @@ void StepExecutor::check_step_apart(const StepInputs& inputs, std::span<const Te
     read.push_back({&pool_records_[2 * i + 1], "layers", at, ".compressed_kv_cache's records"});
   }
   const StepMetadata& m = inputs.metadata;
-  read.push_back({&m.seq_lens, "metadata.seq_lens"});
-  read.push_back({&m.cum_seq_lens_q, "metadata.cum_seq_lens_q"});
-  read.push_back({&m.is_valid_token, "metadata.is_valid_token"});
+  read.push_back({&m.seq_lens, "seq_lens"});  // the metadata's fields, as every error names them
+  read.push_back({&m.cum_seq_lens_q, "cum_seq_lens_q"});
+  read.push_back({&m.is_valid_token, "is_valid_token"});
   for (size_t g = 0; g < inputs.block_tables.size(); ++g)
     read.push_back({&inputs.block_tables[g], "block_tables", static_cast<int64_t>(g)});
   for (const auto& [layer, table] : inputs.compressed_block_tables)
@@ -404,7 +404,7 @@ void StepExecutor::decode(const AttentionLayer& l, const TensorView& query, cons
   if (query.defined() && query.ndim == 3 &&
       (query.size(0) != step.num_tokens || query.size(1) != l.spec.num_heads))
     check::fail(ErrorKind::value, "query",
-                "[T = metadata.num_tokens = " + std::to_string(step.num_tokens) +
+                "[T = num_tokens = " + std::to_string(step.num_tokens) +
                     ", H = num_heads = " + std::to_string(l.spec.num_heads) + ", 512]",
                 check::shape_of(query) + " (layer " + std::to_string(layer) + ")");
   const SparseIndexTable table = table_of(l);
@@ -447,10 +447,9 @@ void StepExecutor::decode(const AttentionLayer& l, const TensorView& query, cons
   try {
     sparse_mla_decode(args, streams_.current());
   } catch (const Error& e) {  // every layer's arguments have the same names: say which
-    std::string argument = step_input_name(l, e.argument());
-    if (argument.empty()) argument = e.argument();
-    throw Error(e.kind(), std::move(argument), e.expected(),
-                e.got() + " (layer " + std::to_string(layer) + ")");
+    throw check::renamed(
+        e, [&l](const std::string& name) { return step_input_name(l, name); },
+        " (layer " + std::to_string(layer) + ")");
   }
 }
 

@@ -106,11 +106,10 @@ SparseIndexTable SparseIndexTables::build(int layer, const TableInputs& inputs,
     ++stats_.builds[key];
     return out;
   } catch (const Error& e) {  // a forked build fails in another layer's lookup: say which
-    std::string argument = names ? names(layer, e.argument()) : std::string();
-    if (argument.empty()) argument = e.argument();
-    throw Error(e.kind(), std::move(argument), e.expected(),
-                e.got() + " (the table of layer " + std::to_string(layer) + ", SWA group " +
-                    std::to_string(key.first) + ")");
+    throw check::renamed(
+        e, [&](const std::string& name) { return names ? names(layer, name) : std::string(); },
+        " (the table of layer " + std::to_string(layer) + ", SWA group " +
+            std::to_string(key.first) + ")");
   }
 }
 

@@ -362,6 +362,53 @@ TEST(Executor, StepInputErrorsNameTheCallersFields) {
     }
 }
 
+// A top-k's values that a table build or a decode refuses: the expected and got texts name the
+// top-k and its compressed block table as the StepInputs fields too (an entry [t][j] of
+// topk_indices[S]), not as the build's topk_indices and compressed.block_table or the decode's
+// topk_columns.*, whichever reads them in each mode.
+TEST(Executor, StepInputErrorTextsNameTheCallersFields) {
+  const auto all = model_layers(model_preset("v41-flash"), 3, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 6);  // groups 0, 1, 2
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  const auto compressed = std::ranges::find_if(specs, [](auto& s) { return s.compress_ratio; });
+  ASSERT_NE(compressed, specs.end());
+  const std::string topk = "topk_indices[" + std::to_string(compressed->index_source) + "]",
+                    table =
+                        "compressed_block_tables[" + std::to_string(compressed->kv_source) + "]";
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  for (const CompressedIndex mode :
+       {CompressedIndex::table, CompressedIndex::topk, CompressedIndex::automatic})
+    for (const bool past_the_pages : {true, false}) {
+      SCOPED_TRACE(std::string(compressed_index_name(mode)) +
+                   (past_the_pages ? ": an entry past the pages" : ": a valid entry after -1"));
+      test::StepCase c(specs, kThreeRequests, seed);  // token 0 is a decode token
+      std::vector<TensorView> queries, outs;
+      add_layer_buffers(c, queries, outs);
+      const auto streams = make_streams(Device{});
+      StepExecutor executor(c.layers, *streams, c.num_tokens(), max_columns_of(c),
+                            TableSharing::shared, mode);
+      const TensorView& entries = c.inputs.topk_indices.at(compressed->index_source);
+      ASSERT_GE(entries.size(1), 2);
+      int32_t* row = entries.ptr<int32_t>();
+      const int64_t pages = c.inputs.compressed_block_tables.at(compressed->kv_source).size(1);
+      const TensorView& pool = c.layers[compressed - specs.begin()].compressed_kv_cache;
+      const int64_t past = pages * pool.size(1);  // pages * E
+      if (past_the_pages) {
+        row[0] = static_cast<int32_t>(past);
+        test::expect_smla_error(
+            [&] { executor.run_step(c.inputs, queries, outs); }, ErrorKind::value, topk,
+            "local indices below " + table + " pages * E = " + std::to_string(past),
+            topk + "[0][0] = " + std::to_string(past) + " (");
+      } else {
+        row[0] = -1, row[entries.stride(1)] = 0;
+        test::expect_smla_error([&] { executor.run_step(c.inputs, queries, outs); },
+                                ErrorKind::value, topk, "a decode token's entries -1 padded",
+                                topk + "[0][1] = 0 after [0] = -1 (");
+      }
+    }
+}
+
 // SPEC §4: the DSpark window is for SWA-only layers. A compressed layer that reads its top-k in
 // the decode (SWA-only to the tables, which then accept the step) is refused by the executor.
 TEST(Executor, DSparkStepRefusesTopkReads) {
@@ -513,6 +560,31 @@ TEST(Executor, StepOutsApartFromAllTheStepReads) {
   o = outs;
   o[2].data = topk.data;  // an out over the top-k a later layer's table or decode reads
   refused(o, "outs[2]", ("topk_indices[" + std::to_string(key) + "]").c_str());
+  // The metadata's fields by their own names, as every other executor error gives them.
+  o = outs;
+  o[0].data = c.inputs.metadata.seq_lens.data;
+  refused(o, "outs[0]", "seq_lens");
+}
+
+// run_layer's out over a top-k its decode reads (topk mode): the decode's overlap error names
+// the top-k as the StepInputs field, not as the decode's topk_columns.topk_indices.
+TEST(Executor, RunLayerOutApartFromTheTopkNamesTheStepInput) {
+  const auto all = model_layers(model_preset("v41-flash"), 3, false);
+  const auto compressed =
+      std::ranges::find_if(all, [](const LayerSpec& s) { return s.compress_ratio > 0; });
+  ASSERT_NE(compressed, all.end());
+  LoggedStep logged(static_cast<size_t>(compressed - all.begin()), CompressedIndex::topk);
+  SCOPED_TRACE(test::seed_note(logged.seed));
+  test::StepCase& c = logged.c;
+  const LayerSpec& s = logged.specs.back();
+  const int64_t T = c.num_tokens();
+  logged.executor.begin_step(c.inputs);
+  TensorView out = c.bf16(T, kHeads);
+  out.data = c.inputs.topk_indices.at(s.index_source).data;
+  const std::string topk = "topk_indices[" + std::to_string(s.index_source) + "]";
+  test::expect_smla_error([&] { logged.executor.run_layer(s.layer, c.bf16(T, kHeads), out); },
+                          ErrorKind::value, "out", "memory apart from " + topk,
+                          "an overlap with " + topk + " (layer " + std::to_string(s.layer));
 }
 
 TEST(Executor, RunLayerNeedsABegunStep) {
@@ -639,7 +711,7 @@ TEST(Executor, QueryAndMetadataShapesAreTheStepsAndLayers) {
   StepExecutor executor(c.layers, *streams, 4, 1024);
   executor.begin_step(c.inputs);
   const std::string expected =
-      "[T = metadata.num_tokens = 2, H = num_heads = " + std::to_string(kHeads) + ", 512]";
+      "[T = num_tokens = 2, H = num_heads = " + std::to_string(kHeads) + ", 512]";
   test::expect_smla_error([&] { executor.run_layer(1, c.bf16(4, kHeads), c.bf16(4, kHeads)); },
                           ErrorKind::value, "query", expected, "[4, " + std::to_string(kHeads));
   test::expect_smla_error(
