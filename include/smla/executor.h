@@ -78,9 +78,10 @@ class StepExecutor {
                CompressedIndex compressed_index = CompressedIndex::automatic);
 
   // Resets the tables; keeps a copy of `inputs`; picks where the step's compressed columns come
-  // from (table_specs with every_entry_topk_width(inputs)). The metadata's seq_lens and
-  // cum_seq_lens_q, and the top-k and compressed block table of a layer whose decode reads its
-  // top-k (entries it needs here), must have a contiguous last dim (the decodes read them so).
+  // from (table_specs with every_entry_topk_width(inputs)). Every compressed layer's entries
+  // (its index source's top-k, its kv source's compressed block table) must be there; the
+  // metadata's seq_lens and cum_seq_lens_q, and the top-k and compressed block table of a layer
+  // whose decode reads its top-k, must have a contiguous last dim (the decodes read them so).
   // A refused step begins none (run_layer is refused until one does; steps_begun() unchanged)
   // and leaves the previous one's tables as they were, joined.
   void begin_step(const StepInputs& inputs);

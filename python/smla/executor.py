@@ -100,10 +100,11 @@ class StepExecutor:
                 compressed_index=str(compressed_index))
 
     def begin_step(self, inputs: StepInputs) -> None:
-        """Resets the tables; keeps `inputs` (and its arrays) for the step. Its seq_lens and
-        cum_seq_lens_q, and the top-k and compressed block table of a layer whose decode reads
-        its top-k, must have a contiguous last dim (the decodes read them so); a refused step
-        keeps the previous one's tables and arrays."""
+        """Resets the tables; keeps `inputs` (and its arrays) for the step. Every compressed
+        layer's entries (its index source's top-k, its kv source's compressed block table) must
+        be there; its seq_lens and cum_seq_lens_q, and the top-k and compressed block table of a
+        layer whose decode reads its top-k, must have a contiguous last dim (the decodes read
+        them so); a refused step keeps the previous one's tables and arrays."""
         with on_device(self._device, self._like):
             self._executor.begin_step(_inputs(inputs))
 

@@ -341,8 +341,11 @@ size_t StepExecutor::checked_plan(const StepInputs& inputs) const {
   contiguous(inputs.metadata.seq_lens, "seq_lens");
   contiguous(inputs.metadata.cum_seq_lens_q, "cum_seq_lens_q");
   for (size_t i = 0; i < specs_.size(); ++i) {
-    if (specs_[i].compress_ratio == 0 || plans_[plan].specs[i].compress_ratio > 0) continue;
-    const CompressedColumns c = compressed_columns(inputs, layers_[i]);  // read by its decode
+    if (specs_[i].compress_ratio == 0) continue;
+    // Every compressed layer's entries, here: a table build's lookup would name a missing top-k
+    // as the entry it lacks (topk_indices[S]).
+    const CompressedColumns c = compressed_columns(inputs, layers_[i]);
+    if (plans_[plan].specs[i].compress_ratio > 0) continue;  // not read by its decode
     contiguous(c.topk_indices, "topk_indices[" + std::to_string(specs_[i].index_source) + "]");
     contiguous(c.block_table,
                "compressed_block_tables[" + std::to_string(specs_[i].kv_source) + "]");

@@ -680,20 +680,29 @@ TEST(Executor, ABlockTableForEverySwaGroup) {
   inputs.block_tables.pop_back();
   test::expect_smla_error([&] { executor.run_step(inputs, queries, outs); }, ErrorKind::value,
                           "block_tables", "a block table for SWA group 2", "2 block tables");
-  // A compressed layer's pages and top-k, by the role of the layer that keys them.
+  // A compressed layer's pages and top-k, by the role of the layer that keys them, whether its
+  // decode or its table's build reads them: missing, an entry is not one keyed as given, and the
+  // step is refused before it builds any table.
   const auto compressed = std::ranges::find_if(specs, [](auto& s) { return s.compress_ratio; });
   ASSERT_NE(compressed, specs.end());
-  inputs = c.inputs;
-  inputs.compressed_block_tables.erase(compressed->kv_source);
-  test::expect_smla_error([&] { executor.run_step(inputs, queries, outs); }, ErrorKind::value,
-                          "compressed_block_tables",
-                          "an entry for kv source layer " + std::to_string(compressed->kv_source),
-                          "none");
-  inputs = c.inputs;
-  inputs.topk_indices.erase(compressed->index_source);
-  test::expect_smla_error(
-      [&] { executor.run_step(inputs, queries, outs); }, ErrorKind::value, "topk_indices",
-      "an entry for index source layer " + std::to_string(compressed->index_source), "none");
+  for (const CompressedIndex mode :
+       {CompressedIndex::table, CompressedIndex::topk, CompressedIndex::automatic}) {
+    SCOPED_TRACE(compressed_index_name(mode));
+    StepExecutor moded(c.layers, *streams, c.num_tokens(), max_columns_of(c), TableSharing::shared,
+                       mode);
+    inputs = c.inputs;
+    inputs.compressed_block_tables.erase(compressed->kv_source);
+    test::expect_smla_error(
+        [&] { moded.run_step(inputs, queries, outs); }, ErrorKind::value, "compressed_block_tables",
+        "an entry for kv source layer " + std::to_string(compressed->kv_source), "none");
+    inputs = c.inputs;
+    inputs.topk_indices.erase(compressed->index_source);
+    test::expect_smla_error(
+        [&] { moded.run_step(inputs, queries, outs); }, ErrorKind::value, "topk_indices",
+        "an entry for index source layer " + std::to_string(compressed->index_source), "none");
+    EXPECT_TRUE(moded.tables().stats().builds.empty()) << "a table was built for a refused step";
+    EXPECT_EQ(moded.steps_begun(), 0u);
+  }
 }
 
 // A query of another step's tokens or another layer's heads is the query's error, not a table's
