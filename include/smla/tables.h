@@ -65,6 +65,7 @@ class SparseIndexTables {
   // A build's error says which layer's table and SWA group it was, and names its arguments
   // (its argument's, and those its texts mention) as `names` (when given) says: the
   // StepExecutor names its StepInputs fields so.
+  // Every layer of the key in the group gets views of one memory: read them, never write them.
   SparseIndexTable lookup(int layer, const TableInputs& inputs,
                           const TableArgumentNames& names = {});
   // The memory behind the views lookup(layer) returns now (null until a table of its group and

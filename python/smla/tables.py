@@ -24,7 +24,11 @@ class SparseIndexTables:
         """The table of `layer`; `inputs(layer)` gives any layer's build arguments (outputs
         unset, compress_ratio and window the layer's LayerSpec's, else ValueError naming the
         field). The arrays view the table's memory (no copy) and keep it: the next step's
-        tables, after reset(), are built elsewhere while they live."""
+        tables, after reset(), are built elsewhere while they live. Every layer of the key in
+        the SWA group gets views of that one table, so on the CPU they are read-only NumPy
+        arrays (a write raises ValueError); on CUDA, torch tensors, which cannot be made
+        read-only: a write (in place, or as an out=) changes the other layers' table too, so
+        clone before changing one."""
         if not callable(inputs):
             raise type_error("inputs", "a callable: inputs(layer) -> SparseIndexArgs",
                              type(inputs).__name__)

@@ -1,6 +1,6 @@
 // SparseIndexTables (SPEC §5), thin: the build arguments come from a Python callable returning
 // `_smla.IndexArgs`, and lookup returns arrays over the tables' own memory (no copy), which
-// they keep alive.
+// they keep alive; every layer of a key in a group shares it, so NumPy's are read-only.
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 

@@ -239,8 +239,8 @@ nb::object as_array(const TensorView& view, nb::handle owner) {
     case DType::u8: d = nb::dtype<uint8_t>(); break;
   }
   if (view.device.kind == DeviceKind::cpu)
-    return nb::ndarray<nb::numpy>(view.data, view.ndim, shape, owner, view.strides, d,
-                                  nb::device::cpu::value, 0)
+    return nb::ndarray<nb::numpy, nb::ro>(view.data, view.ndim, shape, owner, view.strides, d,
+                                          nb::device::cpu::value, 0)
         .cast();
   return nb::ndarray<nb::pytorch>(view.data, view.ndim, shape, owner, view.strides, d,
                                   nb::device::cuda::value, view.device.id)

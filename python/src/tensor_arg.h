@@ -39,7 +39,8 @@ class Tensor {
 // in `keep` for objects that store views past the call (tables, executors).
 TensorView take(nb::handle tensor, std::vector<nb::object>* keep = nullptr);
 
-// A NumPy array (CPU) or PyTorch tensor (CUDA) over memory `owner` keeps alive; no copy.
+// A read-only NumPy array (CPU) or a PyTorch tensor (CUDA; torch has no read-only tensors) over
+// memory `owner` keeps alive; no copy. Its memory may be shared (a table other layers read).
 nb::object as_array(const TensorView& view, nb::handle owner);
 
 // "cpu"/"cuda" and an index, as the Python layer passes devices.

@@ -961,6 +961,8 @@ def test_build_sparse_indices_dspark():
     np.testing.assert_array_equal(table.sparse_indices, indices)
     np.testing.assert_array_equal(table.sparse_topk_lens, lens)
     np.testing.assert_array_equal(table.seq_lens, seq_lens)
+    with pytest.raises(ValueError):  # read-only, as the table's other arrays
+        table.seq_lens[0] = 0
 
 
 def test_decode_reads_the_topk_as_its_table_would():
@@ -1095,6 +1097,27 @@ def test_sparse_index_tables_share_and_fork():
         # Each run's first layer builds its group's table and forks the other group's.
         assert stats["forks"] == [(1, "swa_only"), (1, "2:2:4")]
         assert stats["waits"] == [1, 3]
+
+
+def test_sparse_index_tables_lookup_arrays_are_read_only():
+    """Every layer of a key in one SWA group gets views of the same table: the NumPy arrays
+    lookup returns are read-only, so a write through one layer's cannot change another's."""
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    specs = [smla.LayerSpec(layer=i, num_heads=4) for i in range(2)]  # group 0, swa_only
+    tables = smla.SparseIndexTables(specs, "cpu")
+    first, second = (tables.lookup(s.layer, lambda layer: index_args(c, 0)) for s in specs)
+    assert tables.stats["builds"] == {(0, "swa_only"): 1}
+    assert np.shares_memory(first.sparse_indices, second.sparse_indices)
+    for array in (first.sparse_indices, first.sparse_topk_lens):
+        assert not array.flags.writeable
+        with pytest.raises(ValueError):
+            array[0] = 0
+        with pytest.raises(ValueError):
+            array.flags.writeable = True
+    indices, lens = expected_table(c, 0)
+    np.testing.assert_array_equal(second.sparse_indices, indices)
+    np.testing.assert_array_equal(second.sparse_topk_lens, lens)
 
 
 def test_sparse_index_tables_refuse_calls_from_their_inputs():
