@@ -33,7 +33,7 @@ std::string model_names() {
 
 constexpr int kMaxInt = 1 << 30;
 
-constexpr std::string_view kHelp = "--help";  // a switch of every command
+constexpr std::string_view kHelp = "--help", kShortHelp = "-h";  // switches of every command
 
 // A switch given a value: what parse_flags and is_help throw.
 UsageError no_value(std::string_view flag, std::string_view value) {
@@ -116,9 +116,10 @@ constexpr RunFlag kRunFlags[] = {
 }  // namespace
 
 bool is_help(std::string_view word) {
-  if (word.starts_with(kHelp) && word.size() > kHelp.size() && word[kHelp.size()] == '=')
-    throw no_value(kHelp, word.substr(kHelp.size() + 1));
-  return word == kHelp || word == "-h";
+  for (const std::string_view name : {kHelp, kShortHelp})
+    if (word.starts_with(name) && word.substr(name.size()).starts_with('='))
+      throw no_value(name, word.substr(name.size() + 1));
+  return word == kHelp || word == kShortHelp;
 }
 
 void parse_flags(std::span<const std::string_view> words,
@@ -131,8 +132,10 @@ void parse_flags(std::span<const std::string_view> words,
   std::vector<std::string_view> given;  // a flag twice is a mistake, not "the last one wins"
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string_view word = words[i];
-    if (!word.starts_with("--"))
+    if (!word.starts_with("--")) {
+      is_help(word);  // -h=1 says -h takes no value, as --help=1 does
       throw UsageError("unexpected argument '" + std::string(word) + "' (flags start with --)");
+    }
     const size_t eq = word.find('=');
     const std::string_view flag = word.substr(0, eq);
     const bool is_switch = flag == kHelp || in(switches, flag);
@@ -210,7 +213,7 @@ std::string usage() {
          "  run      run the attention of every layer of one decode step on synthetic caches\n"
          "  info     print the backends this build has and what each supports\n"
          "  version  print smla's version (also --version)\n"
-         "  help     print this text (also --help)\n"
+         "  help     print this text (also --help or -h)\n"
          "\n"
          "run flags:\n"
          "  --model " +

@@ -47,7 +47,7 @@ Invocation parse_args(int argc, const char* const* argv);
 std::string usage();
 
 // Whether `word` asks for the usage: --help or -h, which every command takes wherever it stands.
-// --help=VALUE throws a UsageError (--help takes no value), as parse_flags does.
+// --help=VALUE or -h=VALUE throws a UsageError (neither takes a value), as parse_flags does.
 bool is_help(std::string_view word);
 
 // `text`, all of it, as an integer in [least, most]; else a UsageError naming `flag`.
@@ -64,7 +64,8 @@ T number(std::string_view flag, std::string_view text, T least, T most) {
 // Walks `words`, each `--flag VALUE`, `--flag=VALUE` or, for a name in `switches`, `--flag`
 // alone (its value then empty), calling set(flag, value) in order. An unknown word, a flag given
 // twice or a missing value throws a UsageError naming it. --help is a switch of every command
-// (`--help=1` says it takes no value); callers print their usage for it before (is_help).
+// (`--help=1` and `-h=1` say they take no value); callers print their usage for it, or -h,
+// before (is_help).
 void parse_flags(std::span<const std::string_view> words,
                  std::span<const std::string_view> valued,
                  std::span<const std::string_view> switches,

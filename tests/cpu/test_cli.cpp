@@ -178,21 +178,29 @@ TEST(RunArgs, SwitchesTakeNoValue) {
   }
 }
 
-// --help is a switch of every command, wherever it stands: given a value, it says it takes none
-// (not "unknown flag", nor "unknown command" in the command's place), as parse_flags does for
-// the benchmarks, whose flags do not list it.
+// --help and -h are switches of every command, wherever they stand: given a value, each says it
+// takes none (not "unknown flag", "unexpected argument", nor "unknown command" in the command's
+// place), as parse_flags does for the benchmarks, whose flags do not list them.
 TEST(RunArgs, HelpTakesNoValue) {
-  expect_usage_error({"run", "--help=foo"}, "--help: takes no value, got 'foo'");
-  expect_usage_error({"run", "--requests", "2", "--help="}, "--help: takes no value, got ''");
-  expect_usage_error({"--help=1"}, "--help: takes no value, got '1'");
-  expect_usage_error({"help", "--help=1"}, "--help: takes no value, got '1'");
-  expect_usage_error({"info", "--help=1"}, "--help: takes no value, got '1'");
-  const std::string_view valued[] = {"--csv"}, words[] = {"--csv=a.csv", "--help=1"};
-  try {
-    parse_flags(words, valued, {}, [](std::string_view, std::string_view) {});
-    ADD_FAILURE() << "taken";
-  } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(), "--help: takes no value, got '1'");
+  for (const std::string help : {"--help", "-h"}) {
+    SCOPED_TRACE(help);
+    const std::string one = help + ": takes no value, got '1'";
+    expect_usage_error({"run", (help + "=foo").c_str()}, help + ": takes no value, got 'foo'");
+    expect_usage_error({"run", "--requests", "2", (help + "=").c_str()},
+                       help + ": takes no value, got ''");
+    expect_usage_error({(help + "=1").c_str()}, one);
+    expect_usage_error({"help", (help + "=1").c_str()}, one);
+    expect_usage_error({"info", (help + "=1").c_str()}, one);
+    expect_usage_error({"version", (help + "=1").c_str()}, one);
+    const std::string_view valued[] = {"--csv"};
+    const std::string flag = help + "=1";
+    const std::string_view words[] = {"--csv=a.csv", flag};
+    try {
+      parse_flags(words, valued, {}, [](std::string_view, std::string_view) {});
+      ADD_FAILURE() << "taken";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(e.what(), one);
+    }
   }
 }
 
@@ -446,9 +454,9 @@ TEST(RunArgs, EveryFlagIsInTheUsage) {
                            "--compressed-index"}) {
     EXPECT_NE(text.find(std::string("\n  ") + flag + " "), std::string::npos) << flag;
   }
-  // The bounds a flag's refusal names, and what each exit status means.
+  // The bounds a flag's refusal names, what each exit status means, and help's short name.
   for (const char* line :
-       {"1..1024 and at most --seq-len", "1..64 and at most the model's",
+       {"(also --help or -h)", "1..1024 and at most --seq-len", "1..64 and at most the model's",
         "synthetic step, 0..2^64-1 (default 0)", "\nexit status: 0 done", "2 a usage error\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line;
 }
