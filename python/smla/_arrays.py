@@ -233,7 +233,8 @@ class on_device:
 def instance(x, cls, name: str, what: str = ""):
     """`x` where it is a `cls` (what: how to name that kind), else a TypeError naming `name`."""
     if not isinstance(x, cls):
-        raise type_error(name, what or f"a {cls.__name__}", type(x).__name__)
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise type_error(name, what or f"{article} {cls.__name__}", type(x).__name__)
     return x
 
 

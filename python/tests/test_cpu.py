@@ -565,6 +565,11 @@ def test_arguments_of_the_wrong_kind_are_named():
         with pytest.raises(error, match=f"^smla: {re.escape(argument)}: expected ") as info:
             call()
         assert info.value.argument == argument
+    # The kind named with its article (an AttentionLayer, a TopkColumns).
+    with pytest.raises(TypeError, match=r"^smla: layers\[0\]: expected an AttentionLayer, "):
+        smla.StepExecutor([1], 4, 640)
+    with pytest.raises(TypeError, match="^smla: args: expected a SparseIndexArgs, "):
+        smla.build_sparse_indices(None)
 
 
 def test_index_builders_refuse_a_stream_that_is_not_one():
