@@ -66,7 +66,7 @@ void view(const TensorView& v, const std::string& name) {
          std::to_string(v.ndim) + " dims");
   for (int d = 0; d < v.ndim; ++d)
     if (v.shape[d] < 0) fail(ErrorKind::value, name, "non-negative sizes", shape_of(v));
-  int64_t count = 1, extent = 0, reach = 0;
+  int64_t count = 1, extent = 0, below = 0, reach = 0;  // below: the bytes before data
   bool over = false;
   for (int d = 0; d < v.ndim; ++d) {
     over = over || __builtin_mul_overflow(count, v.shape[d], &count);
@@ -75,11 +75,22 @@ void view(const TensorView& v, const std::string& name) {
            __builtin_mul_overflow(v.shape[d] - 1, std::abs(v.strides[d]), &reach) ||
            __builtin_mul_overflow(reach, int64_t(dtype_size(v.dtype)), &reach) ||
            __builtin_add_overflow(extent, reach, &extent);
+    if (!over && v.strides[d] < 0) below += reach;  // at most extent: no overflow
   }
   if (over)
     fail(ErrorKind::value, name,
          "sizes and strides whose element count and byte extent fit in int64",
          shape_of(v) + " with strides " + strides_of(v));
+  // An extent that fits in int64 may still not fit past data: the overlap checks' address
+  // arithmetic would overflow and a backend would read or write where the view is not.
+  const uintptr_t at = reinterpret_cast<uintptr_t>(v.data);
+  const uintptr_t above = uintptr_t(extent - below) + (dtype_size(v.dtype) - 1);
+  if (count > 0 && v.data && (uintptr_t(below) > at || above > uintptr_t(INTPTR_MAX) - at)) {
+    char address[32];
+    std::snprintf(address, sizeof address, "%#zx", size_t(at));
+    fail(ErrorKind::value, name, "sizes and strides whose bytes from data lie in the address space",
+         shape_of(v) + " with strides " + strides_of(v) + " from data at " + address);
+  }
 }
 
 void memory(const TensorView& v, const std::string& name) {

@@ -267,6 +267,15 @@ TEST_F(Validation, RankOutsideTheViewAndSizesPastInt64) {
   a.swa_kv_cache = c.args().swa_kv_cache;
   a.sinks = view(DType::f32, {8}, {int64_t(1) << 62});
   expect_error(ErrorKind::value, "sinks", "byte extent fit in int64", "with strides");
+  a.sinks = c.args().sinks;
+  // Extents that fit in int64 but not past (or before) data's address: the overlap checks'
+  // address arithmetic overflowed (UBSan) and the backend read far outside the view.
+  const int64_t far = (INT64_MAX - 8 * 512 * 2) / 10;  // 5 token steps of 2 bytes: < 2^63
+  for (const int64_t stride : {far, -far}) {
+    a.query = view(DType::bf16, {6, 8, 512}, {stride, 512, 1});
+    expect_error(ErrorKind::value, "query", "bytes from data lie in the address space",
+                 "from data at 0x");
+  }
 }
 
 // Outputs must not alias themselves: threads (or CTAs) would race on the shared elements.
