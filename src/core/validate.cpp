@@ -150,10 +150,16 @@ KvPool make_pool(const TensorView& v, const char* name) {
   const bool row_token_stride = pool.block_size == 1 && token_stride < row;
   if (row_token_stride) token_stride = row;
   const int64_t page_unit = ds ? kDsMlaRecordBytes : token_stride;  // a page stride's multiple
-  const int64_t page = pool.block_size * (ds ? row : token_stride);  // and its least
+  int64_t page = 0, rounded = 0;  // its least, and that plus page_unit - 1
+  // The view's extent does not bound a token stride of a one-row page (nor, for fp8_ds_mla, a
+  // page's 584-B rows): its page may not fit in int64, which no page stride could then hold.
+  if (__builtin_mul_overflow(pool.block_size, ds ? row : token_stride, &page) ||
+      (page_unit > 0 && __builtin_add_overflow(page, page_unit - 1, &rounded)))
+    fail(ErrorKind::value, name, "a page of block_size rows whose size fits in int64",
+         "block_size " + num(pool.block_size) + " and token stride " + num(token_stride));
   if (pool.num_blocks == 1 && token_stride >= row &&
       (block_stride < page || block_stride % page_unit != 0))
-    block_stride = (page + page_unit - 1) / page_unit * page_unit;
+    block_stride = rounded / page_unit * page_unit;
   if (__builtin_mul_overflow(block_stride, elem, &pool.block_stride_bytes))
     fail(ErrorKind::value, name, "a page stride whose size in bytes fits in int64",
          num(block_stride) + " elements");
@@ -163,8 +169,7 @@ KvPool make_pool(const TensorView& v, const char* name) {
     if (pool.block_stride_bytes % kDsMlaRecordBytes != 0 || pool.block_stride_bytes < page)
       fail(ErrorKind::value, name,
            "a page stride that is a multiple of 576 B and >= block_size * 584 = " + num(page) +
-               " B (the least such: " +
-               num((page + kDsMlaRecordBytes - 1) / kDsMlaRecordBytes * kDsMlaRecordBytes) +
+               " B (the least such: " + num(rounded / kDsMlaRecordBytes * kDsMlaRecordBytes) +
                " B, each page padded to a multiple of 576 B)",
            num(pool.block_stride_bytes) + " B");
     // The view must cover those block_size * 584 bytes of its last page too.

@@ -659,6 +659,14 @@ TEST_F(Validation, SpanFromInt32) {
   a.swa_kv_cache = view(DType::bf16, {1, 16, 512}, {int64_t(1) << 62, 512, 1});
   expect_error(ErrorKind::value, "swa_kv_cache", "a page stride whose size in bytes fits in int64",
                "4611686018427387904 elements");
+  // One page of one row: no extent bounds its token stride, from which the least page stride
+  // was rounded up past int64 (signed overflow, then "span 0").
+  for (const DType dtype : {DType::bf16, DType::f8e4m3}) {
+    a.swa_kv_cache = view(dtype, {1, 1, 512}, {0, INT64_MAX, 1});
+    expect_error(ErrorKind::value, "swa_kv_cache",
+                 "a page of block_size rows whose size fits in int64",
+                 "block_size 1 and token stride 9223372036854775807");
+  }
 }
 
 // A dim of size 1 is read at index 0 alone: a stride no layout could have there (PyTorch up
