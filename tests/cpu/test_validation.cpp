@@ -5,7 +5,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <limits>
+#include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -15,9 +19,11 @@
 #include "core/problem.h"
 #include "error_check.h"
 #include "oracle.h"
+#include "seed.h"
 #include "smla/decode.h"
 #include "smla/error.h"
 #include "smla/index.h"
+#include "smla/quantize.h"
 
 namespace smla::test {
 namespace {
@@ -863,6 +869,277 @@ TEST_F(Validation, OutputsApartFromDsMlaScaleRecords) {
   a.workspace = make_view(scratch.data() + 1736, DType::u8, Device{}, {16});
   expect_error(ErrorKind::value, "workspace", "memory apart from swa_kv_cache",
                "an overlap with swa_kv_cache");
+}
+
+// Random calls for RandomArguments below: every view in a buffer of its own, random bytes
+// throughout and 64 guard bytes either side, so that a write past a view or into the gaps
+// between its strided elements changes bytes no output element holds.
+class RandomCall {
+ public:
+  explicit RandomCall(uint64_t seed) : rng_(seed) {}
+
+  int64_t pick(int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
+  }
+  bool coin(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
+
+  // Row-major strides (explicit ones for pools), a gap after each row now and then, and now
+  // and then an outer dim stored in reverse.
+  TensorView make(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides = {}) {
+    const int ndim = static_cast<int>(shape.size());
+    if (strides.empty()) {
+      strides.assign(ndim, 1);
+      for (int d = ndim - 2; d >= 0; --d)
+        strides[d] = strides[d + 1] * shape[d + 1] + (d == ndim - 2 && coin(0.3) ? pick(1, 9) : 0);
+    }
+    const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
+    int64_t last = 0;
+    bool empty = false;
+    for (int d = 0; d < ndim; ++d) {
+      last += std::max<int64_t>(shape[d] - 1, 0) * strides[d];
+      empty = empty || shape[d] == 0;
+    }
+    auto& buffer =
+        buffers_.emplace_back(std::vector<std::byte>((empty ? 0 : (last + 1) * elem) + 2 * kGuard));
+    for (std::byte& b : buffer) b = std::byte(rng_());
+    TensorView v;
+    v.data = buffer.data() + kGuard;
+    v.dtype = dtype;
+    v.ndim = ndim;
+    for (int d = 0; d < ndim; ++d) v.shape[d] = shape[d], v.strides[d] = strides[d];
+    const int outer = static_cast<int>(pick(0, ndim - 1));
+    if (ndim > 1 && outer < ndim - 1 && shape[outer] > 1 && coin(0.1)) {
+      v.data = static_cast<std::byte*>(v.data) + (shape[outer] - 1) * strides[outer] * elem;
+      v.strides[outer] = -strides[outer];
+    }
+    return v;
+  }
+  static void set(const TensorView& v, int64_t i, int32_t value) {
+    std::memcpy(v.ptr<int32_t>() + i * v.stride(0), &value, sizeof value);
+  }
+
+  // One or two of: a size one smaller, a zero stride, a null or misaligned pointer, a dtype no
+  // wider, the CUDA device, an absent tensor, a rank outside 1..4, a value at its extremes, the
+  // first output laid over another view's buffer.
+  void break_some(const std::vector<TensorView*>& views, const std::vector<TensorView*>& values,
+                  TensorView* output, const std::function<void()>& scalar) {
+    for (int64_t n = pick(0, 2); n-- > 0;) {
+      TensorView& v = *views[pick(0, int64_t(views.size()) - 1)];
+      if (!v.defined() || v.ndim > kMaxDims) continue;
+      const int d = static_cast<int>(pick(0, v.ndim - 1));
+      switch (pick(0, 9)) {
+        case 0:
+          v.shape[d] = std::max<int64_t>(v.shape[d] - 1, 0);
+          break;
+        case 1:
+          v.strides[d] = 0;
+          break;
+        case 2:
+          v.data = nullptr;
+          break;
+        case 3:
+          v.data = static_cast<std::byte*>(v.data) + 1;
+          break;
+        case 4: {
+          const DType dtype = DType(pick(0, 4));
+          if (dtype_size(dtype) <= dtype_size(v.dtype)) v.dtype = dtype;
+          break;
+        }
+        case 5:
+          v.device = Device{DeviceKind::cuda, 0};
+          break;
+        case 6:
+          if (coin(0.5))
+            v = TensorView{};
+          else
+            v.ndim = 5;
+          break;
+        case 7: {
+          const TensorView& w = *values[pick(0, int64_t(values.size()) - 1)];
+          if (w.data && w.ndim >= 1 && w.ndim <= kMaxDims && w.shape[0] > 0 &&
+              w.dtype == DType::i32)
+            set(w, pick(0, w.shape[0] - 1),
+                int32_t(std::vector<int64_t>{-1, 0, 1, INT32_MIN, INT32_MAX}[pick(0, 4)]));
+          break;
+        }
+        case 8:
+          scalar();
+          break;
+        case 9: {  // the output somewhere in the buffer of another view, wherever it fits
+          const auto& into = buffers_[pick(0, int64_t(buffers_.size()) - 1)];
+          const int64_t elem = int64_t(dtype_size(output->dtype));
+          int64_t low = 0, high = elem;
+          for (int k = 0; k < output->ndim; ++k)
+            (output->strides[k] < 0 ? low : high) +=
+                std::max<int64_t>(output->shape[k] - 1, 0) * output->strides[k] * elem;
+          const int64_t room = int64_t(into.size()) - 2 * kGuard - (high - low);
+          if (room >= 0 && output->ndim >= 1 && output->ndim <= kMaxDims && output->numel() > 0)
+            output->data =
+                const_cast<std::byte*>(into.data()) + kGuard + pick(0, room / elem) * elem - low;
+          break;
+        }
+      }
+    }
+  }
+
+  // Calls `call`: it throws smla::Error naming one of `names` and changes no byte, or returns
+  // having changed only bytes that `written` marks (its outputs' elements, by address).
+  void expect_error_or_only(const std::function<void()>& call, const std::set<std::string>& names,
+                            const std::function<void(std::set<const std::byte*>&)>& written) {
+    std::vector<std::vector<std::byte>> before(buffers_.begin(), buffers_.end());
+    std::set<const std::byte*> allowed;
+    try {
+      call();
+      written(allowed);
+    } catch (const Error& e) {
+      EXPECT_TRUE(names.count(e.argument())) << e.what();
+      EXPECT_NE(std::string(e.what()).find(e.argument()), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not an smla::Error: " << e.what();
+    }
+    for (size_t i = 0; i < buffers_.size(); ++i)
+      for (size_t k = 0; k < buffers_[i].size(); ++k)
+        if (buffers_[i][k] != before[i][k] && !allowed.count(&buffers_[i][k])) {
+          ADD_FAILURE() << "byte " << k << " of buffer " << i << " written";
+          return;
+        }
+  }
+
+  // Marks the bytes of every element of `v` (at most 4 dims).
+  static void mark(const TensorView& v, std::set<const std::byte*>& bytes) {
+    if (!v.defined() || v.numel() == 0) return;
+    int64_t n[4] = {1, 1, 1, 1}, st[4] = {};
+    for (int d = 0; d < v.ndim; ++d)
+      n[4 - v.ndim + d] = v.shape[d], st[4 - v.ndim + d] = v.strides[d];
+    const int64_t elem = int64_t(dtype_size(v.dtype));
+    for (int64_t i = 0; i < n[0]; ++i)
+      for (int64_t j = 0; j < n[1]; ++j)
+        for (int64_t k = 0; k < n[2]; ++k)
+          for (int64_t l = 0; l < n[3]; ++l)
+            for (int64_t b = 0; b < elem; ++b)
+              bytes.insert(static_cast<const std::byte*>(v.data) +
+                           (i * st[0] + j * st[1] + k * st[2] + l * st[3]) * elem + b);
+  }
+
+  // A KV pool of 1..3 pages (packed pages now and then) in `layout` (u8: fp8_ds_mla).
+  TensorView pool(DType layout, int64_t& rows) {
+    const int64_t pages = pick(1, 3), block = std::vector<int64_t>{1, 2, 16}[pick(0, 2)];
+    if (layout == DType::u8) {
+      rows = pages * block;
+      return make(DType::u8, {pages, block, 584}, {(block * 584 + 575) / 576 * 576, 584, 1});
+    }
+    const int64_t span = block + pick(0, 1);
+    rows = pages * span;
+    return make(layout, {pages, block, 512}, {span * 512, 512, 1});
+  }
+
+ private:
+  static constexpr int64_t kGuard = 64;
+  std::mt19937_64 rng_;
+  std::deque<std::vector<std::byte>> buffers_;  // stable addresses
+};
+
+// Random argument sets, most broken in one or two ways, through the public decode and
+// quantizer (the fuzzing of both entry points, kept small): each call throws smla::Error
+// naming one of its arguments and writes nothing, or succeeds having written only its outputs'
+// elements (decode: out and lse; quantize_kv: each slot's record and scale record).
+TEST(RandomArguments, DecodeAndQuantizeThrowOrWriteOnlyTheirOutputs) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::set<std::string> decode_names = {"max_q_len", "window", "bmm1_scale", "bmm2_scale"};
+  for (const Field& f : kTensorFields) decode_names.insert(f.name);
+  for (int call = 0; call < 200; ++call) {
+    SCOPED_TRACE("decode call " + std::to_string(call));
+    RandomCall r(seed + call);
+    const bool cum = r.coin(0.5);
+    const int64_t B = r.pick(1, 3), H = std::vector<int64_t>{1, 3, 8}[r.pick(0, 2)];
+    std::vector<int32_t> q_lens(B, 1);
+    int64_t T = 0;
+    for (int32_t& q : q_lens) T += q = cum ? int32_t(r.pick(0, 2)) : 1;
+    DecodeArgs a;
+    a.window = r.coin(0.5) ? kWindow : 4;
+    const int64_t K = a.window + 4 * r.pick(0, 2);
+    int64_t rows = 0, compressed_rows = 0;
+    const DType layout = std::vector<DType>{DType::bf16, DType::f8e4m3, DType::u8}[r.pick(0, 2)];
+    a.swa_kv_cache = r.pool(layout, rows);
+    if (r.coin(0.3)) a.compressed_kv_cache = r.pool(layout, compressed_rows);
+    a.query = r.make(DType::bf16, {T, H, 512});
+    a.sparse_indices = r.make(DType::i32, {T, K});
+    a.sparse_topk_lens = r.make(DType::i32, {T});
+    a.seq_lens = r.make(DType::i32, {B});
+    if (cum) a.cum_seq_lens_q = r.make(DType::i32, {B + 1});
+    if (r.coin(0.5)) a.sinks = r.make(DType::f32, {H});
+    a.out = r.make(DType::bf16, {T, H + (r.coin(0.3) ? 2 : 0), 512});
+    if (r.coin(0.5)) a.lse = r.make(DType::f32, {T, H});
+    a.bmm1_scale = 0.04f;
+    for (int64_t b = 0, start = 0; b < B; start += q_lens[b++]) {
+      RandomCall::set(a.seq_lens, b, q_lens[b] + int32_t(r.pick(0, 200)));
+      a.max_q_len = std::max<int>(a.max_q_len, q_lens[b]);
+      if (cum) RandomCall::set(a.cum_seq_lens_q, b, int32_t(start));
+      if (cum) RandomCall::set(a.cum_seq_lens_q, b + 1, int32_t(start + q_lens[b]));
+    }
+    const int64_t most = std::max(rows, compressed_rows);
+    for (int64_t t = 0; t < T; ++t) {
+      RandomCall::set(a.sparse_topk_lens, t, int32_t(r.pick(0, K)));
+      for (int64_t c = 0; c < K; ++c) {
+        const int32_t offset = int32_t(r.pick(-2, most + 1));
+        std::memcpy(a.sparse_indices.ptr<int32_t>() + t * a.sparse_indices.stride(0) + c, &offset,
+                    sizeof offset);
+      }
+    }
+    r.break_some({&a.query, &a.swa_kv_cache, &a.compressed_kv_cache, &a.sparse_indices,
+                  &a.sparse_topk_lens, &a.seq_lens, &a.cum_seq_lens_q, &a.sinks, &a.out, &a.lse},
+                 {&a.seq_lens, &a.cum_seq_lens_q, &a.sparse_topk_lens},
+                 r.coin(0.5) || !a.lse.defined() ? &a.out : &a.lse, [&] {
+                   const float odd[] = {0.f, -1.f, NAN, INFINITY, 1e-45f, 3e38f};
+                   a.max_q_len = int(r.pick(-1, 2));
+                   a.window = r.coin(0.5) ? a.window : int(r.pick(-1, 200));
+                   (r.coin(0.5) ? a.bmm1_scale : a.bmm2_scale) = odd[r.pick(0, 5)];
+                 });
+    r.expect_error_or_only([&] { sparse_mla_decode(a); }, decode_names,
+                           [&](std::set<const std::byte*>& written) {
+                             RandomCall::mark(a.out, written);
+                             RandomCall::mark(a.lse, written);
+                           });
+  }
+  for (int call = 0; call < 100; ++call) {
+    SCOPED_TRACE("quantize_kv call " + std::to_string(call));
+    RandomCall r(~seed - call);
+    int64_t rows = 0;
+    TensorView pool =
+        r.pool(std::vector<DType>{DType::bf16, DType::f8e4m3, DType::u8}[r.pick(0, 2)], rows);
+    const int64_t N = r.pick(0, 4);
+    TensorView x = r.make(DType::bf16, {N, 512}), slots = r.make(DType::i32, {N});
+    std::vector<int32_t> free_slots(pool.shape[0] * pool.shape[1]);
+    for (size_t s = 0; s < free_slots.size(); ++s) free_slots[s] = int32_t(s);
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t k = r.pick(0, int64_t(free_slots.size()) - 1);
+      RandomCall::set(slots, i, r.coin(0.2) || free_slots.empty() ? -1 : free_slots[k]);
+      if (!free_slots.empty()) free_slots.erase(free_slots.begin() + k);
+    }
+    float kv_scale = 1.f;
+    r.break_some({&pool, &x, &slots}, {&slots}, &pool, [&] {
+      kv_scale = std::vector<float>{0.f, -0.f, -2.f, NAN, INFINITY, 1e-45f, 3e38f}[r.pick(0, 6)];
+    });
+    r.expect_error_or_only(
+        [&] { quantize_kv(x, slots, pool, kv_scale); }, {"rows", "slots", "pool", "kv_scale"},
+        [&](std::set<const std::byte*>& written) {
+          const bool ds = pool.dtype == DType::u8;
+          const int64_t elem = int64_t(dtype_size(pool.dtype)), record = ds ? 576 : 512 * elem;
+          const auto* base = static_cast<const std::byte*>(pool.data);
+          const int64_t block = pool.shape[1];  // as broken, if it was
+          for (int64_t i = 0; i < slots.shape[0]; ++i) {
+            const int32_t s = slots.ptr<int32_t>()[i * slots.stride(0)];
+            if (s < 0) continue;
+            // A size-1 dim's stride is not used (and may be any): page 0 or row 0 alone.
+            const int64_t page = s / block, row = s % block;
+            const std::byte* at = base + (page ? page * pool.strides[0] * elem : 0);
+            for (int64_t b = 0; b < record; ++b)
+              written.insert(at + (ds ? row * 576 : row ? row * pool.strides[1] * elem : 0) + b);
+            for (int64_t b = 0; ds && b < 8; ++b) written.insert(at + block * 576 + row * 8 + b);
+          }
+        });
+  }
 }
 
 // An error's text is "smla: <argument>: expected <expected>, got <got>".
