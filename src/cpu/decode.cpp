@@ -46,17 +46,22 @@ struct Rows {
   std::unique_ptr<float[]> values;   // count x 512
   std::unique_ptr<double[]> scales;  // count x kGroups
 
-  // Left uninitialized: only the rows appended are written (and their pages touched).
-  void clear(int64_t rows) {
-    count = 0;
-    if (rows <= capacity) return;
-    values = std::make_unique_for_overwrite<float[]>(rows * kHeadDim);
-    scales = std::make_unique_for_overwrite<double[]>(rows * kGroups);
-    capacity = rows;
-  }
+  void clear() { count = 0; }
 
-  // After clear(c), at most c times.
+  // Storage follows the rows appended, not the columns a row has: a row of 2^24 columns of
+  // padding would otherwise take 32 GiB a thread (std::bad_alloc) to attend nothing. Left
+  // uninitialized past the rows kept: only the rows appended are written.
   void append(const KvPool& pool, int64_t offset) {
+    if (count == capacity) {
+      const int64_t grown = std::max<int64_t>(2 * capacity, 64);
+      auto more_values = std::make_unique_for_overwrite<float[]>(grown * kHeadDim);
+      auto more_scales = std::make_unique_for_overwrite<double[]>(grown * kGroups);
+      std::copy_n(values.get(), count * kHeadDim, more_values.get());
+      std::copy_n(scales.get(), count * kGroups, more_scales.get());
+      values = std::move(more_values);
+      scales = std::move(more_scales);
+      capacity = grown;
+    }
     float* v = &values[count * kHeadDim];
     double* s = &scales[count * kGroups];
     const std::byte* src = pool.row(offset);
@@ -125,7 +130,7 @@ class Columns {
 void gather(const DecodeProblem& p, const Columns& columns, int64_t t, const TokenRow& row,
             Rows& rows) {
   const int64_t len = std::min(columns.len(t, row), p.num_columns);
-  rows.clear(len);
+  rows.clear();
   for (int64_t c = 0; c < len; ++c) {
     const bool swa = c < p.window;
     if (swa && c >= row.swa_len) continue;

@@ -1,18 +1,23 @@
 // The CPU backend against the float64 oracle over random cases (fresh inputs for every check;
 // a failure prints the seed, replayable with SMLA_TEST_SEED).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <memory>
 #include <set>
 #include <utility>
 #include <vector>
 
 #include "core/problem.h"
+#include "core/sanitizers.h"
 #include "cpu/backend.h"
 #include "flush_modes.h"
 #include "nan_row.h"
@@ -331,6 +336,47 @@ TEST(Decode, OtherWindowsAndWidths) {
   check({.heads = 8, .window = 64, .compressed_width = 0});   // SWA-only: K == W
   check({.heads = 8, .window = 4, .compressed_width = 124});  // columns past W dominate
   check({.heads = 16, .compressed_width = 1024});             // V4-Pro top-k
+}
+
+// A row of 2^24 columns, padding but for its last three: the CPU took storage for every column
+// before gathering the rows they attend, 2^24 x 2 KiB a thread (32 GiB), and threw
+// std::bad_alloc. Under an address-space limit of 4 GiB past what the process has mapped it
+// gives, bit for bit, what the row of those three columns alone gives.
+TEST(Decode, LongRowOfPaddingTakesStorageForItsAttendedRowsAlone) {
+#if defined(SMLA_ASAN)
+  GTEST_SKIP() << "AddressSanitizer maps more than an address-space limit leaves";
+#endif
+  DecodeCase c =
+      make_case({.heads = 5, .q_lens = {1}, .compressed_width = 4, .pools = PoolSharing::absent},
+                fresh_seed());
+  const int64_t K = c.sparse_indices.size(1);
+  for (int64_t col = 0; col < K; ++col)
+    c.sparse_indices.set<int32_t>(col, col < K - 3 ? -1 : int32_t(col - (K - 3)));
+  c.sparse_topk_lens.set<int32_t>(0, int32_t(K));
+  DecodeArgs a = c.args();
+  sparse_mla_decode(a);
+  const std::vector<std::byte> out = c.out.bytes, lse = c.lse.bytes;
+  poison_outputs(c);
+  std::vector<int32_t> row(int64_t(1) << 24, -1);
+  std::copy_n(c.sparse_indices.bytes.data() + (K - 3) * 4, 12,
+              reinterpret_cast<std::byte*>(row.data() + row.size() - 3));
+  int32_t len = int32_t(row.size());
+  a.sparse_indices = make_view(row.data(), DType::i32, Device{}, {1, int64_t(row.size())});
+  a.sparse_topk_lens = make_view(&len, DType::i32, Device{}, {1});
+
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &old), 0);
+  long pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  const rlim_t mapped = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGE_SIZE));
+  const std::shared_ptr<void> restore(nullptr, [&](void*) { setrlimit(RLIMIT_AS, &old); });
+  rlimit capped = old;
+  capped.rlim_cur = std::min<rlim_t>(old.rlim_cur, mapped + (rlim_t{4} << 30));
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &capped), 0);
+  const ThreadsEnv threads("2");  // both threads gather the token (5 heads: 2 blocks)
+  ASSERT_NO_THROW(sparse_mla_decode(a));
+  EXPECT_EQ(c.out.bytes, out);
+  EXPECT_EQ(c.lse.bytes, lse);
 }
 
 // Empty S(t) by length, by the causal window and by offsets: zero output, lse -inf, no NaN,
