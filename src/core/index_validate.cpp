@@ -18,6 +18,9 @@ void check_step(const StepMetadata& s, IndexProblem& p) {
   const std::string T = num(s.num_tokens);
   check::tensor(s.seq_lens, "seq_lens", DType::i32, p.device, {-1}, "[B] i32");
   p.num_requests = s.seq_lens.size(0);
+  // As the decode refuses it: B + 1 (cum_seq_lens_q's size) must not overflow.
+  if (p.num_requests > INT32_MAX - 1)
+    fail(ErrorKind::unsupported, "seq_lens", "[B] with B < 2^31 - 1", shape_of(s.seq_lens));
   if (s.cum_seq_lens_q.defined())
     check::tensor(s.cum_seq_lens_q, "cum_seq_lens_q", DType::i32, p.device, {p.num_requests + 1},
                   "[B+1 = " + num(p.num_requests + 1) + "] i32");

@@ -786,6 +786,19 @@ TEST(IndexErrors, NumDecodesWithinTheRequests) {
   }
 }
 
+// B + 1 is cum_seq_lens_q's size: seq_lens of 2^31 - 1 requests or more (a stride-0 view) is
+// refused as the decode refuses it. At 2^63 - 1, B + 1 overflowed (undefined behaviour) and
+// cum_seq_lens_q was refused against the wrapped size.
+TEST(IndexErrors, RequestsPastInt32AreUnsupported) {
+  for (const int64_t requests : {int64_t{INT32_MAX}, INT64_MAX}) {
+    SwaOnlyCase c;
+    SparseIndexArgs a = c.args();
+    a.step.seq_lens = make_view(c.seq_lens.data(), DType::i32, Device{}, {requests}, {0});
+    test::expect_smla_error([&] { build(a); }, ErrorKind::unsupported, "seq_lens",
+                            "[B] with B < 2^31 - 1", "[" + std::to_string(requests) + "]");
+  }
+}
+
 // max_q_len is what the decode op is told: >= 1 on any device, and (host values) no request
 // of more tokens, named as the decode names it; a larger one is taken. It was taken unchecked
 // and refused only by the decode that read the table.
