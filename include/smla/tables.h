@@ -61,7 +61,8 @@ class SparseIndexTables {
   // up in the other groups (one per group). A hit on a forked table waits for its event.
   // The views stay valid until the group stores another key (a compressed table's) or, for
   // swa_only, until reset(). `inputs(l)` gives layer l's arguments: its spec's compress_ratio
-  // and window, outputs unset (else smla::Error naming the field, before any allocation).
+  // and window, outputs unset (else smla::Error naming the field, before any allocation; so
+  // are inputs the build refuses, which would otherwise size the table's allocation).
   // A build's error says which layer's table and SWA group it was, and names its arguments
   // (its argument's, and those its texts mention) as `names` (when given) says: the
   // StepExecutor names its StepInputs fields so.

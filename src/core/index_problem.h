@@ -25,4 +25,8 @@ struct IndexProblem {
 // are host tensors) and throws smla::Error naming the first bad one.
 IndexProblem validate_index(const SparseIndexArgs& args);
 
+// validate_index without the outputs, for a call on `device`: what a caller that allocates the
+// outputs checks first, so that inputs the build would refuse never size an allocation.
+void validate_index_inputs(const SparseIndexArgs& args, Device device);
+
 }  // namespace smla

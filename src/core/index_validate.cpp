@@ -70,13 +70,10 @@ KvPool check_pool(const TensorView& pool, const char* name, const IndexProblem& 
   return geometry;
 }
 
-}  // namespace
-
-IndexProblem validate_index(const SparseIndexArgs& a) {
+// Every input of the call on `device` (not the outputs, nor the host values).
+IndexProblem check_inputs(const SparseIndexArgs& a, Device device) {
   IndexProblem p;
-  if (!a.out.sparse_indices.defined())
-    fail(ErrorKind::value, "sparse_indices", "a [T, K] i32 tensor", "absent");
-  p.device = a.out.sparse_indices.device;
+  p.device = device;
   if (a.window < 1) fail(ErrorKind::value, "window", ">= 1", num(a.window));
   p.window = a.window;
   check_step(a.step, p);
@@ -110,6 +107,17 @@ IndexProblem validate_index(const SparseIndexArgs& a) {
   }
 
   p.num_columns = sparse_index_columns(a);
+  return p;
+}
+
+}  // namespace
+
+IndexProblem validate_index(const SparseIndexArgs& a) {
+  if (!a.out.sparse_indices.defined())
+    fail(ErrorKind::value, "sparse_indices", "a [T, K] i32 tensor", "absent");
+  IndexProblem p = check_inputs(a, a.out.sparse_indices.device);
+  const int ratio = p.compress_ratio;
+  const std::string T = num(p.num_tokens);
   const std::string K = num(p.num_columns);
   check::tensor(a.out.sparse_indices, "sparse_indices", DType::i32, p.device,
                 {p.num_tokens, p.num_columns}, "[T = " + T + ", K = " + K + "] i32");
@@ -145,6 +153,11 @@ IndexProblem validate_index(const SparseIndexArgs& a) {
 
   if (p.device.kind == DeviceKind::cpu) check_step_values(a.step, p);
   return p;
+}
+
+void validate_index_inputs(const SparseIndexArgs& a, Device device) {
+  const IndexProblem p = check_inputs(a, device);
+  if (p.device.kind == DeviceKind::cpu) check_step_values(a.step, p);
 }
 
 }  // namespace smla

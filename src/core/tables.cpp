@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "core/index_problem.h"
 #include "core/layer_runs.h"
 
 namespace smla {
@@ -87,9 +88,10 @@ SparseIndexTable SparseIndexTables::build(int layer, const TableInputs& inputs,
       if (view->defined())
         check::fail(ErrorKind::value, name, "unset (the tables allocate their own)",
                     describe(*view));
-    // Checked before the allocation they size (build_sparse_indices checks the rest).
+    // Checked before the allocation they size: a step the build refuses (a num_tokens past its
+    // requests', a DSpark width it cannot have) must be refused by name, not by std::bad_alloc.
+    validate_index_inputs(args, streams_.device());
     const int64_t T = args.step.num_tokens, K = sparse_index_columns(args);
-    check::int32_count(T, "num_tokens");
     const bool dspark = args.step.decode_swa_width > args.window;
     // One allocation: indices, lengths, and (DSpark) the per-token seq_lens.
     const size_t bytes = sizeof(int32_t) * static_cast<size_t>(T * K + T + (dspark ? T : 0));

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <new>
 #include <ostream>
 #include <random>
 #include <set>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "case_gen.h"
+#include "cpu/streams.h"
 #include "error_check.h"
 #include "recording_streams.h"
 #include "smla/error.h"
@@ -712,6 +715,43 @@ TEST(SparseIndexTables, NegativeTokenCountIsRefusedBeforeTheAllocation) {
     EXPECT_EQ(e.argument(), "num_tokens");
   }
   EXPECT_EQ(tables.stats().bytes, 0u);
+}
+
+// The CPU's streams with 1 MiB to hand out: a larger allocation is std::bad_alloc, as on a
+// machine out of memory.
+class SmallHostStreams final : public cpu::HostStreams {
+ public:
+  std::shared_ptr<void> allocate(size_t bytes) override {
+    if (bytes > (size_t{1} << 20)) throw std::bad_alloc();
+    return cpu::HostStreams::allocate(bytes);
+  }
+};
+
+// Inputs the build refuses are refused by name before they size the table's allocation: a
+// num_tokens past the step's tokens (2^28: 128 GiB of table) and a DSpark width that is no
+// multiple of 4 (2^31 - 1 columns) came back as std::bad_alloc.
+TEST(SparseIndexTables, RefusedInputsAllocateNothing) {
+  const auto layers = model_layers(model_preset("v4-flash"), 1);
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  const test::StepCase c(layers, small_step(1), seed);
+  SmallHostStreams streams;
+  SparseIndexTables tables(layers, streams);
+  const auto refused = [&](auto edit, const char* argument, const std::string& expected) {
+    const TableInputs inputs = [&](int layer) {
+      SparseIndexArgs a = c.args(layer);
+      edit(a);
+      return a;
+    };
+    test::expect_smla_error([&] { tables.lookup(layers[0].layer, inputs); }, ErrorKind::value,
+                            argument, expected, "");
+    EXPECT_EQ(tables.stats().bytes, 0u);
+  };
+  refused([](SparseIndexArgs& a) { a.step.num_tokens = int64_t{1} << 28; }, "cum_seq_lens_q",
+          "cum_seq_lens_q[B] == T = 268435456");
+  refused([](SparseIndexArgs& a) { a.step.decode_swa_width = INT32_MAX; }, "decode_swa_width",
+          "a multiple of 4");
+  EXPECT_NO_THROW(tables.lookup(layers[0].layer, [&](int layer) { return c.args(layer); }));
 }
 
 }  // namespace
