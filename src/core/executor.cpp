@@ -168,6 +168,18 @@ void StepExecutor::check_step_apart(const StepInputs& inputs, std::span<const Te
     read.push_back({&table, "compressed_block_tables", layer});
   for (const auto& [layer, topk] : inputs.topk_indices)
     read.push_back({&topk, "topk_indices", layer});
+  // all_apart takes views checked by check::view: an extent past int64 has no byte range (its
+  // arithmetic overflowed), and each layer's own call would check these only later. Its
+  // texts do not name the view, so the name is formatted only for a refusal.
+  for (const std::vector<check::NamedView>* views : {&written, &read})
+    for (const check::NamedView& n : *views) {
+      if (!n.view->defined()) continue;
+      try {
+        check::view(*n.view, std::string());
+      } catch (const Error& e) {
+        throw Error(e.kind(), n.str(), e.expected(), e.got());
+      }
+    }
   check::all_apart(written, read);
 }
 

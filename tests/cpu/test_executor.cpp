@@ -642,6 +642,30 @@ TEST(Executor, RunLayerTakesLayersInModelOrder) {
   executor.end_step();
 }
 
+// run_step compares its outs' bytes with every view the step reads before any layer checks
+// them: one whose byte extent overflows int64 is refused by name first. Its extent was computed
+// overflowed (undefined behaviour), wrapped to below its data, and refused as an overlap of the
+// out that ends there.
+TEST(Executor, StepViewsPastInt64AreRefusedBeforeTheOverlapCheck) {
+  LoggedStep logged(2, CompressedIndex::automatic);
+  test::StepCase& c = logged.c;
+  SCOPED_TRACE(test::seed_note(logged.seed));
+  const int64_t T = c.num_tokens();
+  std::vector<TensorView> queries, outs;
+  add_layer_buffers(c, queries, outs);
+  const TensorView memory = c.bf16(T + 1, kHeads);  // out 0, then seq_lens' first elements
+  outs[0] = make_view(memory.data, DType::bf16, Device{}, {T, kHeads, kHeadDim});
+  StepInputs inputs = c.inputs;
+  inputs.metadata.seq_lens =
+      make_view(memory.ptr<uint16_t>() + T * kHeads * kHeadDim, DType::i32, Device{}, {INT64_MAX});
+  test::expect_smla_error([&] { logged.executor.run_step(inputs, queries, outs); },
+                          ErrorKind::value, "seq_lens",
+                          "sizes and strides whose element count and byte extent fit in int64",
+                          "[9223372036854775807]");
+  EXPECT_EQ(logged.executor.steps_begun(), 0u);
+  EXPECT_NO_THROW(logged.executor.run_step(c.inputs, queries, outs));
+}
+
 // A build without the CUDA backend says so when asked for CUDA streams (the executor's, the
 // CLI's), rather than handing out CPU ones.
 TEST(Streams, CudaWithoutTheBackendIsUnsupported) {
