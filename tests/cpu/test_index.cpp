@@ -799,6 +799,25 @@ TEST(IndexErrors, RequestsPastInt32AreUnsupported) {
   }
 }
 
+// A view's bytes from its data must lie in the address space: the overlap checks take its first
+// and last byte as addresses. Row 1 of this block table (never read: one request) lies 2^63 - 8
+// bytes past row 0; that address overflowed (undefined behaviour) and the table was taken.
+TEST(IndexErrors, ViewsPastTheAddressSpaceAreRefused) {
+  SwaOnlyCase c;
+  SparseIndexArgs a = c.args();
+  a.step.num_tokens = 1;
+  a.step.seq_lens.shape[0] = 1;
+  a.step.cum_seq_lens_q.shape[0] = 2;
+  a.step.is_valid_token.shape[0] = 1;
+  a.step.num_decodes = 1;
+  EXPECT_EQ(build(a).lens, (std::vector<int32_t>{4}));
+  const int64_t row = (INT64_MAX - 4) / 4;  // a byte extent of 2^63 - 4: in int64
+  a.swa.block_table = make_view(c.block_table.data(), DType::i32, Device{}, {2, 2}, {row, 1});
+  test::expect_smla_error([&] { build(a); }, ErrorKind::value, "block_table",
+                          "sizes and strides whose bytes from data lie in the address space",
+                          "[2, 2] with strides [" + std::to_string(row) + ", 1]");
+}
+
 // max_q_len is what the decode op is told: >= 1 on any device, and (host values) no request
 // of more tokens, named as the decode names it; a larger one is taken. It was taken unchecked
 // and refused only by the decode that read the table.
