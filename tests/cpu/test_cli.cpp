@@ -3,7 +3,6 @@
 // the synthetic step it runs; the host clock; progress on stderr; the benchmarks' CSV file.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +25,7 @@
 #include <vector>
 
 #include "../tools/oracle.h"  // not tests/oracle.h
+#include "address_space_cap.h"
 #include "args.h"
 #include "clock.h"
 #include "core/sanitizers.h"
@@ -913,15 +913,8 @@ void refused_before_allocating(const RunOptions& o, const std::vector<LayerSpec>
                                Streams& streams) {
   SCOPED_TRACE(std::to_string(o.requests) + " requests x " + std::to_string(o.q_len) +
                " tokens, seq_len " + std::to_string(o.seq_len));
-  rlimit old{};
-  ASSERT_EQ(getrlimit(RLIMIT_AS, &old), 0);
-  long pages = 0;
-  std::ifstream("/proc/self/statm") >> pages;
-  const rlim_t mapped = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGE_SIZE));
-  const std::shared_ptr<void> restore(nullptr, [&](void*) { setrlimit(RLIMIT_AS, &old); });
-  rlimit capped = old;
-  capped.rlim_cur = std::min<rlim_t>(old.rlim_cur, mapped + (rlim_t{4} << 30));
-  ASSERT_EQ(setrlimit(RLIMIT_AS, &capped), 0);
+  const test::AddressSpaceCap cap(rlim_t{4} << 30);
+  ASSERT_TRUE(cap.ok());
   try {
     const SynthStep step(o, specs, streams);
     ADD_FAILURE() << "made";

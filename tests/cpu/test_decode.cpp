@@ -1,21 +1,18 @@
 // The CPU backend against the float64 oracle over random cases (fresh inputs for every check;
 // a failure prints the seed, replayable with SMLA_TEST_SEED).
 #include <gtest/gtest.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <memory>
 #include <set>
 #include <utility>
 #include <vector>
 
+#include "address_space_cap.h"
 #include "core/problem.h"
 #include "core/sanitizers.h"
 #include "cpu/backend.h"
@@ -364,15 +361,8 @@ TEST(Decode, LongRowOfPaddingTakesStorageForItsAttendedRowsAlone) {
   a.sparse_indices = make_view(row.data(), DType::i32, Device{}, {1, int64_t(row.size())});
   a.sparse_topk_lens = make_view(&len, DType::i32, Device{}, {1});
 
-  rlimit old{};
-  ASSERT_EQ(getrlimit(RLIMIT_AS, &old), 0);
-  long pages = 0;
-  std::ifstream("/proc/self/statm") >> pages;
-  const rlim_t mapped = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGE_SIZE));
-  const std::shared_ptr<void> restore(nullptr, [&](void*) { setrlimit(RLIMIT_AS, &old); });
-  rlimit capped = old;
-  capped.rlim_cur = std::min<rlim_t>(old.rlim_cur, mapped + (rlim_t{4} << 30));
-  ASSERT_EQ(setrlimit(RLIMIT_AS, &capped), 0);
+  const AddressSpaceCap cap(rlim_t{4} << 30);
+  ASSERT_TRUE(cap.ok());
   const ThreadsEnv threads("2");  // both threads gather the token (5 heads: 2 blocks)
   ASSERT_NO_THROW(sparse_mla_decode(a));
   EXPECT_EQ(c.out.bytes, out);
