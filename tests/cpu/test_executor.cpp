@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <list>
+#include <memory>
+#include <new>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -15,6 +18,7 @@
 
 #include "case_gen.h"
 #include "core/check.h"
+#include "cpu/streams.h"
 #include "direct_call.h"
 #include "error_check.h"
 #include "recording_streams.h"
@@ -664,6 +668,224 @@ TEST(Executor, StepViewsPastInt64AreRefusedBeforeTheOverlapCheck) {
                           "[9223372036854775807]");
   EXPECT_EQ(logged.executor.steps_begun(), 0u);
   EXPECT_NO_THROW(logged.executor.run_step(c.inputs, queries, outs));
+}
+
+// Host buffers between guard bytes, for the mutated steps below: a copy's rows are padded with
+// guard bytes too, and `changed` says whether a byte outside the outputs' elements moved.
+class Guarded {
+ public:
+  // An i32 copy of a 1-D or 2-D view (a 2-D one's rows padded; its last dim contiguous).
+  TensorView copy(const TensorView& v) {
+    const int64_t rows = v.size(0), cols = v.ndim == 2 ? v.size(1) : 1;
+    const int64_t pitch = v.ndim == 2 ? cols + 3 : 1;
+    int32_t* data = reinterpret_cast<int32_t*>(buffer(size_t(rows * pitch) * 4));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k)
+        data[r * pitch + k] = v.ptr<const int32_t>()[r * v.stride(0) + k * v.stride(-1)];
+    return v.ndim == 2 ? make_view(data, DType::i32, Device{}, {rows, cols}, {pitch, 1})
+                       : make_view(data, DType::i32, Device{}, {rows});
+  }
+  TensorView out(int64_t T, int64_t H) {
+    const int64_t row = H * kHeadDim + 8;
+    return make_view(buffer(size_t(T * row) * 2), DType::bf16, Device{}, {T, H, kHeadDim},
+                     {row, kHeadDim, 1});
+  }
+  TensorView i32_out(std::initializer_list<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return make_view(buffer(size_t(n) * 4), DType::i32, Device{}, shape);
+  }
+  void snapshot() { saved_ = buffers_; }
+  bool changed(const std::vector<TensorView>& outputs) const {
+    std::list<std::vector<bool>> mask;  // a byte an output may write
+    for (const auto& b : buffers_) mask.emplace_back(b.size(), false);
+    for (const TensorView& v : outputs) allow(v, mask);
+    auto s = saved_.begin();
+    auto m = mask.begin();
+    for (const auto& b : buffers_) {
+      for (size_t i = 0; i < b.size(); ++i)
+        if (!(*m)[i] && b[i] != (*s)[i]) return true;
+      ++s, ++m;
+    }
+    return false;
+  }
+
+ private:
+  static constexpr size_t kGuard = 64;
+  std::byte* buffer(size_t bytes) {
+    buffers_.emplace_back(bytes + 2 * kGuard, std::byte{0xa5});
+    return buffers_.back().data() + kGuard;
+  }
+  void allow(const TensorView& v, std::list<std::vector<bool>>& mask) const {
+    if (!v.defined() || v.numel() == 0) return;
+    const auto* first = static_cast<const std::byte*>(v.data);
+    auto m = mask.begin();
+    for (auto b = buffers_.begin(); b != buffers_.end(); ++b, ++m) {
+      if (first < b->data() || first >= b->data() + b->size()) continue;
+      const int64_t size = int64_t(dtype_size(v.dtype));
+      int64_t at[kMaxDims] = {};  // an odometer over v's elements
+      for (int64_t n = 0; n < v.numel(); ++n) {
+        int64_t offset = 0;
+        for (int d = 0; d < v.ndim; ++d) offset += at[d] * v.strides[d];
+        const int64_t byte = first - b->data() + offset * size;
+        for (int64_t k = 0; k < size; ++k)
+          if (byte + k >= 0 && byte + k < int64_t(b->size())) (*m)[byte + k] = true;
+        for (int d = v.ndim - 1; d >= 0 && ++at[d] == v.shape[d]; --d) at[d] = 0;
+      }
+    }
+  }
+  std::list<std::vector<std::byte>> buffers_, saved_;
+};
+
+// The CPU's streams with 64 MiB to hand out: a larger allocation is std::bad_alloc, as on a
+// machine out of memory, which no small step may need.
+class BoundedStreams final : public cpu::HostStreams {
+ public:
+  std::shared_ptr<void> allocate(size_t bytes) override {
+    if (bytes > (size_t{1} << 26)) throw std::bad_alloc();
+    return cpu::HostStreams::allocate(bytes);
+  }
+};
+
+// Fresh small steps with one or two inputs spoiled (values past their ranges, missing entries,
+// narrowed tables, counts and widths no step has, views past int64 or the address space), each
+// through one layer's build_sparse_indices and the executor's run_step: refused with
+// smla::Error, or run writing nothing outside the outputs (guard bytes around every buffer and
+// between its rows stay as they were).
+TEST(Executor, SpoiledStepsAreRefusedOrWriteOnlyTheirOutputs) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  const auto draw = [&rng](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  const auto all = model_layers(model_preset("v41-flash"), 2, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 4);  // SWA-only x2, then ratio 2
+  for (LayerSpec& s : specs) {
+    s.num_heads = kHeads;
+    if (s.index_topk > 0) s.index_topk = 16;
+  }
+  const int32_t bad[] = {-1, INT32_MIN, INT32_MAX, 1 << 20, 0};
+  BoundedStreams streams;
+  for (int trial = 0; trial < 150; ++trial) {
+    test::CaseShape shape{.num_groups = 2,
+                          .block_size = int(draw(1, 32)),
+                          .entries_per_page = int(draw(1, 8)),
+                          .invalid_fraction = draw(0, 1) ? 0.2 : 0.0};
+    shape.span = shape.block_size, shape.compressed_span = shape.entries_per_page;
+    const int64_t B = draw(1, 4);
+    shape.num_decodes = int(draw(0, B));
+    for (int64_t b = 0; b < B; ++b) {
+      shape.q_lens.push_back(int(draw(1, b < shape.num_decodes ? 3 : 6)));
+      shape.seq_lens.push_back(shape.q_lens.back() + int(draw(0, 200)));
+    }
+    test::StepCase c(specs, shape, rng());
+    const int64_t T = c.num_tokens();
+    Guarded g;
+    StepInputs in = c.inputs;
+    in.metadata.seq_lens = g.copy(in.metadata.seq_lens);
+    in.metadata.cum_seq_lens_q = g.copy(in.metadata.cum_seq_lens_q);
+    for (TensorView& t : in.block_tables) t = g.copy(t);
+    for (auto& entry : in.compressed_block_tables) entry.second = g.copy(entry.second);
+    for (auto& entry : in.topk_indices) entry.second = g.copy(entry.second);
+    const auto some = [&](auto& map) -> TensorView& {
+      auto it = map.begin();
+      std::advance(it, draw(0, int64_t(map.size()) - 1));
+      return it->second;
+    };
+    int32_t none = 0;  // the cell of a view narrowed to nothing
+    const auto cell = [&](const TensorView& t) -> int32_t& {
+      if (t.numel() == 0) return none;
+      return t.ptr<int32_t>()[draw(0, t.size(0) - 1) * t.stride(0) +
+                              (t.ndim == 2 ? draw(0, t.size(1) - 1) : 0)];
+    };
+    std::string spoiled;
+    bool past = false;
+    for (int64_t n = draw(1, 2); n > 0; --n) {
+      StepMetadata& m = in.metadata;
+      const int64_t kind = draw(0, 11);
+      spoiled += std::to_string(kind) + " ";
+      switch (kind) {
+        case 0:
+          m.num_tokens = draw(0, 1) ? T + 1 : int64_t{1} << 28;
+          break;
+        case 1:
+          cell(m.seq_lens) = bad[draw(0, 4)];
+          break;
+        case 2:
+          cell(m.cum_seq_lens_q) = bad[draw(0, 4)];
+          break;
+        case 3:
+          cell(in.block_tables[draw(0, 1)]) = bad[draw(0, 4)];
+          break;
+        case 4:
+          in.block_tables[draw(0, 1)].shape[1] -= 1;
+          break;
+        case 5:
+          cell(some(in.compressed_block_tables)) = bad[draw(0, 4)];
+          break;
+        case 6:
+          if (!in.topk_indices.empty()) cell(some(in.topk_indices)) = bad[draw(0, 3)];
+          break;
+        case 7:
+          in.topk_indices.clear();
+          break;
+        case 8:
+          m.num_decodes = draw(0, 1) ? B + 1 : -1;
+          break;
+        case 9:
+          m.decode_swa_width = draw(0, 1) ? INT32_MAX : kWindow + 4;
+          break;
+        case 10:
+          m.max_q_len = int(draw(-1, 1));
+          break;
+        default:  // after the values' spoils, which would write through it
+          past = true;
+      }
+    }
+    if (past) {  // a view past int64 (seq_lens), or whose bytes run past the address space
+      TensorView& table = in.block_tables[0];
+      if (draw(0, 1))
+        in.metadata.seq_lens.shape[0] = INT64_MAX;
+      else
+        table = make_view(table.data, DType::i32, Device{}, {B + 1, table.size(1)},
+                          {(INT64_MAX - 4 * table.size(1)) / (4 * B), 1});
+    }
+    SCOPED_TRACE("trial " + std::to_string(trial) + ", spoiled " + spoiled);
+    const auto refused_or_ran = [&](const auto& call, const std::vector<TensorView>& outputs) {
+      g.snapshot();
+      try {
+        call();
+      } catch (const Error& e) {
+        EXPECT_FALSE(e.argument().empty()) << e.what();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "not an smla::Error: " << e.what();
+      }
+      EXPECT_FALSE(g.changed(outputs)) << "a byte outside the outputs changed";
+    };
+    const AttentionLayer& layer = c.layers[size_t(draw(0, 3))];
+    SparseIndexArgs a = c.args(layer.spec.layer);  // the step's views: the spoiled ones
+    a.step = in.metadata;
+    a.swa.block_table = in.block_tables[size_t(layer.spec.swa_group)];
+    if (layer.spec.compress_ratio > 0) {
+      const auto topk = in.topk_indices.find(layer.spec.index_source);
+      if (topk != in.topk_indices.end()) a.compressed.topk_indices = topk->second;
+      a.compressed.block_table = in.compressed_block_tables.at(layer.spec.kv_source);
+    }
+    const SparseIndexTable clean =
+        test::table_outputs(c.args(layer.spec.layer),
+                            [&](DType, std::initializer_list<int64_t> s) { return g.i32_out(s); });
+    a.out = clean;
+    refused_or_ran([&] { build_sparse_indices(a); },
+                   {clean.sparse_indices, clean.sparse_topk_lens, clean.seq_lens});
+    std::vector<TensorView> queries, outs;
+    for (size_t i = 0; i < c.layers.size(); ++i) {
+      queries.push_back(c.bf16(T, kHeads));
+      outs.push_back(g.out(T, kOutHeads));
+    }
+    StepExecutor executor(c.layers, streams, T, 1024);
+    refused_or_ran([&] { executor.run_step(in, queries, outs); }, outs);
+  }
 }
 
 // A build without the CUDA backend says so when asked for CUDA streams (the executor's, the
