@@ -1,12 +1,14 @@
-// Streams for host tests: the CPU's, logging each ordering call.
+// Streams for host tests: the CPU's, logging each ordering call, or with bounded memory.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
+#include "cpu/streams.h"
 #include "smla/streams.h"
 
 namespace smla::test {
@@ -46,6 +48,20 @@ class RecordingStreams final : public Streams {
 
  private:
   std::unique_ptr<Streams> inner_ = make_streams(Device{});
+};
+
+// The CPU's streams with `limit` bytes to hand out an allocation: a larger one is
+// std::bad_alloc, as on a machine out of memory.
+class BoundedHostStreams final : public cpu::HostStreams {
+ public:
+  explicit BoundedHostStreams(size_t limit) : limit_(limit) {}
+  std::shared_ptr<void> allocate(size_t bytes) override {
+    if (bytes > limit_) throw std::bad_alloc();
+    return cpu::HostStreams::allocate(bytes);
+  }
+
+ private:
+  size_t limit_;
 };
 
 }  // namespace smla::test

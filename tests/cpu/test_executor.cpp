@@ -737,16 +737,6 @@ class Guarded {
   std::list<std::vector<std::byte>> buffers_, saved_;
 };
 
-// The CPU's streams with 64 MiB to hand out: a larger allocation is std::bad_alloc, as on a
-// machine out of memory, which no small step may need.
-class BoundedStreams final : public cpu::HostStreams {
- public:
-  std::shared_ptr<void> allocate(size_t bytes) override {
-    if (bytes > (size_t{1} << 26)) throw std::bad_alloc();
-    return cpu::HostStreams::allocate(bytes);
-  }
-};
-
 // Fresh small steps with one or two inputs spoiled (values past their ranges, missing entries,
 // narrowed tables, counts and widths no step has, views past int64 or the address space), each
 // through one layer's build_sparse_indices and the executor's run_step: refused with
@@ -766,7 +756,7 @@ TEST(Executor, SpoiledStepsAreRefusedOrWriteOnlyTheirOutputs) {
     if (s.index_topk > 0) s.index_topk = 16;
   }
   const int32_t bad[] = {-1, INT32_MIN, INT32_MAX, 1 << 20, 0};
-  BoundedStreams streams;
+  test::BoundedHostStreams streams(size_t{1} << 26);  // 64 MiB: more than a small step needs
   for (int trial = 0; trial < 150; ++trial) {
     test::CaseShape shape{.num_groups = 2,
                           .block_size = int(draw(1, 32)),

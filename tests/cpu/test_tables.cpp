@@ -717,16 +717,6 @@ TEST(SparseIndexTables, NegativeTokenCountIsRefusedBeforeTheAllocation) {
   EXPECT_EQ(tables.stats().bytes, 0u);
 }
 
-// The CPU's streams with 1 MiB to hand out: a larger allocation is std::bad_alloc, as on a
-// machine out of memory.
-class SmallHostStreams final : public cpu::HostStreams {
- public:
-  std::shared_ptr<void> allocate(size_t bytes) override {
-    if (bytes > (size_t{1} << 20)) throw std::bad_alloc();
-    return cpu::HostStreams::allocate(bytes);
-  }
-};
-
 // Inputs the build refuses are refused by name before they size the table's allocation: a
 // num_tokens past the step's tokens (2^28: 128 GiB of table) and a DSpark width that is no
 // multiple of 4 (2^31 - 1 columns) came back as std::bad_alloc.
@@ -735,7 +725,7 @@ TEST(SparseIndexTables, RefusedInputsAllocateNothing) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));
   const test::StepCase c(layers, small_step(1), seed);
-  SmallHostStreams streams;
+  test::BoundedHostStreams streams(size_t{1} << 20);
   SparseIndexTables tables(layers, streams);
   const auto refused = [&](auto edit, const char* argument, const std::string& expected) {
     const TableInputs inputs = [&](int layer) {
