@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <list>
@@ -745,6 +746,7 @@ class Guarded {
 TEST(Executor, SpoiledStepsAreRefusedOrWriteOnlyTheirOutputs) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));
+  std::printf("%s\n", test::seed_note(seed).c_str());  // before a crash, which leaves no trace
   std::mt19937_64 rng(seed);
   const auto draw = [&rng](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
