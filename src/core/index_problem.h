@@ -22,7 +22,8 @@ struct IndexProblem {
 };
 
 // Checks every argument (dtype, device, shape; values of cum_seq_lens_q and seq_lens when they
-// are host tensors) and throws smla::Error naming the first bad one.
+// are host tensors, else num_tokens <= B x max_q_len) and throws smla::Error naming the first
+// bad one.
 IndexProblem validate_index(const SparseIndexArgs& args);
 
 // validate_index without the outputs, for a call on `device`: what a caller that allocates the

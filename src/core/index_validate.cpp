@@ -38,8 +38,18 @@ void check_step(const StepMetadata& s, IndexProblem& p) {
   check::int32_count(s.decode_swa_width, "decode_swa_width");  // 0..window: causal, not < 0
 }
 
-// seq_lens and cum_seq_lens_q on the host: request b's tokens are [cum[b], cum[b+1]).
+// seq_lens and cum_seq_lens_q, read on the CPU: request b's tokens are [cum[b], cum[b+1]).
+// A device's are not read (that would synchronise); T <= B x max_q_len, which they imply, is
+// checked instead, so that a T they disagree with cannot size a table past the step's.
 void check_step_values(const StepMetadata& s, const IndexProblem& p) {
+  if (p.device.kind != DeviceKind::cpu) {
+    if (p.num_tokens > p.num_requests * s.max_q_len)
+      fail(ErrorKind::value, "num_tokens",
+           "<= B x max_q_len = " + num(p.num_requests) + " x " + num(s.max_q_len) +
+               " (every request's q_len is at most max_q_len)",
+           num(p.num_tokens));
+    return;
+  }
   check::step_requests(s.seq_lens, s.cum_seq_lens_q, p.num_requests, p.num_tokens,
                        [&](int64_t b, int64_t q_len) {
                          if (q_len > s.max_q_len)
@@ -151,13 +161,12 @@ IndexProblem validate_index(const SparseIndexArgs& a) {
                     {ratio > 0 ? a.compressed.compressed_kv_cache : ignored, "compressed_kv_cache"},
                     {compressed_records, "compressed_kv_cache"}});
 
-  if (p.device.kind == DeviceKind::cpu) check_step_values(a.step, p);
+  check_step_values(a.step, p);
   return p;
 }
 
 void validate_index_inputs(const SparseIndexArgs& a, Device device) {
-  const IndexProblem p = check_inputs(a, device);
-  if (p.device.kind == DeviceKind::cpu) check_step_values(a.step, p);
+  check_step_values(a.step, check_inputs(a, device));
 }
 
 }  // namespace smla

@@ -775,6 +775,28 @@ TEST(IndexErrors, DeviceCallWithoutCudaIsUnsupported) {
 }
 #endif
 
+// A device's cum_seq_lens_q is not read on the host: T <= B x max_q_len, which its values
+// imply, is checked instead (tables size their allocation from T). The host's values name the
+// request. The views only claim a GPU: the call is refused before a backend could read them.
+TEST(IndexErrors, DeviceStepsHoldAtMostMaxQLenTokensARequest) {
+  MixedCase c;  // 2 requests: q_len 1 and 5
+  SparseIndexArgs a = c.args();
+  std::vector<int32_t> indices(6 * 8), lens(6);
+  a.out = {i32(indices, {6, 8}), i32(lens, {6}), {}};
+  a.step.max_q_len = 2;
+  test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "max_q_len",
+                          ">= every q_len (request 1 has q_len 5)", "2");
+  for (TensorView* v :
+       {&a.step.seq_lens, &a.step.cum_seq_lens_q, &a.swa.block_table, &a.swa.swa_kv_cache,
+        &a.compressed.topk_indices, &a.compressed.block_table, &a.compressed.compressed_kv_cache,
+        &a.out.sparse_indices, &a.out.sparse_topk_lens})
+    v->device = {DeviceKind::cuda, 0};
+  test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "num_tokens",
+                          "<= B x max_q_len = 2 x 2 (every request's q_len is at most "
+                          "max_q_len)",
+                          "6");
+}
+
 // num_decodes counts requests: 0..B.
 TEST(IndexErrors, NumDecodesWithinTheRequests) {
   for (const int num_decodes : {3, -1}) {

@@ -15,6 +15,7 @@
 #include "error_check.h"
 #include "smla/error.h"
 #include "smla/index.h"
+#include "smla/tables.h"
 #include "step_case.h"
 
 namespace smla::test {
@@ -278,6 +279,33 @@ TEST(GpuIndex, DeviceArgumentsAreCheckedOnTheHost) {
     EXPECT_EQ(e.argument(), "compressed.block_table");
     EXPECT_EQ(e.kind(), ErrorKind::type);
   }
+}
+
+// Tables size their memory from num_tokens; a device's cum_seq_lens_q, which would refuse one
+// past its requests', is not read on the host. T <= B x max_q_len is, before the allocation:
+// 2^28 tokens of three requests had sized 128 GiB (the window's 128 columns), refused as out of
+// memory rather than by name.
+TEST(GpuIndex, TablesRefuseTokensPastTheRequestsBeforeAllocating) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<LayerSpec> layers = three_layers(2);  // layer 0: SWA-only, window 128
+  const StepCase c(layers, {.q_lens = {1, 2, 1}, .seq_lens = {150, 260, 40}, .num_decodes = 3},
+                   fresh_seed());
+  DeviceMirror gpu;
+  TestStream stream;
+  const auto streams = make_streams(gpu.device, stream.get());
+  SparseIndexTables tables(layers, *streams);
+  const TableInputs inputs = [&](int layer) {
+    SparseIndexArgs a = gpu(c.args(layer));
+    a.step.num_tokens = int64_t{1} << 28;
+    a.step.is_valid_token = TensorView{};  // its [T] would be refused first
+    return a;
+  };
+  test::expect_smla_error([&] { tables.lookup(0, inputs); }, ErrorKind::value, "num_tokens",
+                          "<= B x max_q_len = 3 x 2", "268435456");
+  EXPECT_EQ(tables.stats().bytes, 0u);
+  tables.lookup(0, [&](int layer) { return gpu(c.args(layer)); });  // the step as it is
+  stream.synchronize();
+  EXPECT_GT(tables.stats().bytes, 0u);
 }
 
 }  // namespace
