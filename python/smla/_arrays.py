@@ -291,11 +291,17 @@ def scale(x, name: str) -> float:
     expected = "a value float32 can hold (0, or 1.4e-45 to 3.4e38 in magnitude)"
     try:  # item(): NumPy 2 no longer converts a one-element array by float()
         raw = x.item() if hasattr(x, "item") else x
-        value = float(raw)
+        # An array's element is no scale where the plain value is none: float() would parse
+        # text (np.array("0.04")) and read a bool (an object array's True) as 1.
+        held = isinstance(raw, (bool, str, bytes, bytearray))
+        value = 0.0 if held else float(raw)
     except (TypeError, ValueError, RuntimeError):  # torch's item() of many elements: Runtime
         raise type_error(name, "a float", type(x).__name__) from None
     except OverflowError:
         raise value_error(name, expected, f"{type(x).__name__} past float64's range") from None
+    if held:
+        raise type_error(name, "a float", f"{type(x).__name__} holding "
+                         f"{'a bool' if isinstance(raw, bool) else 'a ' + type(raw).__name__}")
     # The library takes float32: a finite value past its range is refused, not made inf or 0.
     if math.isfinite(value) and value != 0 and not _FLT_TRUE_MIN <= abs(value) <= _FLT_MAX:
         raise value_error(name, expected, repr(value))

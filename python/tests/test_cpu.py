@@ -421,6 +421,33 @@ def test_decode_errors_name_the_argument(change, error, argument):
     assert info.value.argument == argument
 
 
+
+def test_scales_refuse_text_and_bools_inside_arrays():
+    """A one-element array of text or of a bool is no scale, as a str or a bool is not: float()
+    of its item would parse the text ("0.04" as 0.04) and read True as 1.0 (a fuzzer's finding:
+    they were taken)."""
+    args, _ = make_case(ref.fresh_rng())
+    _, layers, _, _ = _executor_case(ref.fresh_rng())
+    quantize = dict(rows=np.zeros((2, D), np.float32).astype(BF16),
+                    slots=np.array([0, 1], np.int32),
+                    pool=np.zeros((4, 16, D), np.float32).astype(E4M3))
+    for value, got in ((np.array("0.04"), "ndarray holding a str"),
+                       (np.array(b"1"), "ndarray holding a bytes"),
+                       (np.array(["0.5"], dtype=object), "ndarray holding a str"),
+                       (np.array(True, dtype=object), "ndarray holding a bool"),
+                       (np.array([False], dtype=object), "ndarray holding a bool")):
+        calls = {name: lambda name=name: smla.sparse_mla_decode(**bad(args, **{name: value}))
+                 for name in ("bmm1_scale", "bmm2_scale")}
+        calls["kv_scale"] = lambda: smla.quantize_kv(**quantize, kv_scale=value)
+        calls["layers[0].bmm2_scale"] = lambda: smla.StepExecutor(
+            [dataclasses.replace(layers[0], bmm2_scale=value)], max_tokens=8, max_columns=W)
+        for name, call in calls.items():
+            with pytest.raises(TypeError, match=f"^smla: {re.escape(name)}: expected a float, "
+                               f"got {got}$") as info:
+                call()
+            assert info.value.argument == name
+
+
 class _DlpackScalar:
     """A one-element array that exports only its DLPack device: (1, 0) CPU, (2, 0) CUDA,
     (3, 0) CUDA host (pinned) memory."""
