@@ -126,6 +126,7 @@ def tensor(x, name: str, writable: bool = False, required: str = "", takes: str 
                              type(dtype).__name__)
         if x is None:
             raise type_error(name, "an array in with_dtype", "None")
+        dtype = utf8(dtype)
     torch = sys.modules.get("torch")
     if framework_of(x) == "numpy":
         holds = getattr(getattr(x, "dtype", None), "name", "")
@@ -257,6 +258,14 @@ def mapping(x, name: str, what: str) -> dict:
     if not isinstance(x, collections.abc.Mapping):
         raise type_error(name, f"a dict {what} (or None: none)", type(x).__name__)
     return dict(x)
+
+
+def utf8(text: str) -> str:
+    """A str name as it can cross to C++ (UTF-8): a character UTF-8 cannot hold (a lone
+    surrogate, as os.fsdecode keeps undecodable bytes) escaped, so that the library refuses it
+    as the unknown name it is, naming the argument, where nanobind would raise an unnamed
+    TypeError. No name smla takes has such a character or a backslash."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def integer(x, name: str, bits: int = 32) -> int:

@@ -5,7 +5,7 @@ from typing import Any, Optional
 
 from . import _smla
 from ._arrays import (BF16, F32, I32, POOL, QUERY, U8, device_of, instance, integer, on_device,
-                      parse_device, scale, stream_handle, tensor)
+                      parse_device, scale, stream_handle, tensor, utf8)
 from ._errors import type_error
 from ._traced import as_torch_op
 
@@ -117,8 +117,8 @@ def query_capability(head_size: int, query_dtype: str, kv_dtype: str, block_size
     for name, dtype in (("query_dtype", query_dtype), ("kv_dtype", kv_dtype)):
         if not isinstance(dtype, str):
             raise type_error(name, "a dtype name (bf16, f8e4m3, u8)", type(dtype).__name__)
-    return _smla.query_capability(integer(head_size, "head_size"), query_dtype, kv_dtype,
-                                  integer(block_size, "block_size"), kind, index)
+    return _smla.query_capability(integer(head_size, "head_size"), utf8(query_dtype),
+                                  utf8(kv_dtype), integer(block_size, "block_size"), kind, index)
 
 
 def max_topk_width(device="cpu") -> int:

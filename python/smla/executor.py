@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from . import _smla
 from ._arrays import (BF16, F32, I32, POOL, QUERY, device_of, instance, integer, items, mapping,
-                      on_device, scale, stream_handle, tensor)
+                      on_device, scale, stream_handle, tensor, utf8)
 from ._errors import value_error
 from .index import StepMetadata, step_metadata
 
@@ -97,7 +97,7 @@ class StepExecutor:
                 kind=self._device[0], id=self._device[1], stream=handle,
                 max_tokens=integer(max_tokens, "max_tokens", 64),
                 max_columns=integer(max_columns, "max_columns", 64),
-                compressed_index=str(compressed_index))
+                compressed_index=utf8(str(compressed_index)))
 
     def begin_step(self, inputs: StepInputs) -> None:
         """Resets the tables; keeps `inputs` (and its arrays) for the step. Every compressed

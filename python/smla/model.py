@@ -2,12 +2,12 @@
 width and table key, each argument checked by name as the calls' are."""
 
 from . import _smla
-from ._arrays import instance, integer
+from ._arrays import instance, integer, utf8
 
 
 def model_preset(name: str) -> "_smla.ModelPreset":
     """The preset named `name` ("v4-flash", "v4-pro", "v41-flash"); ValueError for another."""
-    return _smla.model_preset(instance(name, str, "name"))
+    return _smla.model_preset(utf8(instance(name, str, "name")))
 
 
 def model_layers(preset, num_swa_groups: int, with_mtp: bool = False) -> list:

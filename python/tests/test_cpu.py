@@ -1790,6 +1790,28 @@ def test_quantize_kv_defaults_and_names():
         rows=rows, slots=slots.astype(np.int64), pool=pool))
 
 
+
+def test_names_utf8_cannot_hold_are_refused_by_their_argument():
+    """A name with a lone surrogate (how os.fsdecode keeps undecodable bytes) has no UTF-8 form
+    to cross to C++ in: it is refused as any unknown name is, by the library's ValueError
+    naming the argument, with the character escaped (nanobind had raised its own unnamed
+    "incompatible function arguments" TypeError; a fuzzer's finding)."""
+    args, _ = make_case(ref.fresh_rng())
+    _, layers, _, _ = _executor_case(ref.fresh_rng())
+    query = smla.with_dtype(args["query"].view(np.uint16), "bf16\udcff")
+    for argument, call in (
+            ("name", lambda: smla.model_preset("v4-flash\udcff")),
+            ("query_dtype", lambda: smla.query_capability(D, "\ud800", "bf16", 64)),
+            ("kv_dtype", lambda: smla.query_capability(D, "bf16", "u8\udfff", 64)),
+            ("query", lambda: smla.sparse_mla_decode(**bad(args, query=query))),
+            ("compressed_index", lambda: smla.StepExecutor(layers, max_tokens=8, max_columns=W,
+                                                           compressed_index="auto\udcff"))):
+        with pytest.raises(ValueError, match=f"^smla: {argument}: expected ") as info:
+            call()
+        assert info.value.argument == argument
+        assert re.search(r"\\ud[89a-f][0-9a-f]{2}", info.value.got), info.value.got
+
+
 def test_stream_objects_use_cuda_stream_first():
     """A stream object's .cuda_stream is its handle (PyTorch's), .ptr only without one (CuPy's)."""
     args, _ = make_case(ref.fresh_rng())
