@@ -264,8 +264,9 @@ def utf8(text: str) -> str:
     """A str name as it can cross to C++ (UTF-8): a character UTF-8 cannot hold (a lone
     surrogate, as os.fsdecode keeps undecodable bytes) escaped, so that the library refuses it
     as the unknown name it is, naming the argument, where nanobind would raise an unnamed
-    TypeError. No name smla takes has such a character or a backslash."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    TypeError; a NUL escaped too, where the library's message would end, as a C string does.
+    No name smla takes has such a character or a backslash."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\0", "\\x00")
 
 
 def integer(x, name: str, bits: int = 32) -> int:

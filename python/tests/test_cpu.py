@@ -1812,6 +1812,22 @@ def test_names_utf8_cannot_hold_are_refused_by_their_argument():
         assert re.search(r"\\ud[89a-f][0-9a-f]{2}", info.value.got), info.value.got
 
 
+def test_names_with_a_nul_are_refused_with_all_their_text():
+    """A NUL inside a name ends a C string: the library's message, and its got, stopped there
+    ("expected one of v4-flash, v4-pro, v41-flash, got v4-flash" for "v4-flash\\0"; a
+    fuzzer's finding). The character is escaped as it crosses, so all of the name is said."""
+    args, _ = make_case(ref.fresh_rng())
+    query = smla.with_dtype(args["query"].view(np.uint16), "bf16\0")
+    for argument, call, got in (
+            ("name", lambda: smla.model_preset("v4-flash\0"), "v4-flash\\x00"),
+            ("kv_dtype", lambda: smla.query_capability(D, "bf16", "u8\0x", 64), "u8\\x00x"),
+            ("query", lambda: smla.sparse_mla_decode(**bad(args, query=query)), "bf16\\x00")):
+        with pytest.raises(ValueError, match=f"^smla: {argument}: expected ") as info:
+            call()
+        assert (info.value.argument, info.value.got) == (argument, got)
+        assert str(info.value).endswith(f", got {got}")
+
+
 def test_stream_objects_use_cuda_stream_first():
     """A stream object's .cuda_stream is its handle (PyTorch's), .ptr only without one (CuPy's)."""
     args, _ = make_case(ref.fresh_rng())
