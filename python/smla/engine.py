@@ -142,6 +142,9 @@ def trtllm_batch_decode_sparse_mla_dsv4(
     if not hasattr(q_array, "shape"):
         tensor(query, "query", takes=QUERY)  # raises the named TypeError for what is not an array
     q_len = q_array.shape[1] if getattr(q_array, "ndim", 3) == 4 else 1
+    # Nothing is allocated for a query the op refuses by its sizes (it checks them first): a
+    # broadcast view (stride 0) may have 2^40 tokens.
+    fits = _query_fits(getattr(q_array, "shape", None))
     uniform = cum_seq_lens_q is None and q_len > 1 and seq_lens is not None
     if uniform:  # the offsets made below count the query's B requests: seq_lens must have B
         shape = tuple(getattr(_array(seq_lens), "shape", ()))  # no DLPack: torch.compile traces
@@ -152,9 +155,9 @@ def trtllm_batch_decode_sparse_mla_dsv4(
                               f"{shape_text(q_array.shape)}, cum_seq_lens_q absent)",
                               shape_text(shape))
     with _call_stream(query, stream):
-        if out is None:
+        if out is None and fits:
             out = _new_out(query)
-        if uniform:
+        if uniform and fits:
             cum_seq_lens_q = _uniform_cum(seq_lens, q_len)
             max_q_len = q_len if max_q_len is None else max_q_len
     result = out
@@ -163,7 +166,7 @@ def trtllm_batch_decode_sparse_mla_dsv4(
     out = _merge_tokens(out, "out", 3, merged)
     sparse_indices = _merge_tokens(sparse_indices, "sparse_indices", 2, merged)
     if max_q_len is None:
-        max_q_len = 1 if cum_seq_lens_q is None else _max_q_len(cum_seq_lens_q)
+        max_q_len = 1 if cum_seq_lens_q is None else _max_q_len(cum_seq_lens_q, seq_lens)
     try:
         sparse_mla_decode(
             query=query, swa_kv_cache=swa_kv_cache, compressed_kv_cache=compressed_kv_cache,
@@ -189,8 +192,26 @@ def _is_true(flag) -> bool:
     return flag is True or (isinstance(flag, np.bool_) and bool(flag))
 
 
-def _max_q_len(cum_seq_lens_q) -> int:
-    """max_q_len from host offsets; device offsets would need a synchronisation."""
+def _query_fits(shape) -> bool:
+    """Whether the op may take a query of `shape` by its sizes ([T, H, 512], or [B, q, H, 512]
+    merged into T = B * q, with T < 2^31 and H in 1..128), which it checks before anything else:
+    for another, out and offsets are not made (the op refuses the query). None: not known."""
+    if shape is None:
+        return True
+    shape = tuple(shape)
+    if len(shape) not in (3, 4) or shape[-1] != HEAD_DIM:
+        return False
+    return shape[0] * (shape[1] if len(shape) == 4 else 1) < 2**31 and \
+        1 <= shape[-2] <= _smla.MAX_HEADS
+
+
+_CHUNK = 1 << 20  # offsets diffed at a time: a broadcast view of many is read in bounded memory
+
+
+def _max_q_len(cum_seq_lens_q, seq_lens) -> int:
+    """max_q_len from host offsets; device offsets would need a synchronisation. Offsets the op
+    refuses by their shape (not the B + 1 of seq_lens' B) give 1 unread: the op's checks say
+    why, and a broadcast view may have 2^40 of them."""
     cum_seq_lens_q = _array(cum_seq_lens_q)
     if on_a_device(cum_seq_lens_q):
         raise value_error("max_q_len", "an int (required with a device cum_seq_lens_q: reading "
@@ -199,7 +220,13 @@ def _max_q_len(cum_seq_lens_q) -> int:
     cum = np.asarray(cum_seq_lens_q)
     if cum.ndim != 1 or cum.dtype.kind not in "iu":  # no offsets: the op's checks say why
         return 1
-    return int(max(np.diff(cum).max(initial=1), 1))
+    requests = getattr(_array(seq_lens), "shape", None)
+    if requests is not None and tuple(requests) != (cum.shape[0] - 1,):
+        return 1
+    most = 1
+    for start in range(0, cum.shape[0] - 1, _CHUNK):
+        most = max(most, int(np.diff(cum[start:start + _CHUNK + 1]).max(initial=1)))
+    return most
 
 
 def trtllm_decode_sparse_mla_dsv4(*, kv_counters=None, **kwargs):

@@ -13,6 +13,7 @@ import re
 import sys
 import threading
 import time
+import tracemalloc
 import weakref
 
 import ml_dtypes
@@ -676,6 +677,46 @@ def test_engine_call_forwards_lse_and_window():
     with pytest.raises(ValueError, match="smla: window:") as info:
         trtllm_batch_decode_sparse_mla_dsv4(**common, out=out, window=0)
     assert info.value.argument == "window"
+
+
+def test_engine_call_allocates_nothing_for_sizes_the_op_refuses():
+    """The engine call makes its out and a 4-D query's offsets, and reads max_q_len from host
+    offsets, only for sizes the op takes (T < 2^31 tokens, H <= 128 heads, B + 1 offsets for the
+    B of seq_lens): a broadcast view (stride 0, no memory behind it) of 2^40 tokens, requests or
+    offsets had NumPy allocate TiBs (a MemoryError) before the op refused it (a fuzzer's
+    finding). The op's error names it now; offsets of a size it takes are read a chunk at a
+    time, not diffed whole into a copy of their size."""
+    args, _ = make_case(ref.fresh_rng())
+    common = {k: args[k] for k in ("query", "swa_kv_cache", "compressed_kv_cache",
+                                   "sparse_indices", "sparse_topk_lens", "seq_lens",
+                                   "cum_seq_lens_q", "sinks", "bmm1_scale", "out")}
+
+    def broadcast(a, *sizes):  # a's rows, repeated: new leading dims of stride 0
+        return np.lib.stride_tricks.as_strided(a, sizes + a.shape[1:],
+                                               (0,) * len(sizes) + a.strides[1:])
+
+    tokens, requests = broadcast(args["query"], 2**40), broadcast(args["query"], 2**40, 2)
+    raises_named(NotImplementedError, "query", lambda: trtllm_batch_decode_sparse_mla_dsv4(
+        **dict(common, query=tokens, out=None)))
+    raises_named(NotImplementedError, "query", lambda: trtllm_batch_decode_sparse_mla_dsv4(
+        **dict(common, query=requests, cum_seq_lens_q=None,
+               seq_lens=broadcast(args["seq_lens"], 2**40))))
+    zeros = np.zeros(1, np.int32)
+    raises_named(ValueError, "cum_seq_lens_q", lambda: trtllm_batch_decode_sparse_mla_dsv4(
+        **dict(common, max_q_len=None, cum_seq_lens_q=broadcast(zeros, 2**40))))
+    # 2^23 requests of no tokens (a T = 0 step): B + 1 offsets (32 MiB) that the op takes, read
+    # without a diff of their size.
+    b = 2**23
+    empty = {k: common[k][:0] for k in ("query", "sparse_indices", "sparse_topk_lens", "out")}
+    seq_lens, cum = np.zeros(b, np.int32), np.zeros(b + 1, np.int32)
+    tracemalloc.start()
+    try:
+        trtllm_batch_decode_sparse_mla_dsv4(**dict(common, **empty, sinks=None, max_q_len=None,
+                                                   seq_lens=seq_lens, cum_seq_lens_q=cum))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < cum.nbytes // 4, f"{peak} bytes to read {cum.nbytes} of offsets"
 
 
 def test_engine_call_refuses_what_is_not_an_array():
