@@ -106,6 +106,10 @@ def _uniform_cum(seq_lens, q_len: int):
 def _new_out(query):
     """An output like the query's tokens and heads, bf16 (engines usually pass one)."""
     xp, query = _module(query), _array(query)
+    if not hasattr(query, "shape"):  # a bare DLPack capsule or exporter: nothing to make it like
+        raise value_error("out", "an array, or a query that states its shape (an array of NumPy, "
+                          "PyTorch or CuPy) to allocate one like",
+                          f"None with a query of type {type(query).__name__}")
     shape = tuple(query.shape[:-1]) + (HEAD_DIM,)
     if xp.__name__ == "torch":
         return xp.empty(shape, dtype=xp.bfloat16, device=query.device)
@@ -139,8 +143,10 @@ def trtllm_batch_decode_sparse_mla_dsv4(
     if query is None:
         raise value_error("query", "a [T, H, 512] or [B, q, H, 512] array", "None")
     q_array = _array(query)
-    if not hasattr(q_array, "shape"):
-        tensor(query, "query", takes=QUERY)  # raises the named TypeError for what is not an array
+    # The named TypeError for what is not an array; not for a bare DLPack capsule, which can be
+    # read once only (by the op).
+    if not hasattr(q_array, "shape") and type(q_array).__name__ != "PyCapsule":
+        tensor(query, "query", takes=QUERY)
     q_len = q_array.shape[1] if getattr(q_array, "ndim", 3) == 4 else 1
     # Nothing is allocated for a query the op refuses by its sizes (it checks them first): a
     # broadcast view (stride 0) may have 2^40 tokens.

@@ -732,6 +732,29 @@ def test_engine_call_refuses_what_is_not_an_array():
         assert info.value.argument == "query"
 
 
+def test_engine_call_allocates_out_only_like_a_query_with_a_shape():
+    """out=None makes an output like the query: a DLPack producer that states no shape (a bare
+    capsule, an exporter of no framework) leaves nothing to make it like, so it is refused by a
+    ValueError naming out; an AttributeError had escaped (a fuzzer's finding). Given an out,
+    such a query runs: a capsule too, which the call had read once to check it was an array,
+    so that the op found it used ("expected an array ..., got PyCapsule")."""
+    args, _ = make_case(ref.fresh_rng())
+    common = {k: args[k] for k in ("swa_kv_cache", "compressed_kv_cache", "sparse_indices",
+                                   "sparse_topk_lens", "seq_lens", "cum_seq_lens_q", "max_q_len",
+                                   "sinks", "bmm1_scale")}
+    want = trtllm_batch_decode_sparse_mla_dsv4(**common, query=args["query"])
+    assert np.isfinite(want.astype(np.float32)).all()
+    bits = args["query"].view(np.uint16)
+    for exported in (lambda: DlpackExport(bits, CPU, BFLOAT),
+                     lambda: smla.with_dtype(bits.__dlpack__(), "bf16")):
+        with pytest.raises(ValueError, match="^smla: out: expected an array") as info:
+            trtllm_batch_decode_sparse_mla_dsv4(**common, query=exported(), out=None)
+        assert info.value.argument == "out"
+        out = np.full_like(args["out"], np.nan)
+        assert trtllm_batch_decode_sparse_mla_dsv4(**common, query=exported(), out=out) is out
+        assert (out.view(np.uint16) == want.view(np.uint16)).all()
+
+
 def test_engine_call_dspark_shapes_and_allocated_out():
     """[T, 1, H, D] query and out, [T, 1, K] indices, one request per token (DSpark)."""
     args, pools = make_case(ref.fresh_rng(), q_lens=(1, 1, 1),
