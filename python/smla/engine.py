@@ -145,7 +145,7 @@ def trtllm_batch_decode_sparse_mla_dsv4(
     q_array = _array(query)
     # The named TypeError for what is not an array; not for a bare DLPack capsule, which can be
     # read once only (by the op).
-    if not hasattr(q_array, "shape") and type(q_array).__name__ != "PyCapsule":
+    if not hasattr(q_array, "shape") and not _capsule(q_array):
         tensor(query, "query", takes=QUERY)
     q_len = q_array.shape[1] if getattr(q_array, "ndim", 3) == 4 else 1
     # Nothing is allocated for a query the op refuses by its sizes (it checks them first): a
@@ -192,6 +192,12 @@ def trtllm_batch_decode_sparse_mla_dsv4(
 _ENGINE_NAMES = {"workspace": "workspace_buffer", "kv_counters": "multi_ctas_kv_counter_buffer"}
 
 
+def _capsule(x) -> bool:
+    """Whether x is a bare DLPack capsule (PyTorch's to_dlpack gives one), which the op's import
+    uses up: the call must not read it first."""
+    return type(x).__name__ == "PyCapsule"
+
+
 def _is_true(flag) -> bool:
     """True or NumPy's True: never a truthy int, string or array."""
     import numpy as np
@@ -222,8 +228,16 @@ def _max_q_len(cum_seq_lens_q, seq_lens) -> int:
     if on_a_device(cum_seq_lens_q):
         raise value_error("max_q_len", "an int (required with a device cum_seq_lens_q: reading "
                           "it would synchronise)", "None")
+    if _capsule(cum_seq_lens_q):
+        raise value_error("max_q_len", "an int (required with a cum_seq_lens_q of a bare DLPack "
+                          "capsule, which only the op may read)", "None")
     import numpy as np
-    cum = np.asarray(cum_seq_lens_q)
+    try:
+        cum = np.asarray(cum_seq_lens_q)
+        if cum.dtype == object and hasattr(cum_seq_lens_q, "__dlpack__"):  # DLPack alone
+            cum = np.from_dlpack(cum_seq_lens_q)
+    except (TypeError, ValueError, BufferError, RuntimeError):
+        return 1  # no offsets NumPy reads (a broken __array_interface__): the op's checks say why
     if cum.ndim != 1 or cum.dtype.kind not in "iu":  # no offsets: the op's checks say why
         return 1
     requests = getattr(_array(seq_lens), "shape", None)

@@ -755,6 +755,36 @@ def test_engine_call_allocates_out_only_like_a_query_with_a_shape():
         assert (out.view(np.uint16) == want.view(np.uint16)).all()
 
 
+def test_engine_call_reads_max_q_len_from_dlpack_offsets():
+    """max_q_len=None reads a host cum_seq_lens_q that only exports DLPack (np.from_dlpack); it
+    had been taken for no offsets, so max_q_len 1 was passed and the op refused the valid call
+    naming max_q_len (a fuzzer's finding). A bare capsule, which can be read once only (by the
+    op), needs max_q_len given, as device offsets do; what NumPy cannot read is left to the op's
+    named error (NumPy's own ValueError had escaped)."""
+    args, _ = make_case(ref.fresh_rng())  # q_lens 1, 3, 2
+    common = {k: args[k] for k in ("query", "swa_kv_cache", "compressed_kv_cache",
+                                   "sparse_indices", "sparse_topk_lens", "seq_lens", "sinks",
+                                   "bmm1_scale")}
+    want = trtllm_batch_decode_sparse_mla_dsv4(**common, cum_seq_lens_q=args["cum_seq_lens_q"])
+    assert np.isfinite(want.astype(np.float32)).all()
+    got = trtllm_batch_decode_sparse_mla_dsv4(
+        **common, cum_seq_lens_q=DlpackExport(args["cum_seq_lens_q"], CPU, INT))
+    assert (got.view(np.uint16) == want.view(np.uint16)).all()
+    with pytest.raises(ValueError, match="^smla: max_q_len: expected an int .*capsule") as info:
+        trtllm_batch_decode_sparse_mla_dsv4(**common,
+                                            cum_seq_lens_q=args["cum_seq_lens_q"].__dlpack__())
+    assert (info.value.argument, info.value.got) == ("max_q_len", "None")
+    got = trtllm_batch_decode_sparse_mla_dsv4(
+        **common, cum_seq_lens_q=args["cum_seq_lens_q"].__dlpack__(), max_q_len=3)
+    assert (got.view(np.uint16) == want.view(np.uint16)).all()
+
+    class BrokenInterface:  # NumPy's asarray raises its own ValueError for it
+        __array_interface__ = {}
+
+    raises_named(TypeError, "cum_seq_lens_q", lambda: trtllm_batch_decode_sparse_mla_dsv4(
+        **common, cum_seq_lens_q=BrokenInterface()))
+
+
 def test_engine_call_dspark_shapes_and_allocated_out():
     """[T, 1, H, D] query and out, [T, 1, K] indices, one request per token (DSpark)."""
     args, pools = make_case(ref.fresh_rng(), q_lens=(1, 1, 1),
