@@ -68,7 +68,13 @@ def _merged_view(x, name: str, ndim: int):
         s0, s1 = x.strides[:2]
         merged = s0 if x.shape[1] == 1 else s1 if x.shape[0] == 1 or s0 == x.shape[1] * s1 else None
         if merged is not None:
-            return xp.lib.stride_tricks.as_strided(x, shape, (merged,) + tuple(x.strides[2:]))
+            strides = (merged,) + tuple(x.strides[2:])
+            if xp.__name__ == "numpy" and isinstance(x, xp.ndarray) and not x.dtype.hasobject:
+                # Through a view of raw elements: as_strided rebuilds a dtype from its type
+                # string, which an ml_dtypes float8_e5m2 array's ('<f1') does not name.
+                raw = x.view(f"V{x.dtype.itemsize}")
+                return xp.lib.stride_tricks.as_strided(raw, shape, strides).view(x.dtype)
+            return xp.lib.stride_tricks.as_strided(x, shape, strides)
     raise value_error(name, "[B, q, ...] whose first two dims merge into T without a copy",
                       f"shape {tuple(x.shape)}, strides {tuple(x.strides)}")
 

@@ -2459,6 +2459,24 @@ def test_engine_call_names_a_4d_query_it_cannot_merge():
     ref.assert_out_close(args["out"], expected_out, ref.CPU_TOL)
 
 
+def test_engine_call_merges_arrays_of_any_numpy_dtype():
+    """The [B, q, ...] arrays the engine call merges are NumPy views of any dtype, those
+    as_strided cannot rebuild from their type string too (ml_dtypes' float8_e5m2 says '<f1'):
+    such a query or index array is refused by the op's TypeError naming it, where NumPy's
+    unnamed "data type '<f1' not understood" had escaped (a fuzzer's finding)."""
+    args, _ = make_case(ref.fresh_rng(), q_lens=(1, 1, 1))
+    common = {name: args[name] for name in (
+        "query", "swa_kv_cache", "compressed_kv_cache", "sparse_indices", "sparse_topk_lens",
+        "seq_lens", "bmm1_scale", "sinks", "out")}
+    e5m2 = ml_dtypes.float8_e5m2
+    for name, array in (("query", args["query"].astype(e5m2)[:, None]),
+                        ("sparse_indices", args["sparse_indices"].view(e5m2)[:, None]),
+                        ("out", np.zeros(args["out"].shape, e5m2)[:, None])):
+        with pytest.raises(TypeError, match=f"^smla: {name}: expected .*float8_e5m2") as info:
+            trtllm_batch_decode_sparse_mla_dsv4(**dict(common, **{name: array}))
+        assert info.value.argument == name
+
+
 def test_defaults_of_max_q_len_and_with_mtp():
     """max_q_len defaults to 1 (a request of more tokens then names it); model_layers leaves the
     MTP layer out unless asked."""
