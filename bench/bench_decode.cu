@@ -26,6 +26,7 @@
 #include "smla/decode.h"
 #include "smla/error.h"
 #include "smla/streams.h"
+#include "stdout_status.h"
 #include "timing.h"
 
 using namespace smla;
@@ -403,8 +404,10 @@ void require_memory(const std::vector<Shape>& shapes, const std::vector<Layout>&
 
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h"))
-      return std::fputs(kUsage, stdout) < 0;
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::fputs(kUsage, stdout);
+      return cli::stdout_status("smla_bench", 0);
+    }
   Options o;
   try {
     o = parse(argc, argv);
@@ -505,5 +508,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "smla_bench: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return cli::stdout_status("smla_bench", 0);  // the table, its whole point
 }

@@ -17,6 +17,7 @@
 #include "run_stream.h"
 #include "smla/error.h"
 #include "smla/model.h"
+#include "stdout_status.h"
 #include "step_graph.h"
 #include "synth.h"
 
@@ -88,8 +89,10 @@ StepGraphs measure(const RunOptions& r, Device device, const RunStream& stream, 
 int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i)
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h"))
-      return std::fputs(kUsage, stdout) < 0;
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::fputs(kUsage, stdout);
+      return stdout_status("smla_step_bench", 0);
+    }
   try {
     o = parse(argc, argv);
   } catch (const UsageError& e) {
@@ -139,5 +142,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "smla_step_bench: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return stdout_status("smla_step_bench", 0);  // the table, its whole point
 }

@@ -1,8 +1,6 @@
 // The `smla` command: parse, then run the command; usage errors exit 2, failures 1 (an output
 // that could not be written too: a script reading only the exit code must not see success).
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <new>
 
@@ -10,6 +8,7 @@
 #include "run.h"
 #include "smla/decode.h"
 #include "smla/error.h"
+#include "stdout_status.h"
 
 namespace {
 
@@ -57,10 +56,5 @@ int main(int argc, char** argv) {
                  e.what());
     return 2;
   }
-  const int status = run(invocation);
-  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-    std::fprintf(stderr, "smla: writing the output: %s\n", std::strerror(errno));
-    return 1;
-  }
-  return status;
+  return stdout_status("smla", run(invocation));
 }
