@@ -351,7 +351,8 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  const std::vector<std::string_view> words(argv + 1, argv + argc);
+  // After the program's name, where there is one (argc 0: an execve with an empty argv).
+  const std::vector<std::string_view> words(argv + std::min(argc, 1), argv + argc);
   constexpr std::string_view valued[] = {"--csv", "--shape", "--kv", "--rotate"};
   cli::parse_flags(words, valued, {}, [&](std::string_view flag, std::string_view value) {
     if (flag == "--csv") o.csv_path = cli::csv_path(value);

@@ -5,6 +5,7 @@
 // decode, SPEC §5's shared tables, and every layer building its own: median replay time, the
 // graph's nodes by kind, and its table builds captured alone against the whole step. Prints a
 // table; --csv writes it too.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -64,7 +65,8 @@ constexpr const char* kUsage =
 // SWA group l % swa_groups).
 Options parse(int argc, char** argv) {
   Options o;
-  const std::vector<std::string_view> words(argv + 1, argv + argc);
+  // After the program's name, where there is one (argc 0: an execve with an empty argv).
+  const std::vector<std::string_view> words(argv + std::min(argc, 1), argv + argc);
   constexpr std::string_view valued[] = {"--csv", "--swa-groups"}, switches[] = {"--quick"};
   parse_flags(words, valued, switches, [&](std::string_view flag, std::string_view value) {
     if (flag == "--csv") o.csv_path = csv_path(value);

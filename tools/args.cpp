@@ -164,7 +164,8 @@ void parse_flags(std::span<const std::string_view> words,
 }
 
 Invocation parse_args(int argc, const char* const* argv) {
-  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  // After the program's name, where there is one (argc 0: an execve with an empty argv).
+  const std::vector<std::string_view> args(argv + std::min(argc, 1), argv + argc);
   if (args.empty()) throw UsageError("no command");
   Invocation inv;
   // `--version` is `version`; `help run`, `help -h` too: one text covers all.

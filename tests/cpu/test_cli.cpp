@@ -83,6 +83,19 @@ TEST(RunArgs, HelpOnlyForKnownCommands) {
   expect_usage_error({}, "no command");
 }
 
+// A process started without even its name (argc 0: an execve with an empty argv, which Linux
+// before 5.18 and other systems pass on) has no command, as `smla` alone; its arguments are not
+// the words from argv + 1 to argv + argc (a std::length_error out of parse_args: an abort).
+TEST(RunArgs, NoArgumentsAtAllIsNoCommand) {
+  const char* const argv[] = {nullptr};
+  try {
+    parse_args(0, argv);
+    ADD_FAILURE() << "taken";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "no command");
+  }
+}
+
 TEST(RunArgs, KvLayoutNames) {
   EXPECT_EQ(parse({"run", "--kv", "fp8_e4m3"}).run.kv, KvLayout::fp8_e4m3);
   EXPECT_EQ(parse({"run", "--kv", "fp8"}).run.kv, KvLayout::fp8_e4m3);
