@@ -113,6 +113,15 @@ constexpr RunFlag kRunFlags[] = {
      }},
 };
 
+// The command a word names: `--version` is `version` (the usage's "also --version"), and takes
+// no value, as --help does.
+std::string_view command_word(std::string_view word) {
+  constexpr std::string_view kVersion = "--version";
+  if (word.starts_with(kVersion) && word.substr(kVersion.size()).starts_with('='))
+    throw no_value(kVersion, word.substr(kVersion.size() + 1));
+  return word == kVersion ? "version" : word;
+}
+
 }  // namespace
 
 bool is_help(std::string_view word) {
@@ -168,12 +177,14 @@ Invocation parse_args(int argc, const char* const* argv) {
   const std::vector<std::string_view> args(argv + std::min(argc, 1), argv + argc);
   if (args.empty()) throw UsageError("no command");
   Invocation inv;
-  // `--version` is `version`; `help run`, `help -h` too: one text covers all.
-  const std::string_view command = args[0] == "--version" ? "version" : args[0];
+  // `help run`, `help -h`, `help --version` too: one text covers all.
+  const std::string_view command = command_word(args[0]);
   const auto known = [](std::string_view a) { return a == "run" || a == "info" || a == "version"; };
   if (is_help(command) || command == "help") {
     // Any command the usage lists, `help` among them.
-    const auto topic = [&](std::string_view a) { return known(a) || a == "help" || is_help(a); };
+    const auto topic = [&](std::string_view a) {
+      return known(command_word(a)) || a == "help" || is_help(a);
+    };
     if (args.size() > 2 || (args.size() == 2 && !topic(args[1])))
       throw UsageError("help takes a command or nothing, got '" +
                        std::string(args[args.size() > 2 ? 2 : 1]) + "'");

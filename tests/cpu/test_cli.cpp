@@ -96,6 +96,17 @@ TEST(RunArgs, NoArgumentsAtAllIsNoCommand) {
   }
 }
 
+// --version is the version command wherever a command stands (`smla --version`, `smla help
+// --version`, as `smla help -h`) and, as --help, takes no value: --version=1 says so, not
+// "unknown command '--version=1'".
+TEST(RunArgs, VersionFlagIsTheVersionCommand) {
+  EXPECT_EQ(parse({"help", "--version"}).command, Command::help);
+  EXPECT_EQ(parse({"-h", "--version"}).command, Command::help);
+  expect_usage_error({"--version=1"}, "--version: takes no value, got '1'");
+  expect_usage_error({"help", "--version="}, "--version: takes no value, got ''");
+  expect_usage_error({"--versions"}, "unknown command '--versions'");
+}
+
 TEST(RunArgs, KvLayoutNames) {
   EXPECT_EQ(parse({"run", "--kv", "fp8_e4m3"}).run.kv, KvLayout::fp8_e4m3);
   EXPECT_EQ(parse({"run", "--kv", "fp8"}).run.kv, KvLayout::fp8_e4m3);
