@@ -89,7 +89,8 @@ class StepExecutor {
   // build_tables' included.
   uint64_t steps_begun() const { return steps_begun_; }
   // `layer`'s attention of query [T, H, 512] into out [T, H_out, 512] on the current stream,
-  // T = metadata.num_tokens and H = the layer's num_heads.
+  // T = metadata.num_tokens and H = the layer's num_heads; out apart from every layer's pools
+  // and the step's inputs (its lookup's forks read other groups' block tables as it writes).
   // Layers run in model order, each at most once a step (layers may be skipped; one at or before
   // the last run is refused: a top-k it reads may be overwritten by then), each next index source's
   // indexer between two calls (SPEC §5): a layer followed by an index source joins after its
@@ -130,7 +131,10 @@ class StepExecutor {
   void before_next(size_t position);
   // begin_step's checks of `inputs`; the plan (plans_ index) the step's tables follow.
   size_t checked_plan(const StepInputs& inputs) const;
-  // run_layer's work past its check: the layer's table and its decode.
+  // run_layer past its checks of the step: the layer's order, table and decode, then the join
+  // an index source next needs.
+  void run_in_order(int layer, const TensorView& query, const TensorView& out);
+  // The layer's table and its decode.
   void decode(const AttentionLayer& layer, const TensorView& query, const TensorView& out);
   // Joins the tables on an error's way out, swallowing the join's own error.
   void join_after_error() noexcept;

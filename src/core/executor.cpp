@@ -4,8 +4,10 @@
 #include <cstddef>
 #include <map>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/check.h"
 #include "core/layer_runs.h"
@@ -142,21 +144,22 @@ void check_shared_geometry(const std::vector<AttentionLayer>& layers,
 
 }  // namespace
 
-// Each decode checks its own layer's arguments; across layers, an out over another layer's
-// query, out or pools (an fp8_ds_mla pool's records and scale footers too), or over the step's
-// inputs, would change what a later layer reads. Names are formatted only for an overlap.
-void StepExecutor::check_step_apart(const StepInputs& inputs, std::span<const TensorView> queries,
-                                    std::span<const TensorView> outs) const {
-  std::vector<check::NamedView> written, read;
-  for (size_t i = 0; i < outs.size(); ++i) {
+namespace {
+
+// What a step reads besides its queries: every layer's pools (an fp8_ds_mla pool's records and
+// scale footers too: `pool_records`, two a layer) and sinks, and the step's inputs, which
+// tables (and their forks) read.
+std::vector<check::NamedView> step_reads(std::span<const AttentionLayer> layers,
+                                         std::span<const TensorView> pool_records,
+                                         const StepInputs& inputs) {
+  std::vector<check::NamedView> read;
+  for (size_t i = 0; i < layers.size(); ++i) {
     const auto at = static_cast<int64_t>(i);
-    written.push_back({&outs[i], "outs", at});
-    read.push_back({&queries[i], "queries", at});
-    read.push_back({&layers_[i].swa_kv_cache, "layers", at, ".swa_kv_cache"});
-    read.push_back({&layers_[i].compressed_kv_cache, "layers", at, ".compressed_kv_cache"});
-    read.push_back({&layers_[i].sinks, "layers", at, ".sinks"});
-    read.push_back({&pool_records_[2 * i], "layers", at, ".swa_kv_cache's records"});
-    read.push_back({&pool_records_[2 * i + 1], "layers", at, ".compressed_kv_cache's records"});
+    read.push_back({&layers[i].swa_kv_cache, "layers", at, ".swa_kv_cache"});
+    read.push_back({&layers[i].compressed_kv_cache, "layers", at, ".compressed_kv_cache"});
+    read.push_back({&layers[i].sinks, "layers", at, ".sinks"});
+    read.push_back({&pool_records[2 * i], "layers", at, ".swa_kv_cache's records"});
+    read.push_back({&pool_records[2 * i + 1], "layers", at, ".compressed_kv_cache's records"});
   }
   const StepMetadata& m = inputs.metadata;
   read.push_back({&m.seq_lens, "seq_lens"});  // the metadata's fields, as every error names them
@@ -168,11 +171,17 @@ void StepExecutor::check_step_apart(const StepInputs& inputs, std::span<const Te
     read.push_back({&table, "compressed_block_tables", layer});
   for (const auto& [layer, topk] : inputs.topk_indices)
     read.push_back({&topk, "topk_indices", layer});
-  // all_apart takes views checked by check::view: an extent past int64 has no byte range (its
-  // arithmetic overflowed), and each layer's own call would check these only later. Its
-  // texts do not name the view, so the name is formatted only for a refusal.
-  for (const std::vector<check::NamedView>* views : {&written, &read})
-    for (const check::NamedView& n : *views) {
+  return read;
+}
+
+// `written` apart from each other and from `read` (check::all_apart), each view checked first
+// by check::view: an extent past int64 has no byte range (its arithmetic overflowed), and each
+// layer's own call would check these only later. Its texts do not name the view, so the name is
+// formatted only for a refusal.
+void views_apart(std::span<const check::NamedView> written,
+                 std::span<const check::NamedView> read) {
+  for (const std::span<const check::NamedView> views : {written, read})
+    for (const check::NamedView& n : views) {
       if (!n.view->defined()) continue;
       try {
         check::view(*n.view, std::string());
@@ -181,6 +190,20 @@ void StepExecutor::check_step_apart(const StepInputs& inputs, std::span<const Te
       }
     }
   check::all_apart(written, read);
+}
+
+}  // namespace
+
+// Each decode checks its own layer's arguments; across layers, an out over another layer's
+// query, out or pools, or over the step's inputs, would change what a later layer reads.
+void StepExecutor::check_step_apart(const StepInputs& inputs, std::span<const TensorView> queries,
+                                    std::span<const TensorView> outs) const {
+  std::vector<check::NamedView> written, read = step_reads(layers_, pool_records_, inputs);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    written.push_back({&outs[i], "outs", static_cast<int64_t>(i)});
+    read.push_back({&queries[i], "queries", static_cast<int64_t>(i)});
+  }
+  views_apart(written, read);
 }
 
 const char* compressed_index_name(CompressedIndex compressed_index) {
@@ -387,6 +410,24 @@ void StepExecutor::run_layer(int layer, const TensorView& query, const TensorVie
   if (!begun_)  // else the empty inputs' first lookup would blame a block table
     check::fail(ErrorKind::value, "run_layer", "a step begun by begin_step(inputs) first",
                 "no step begun");
+  // The decode checks out against what it reads; the forks of its lookup read other groups'
+  // inputs while it writes, and later layers the rest. (run_step checks all outs at once.)
+  try {
+    const check::NamedView written[] = {{&out, "out"}};
+    views_apart(written, step_reads(layers_, pool_records_, inputs_));
+  } catch (const Error& e) {
+    join_after_error();  // an earlier layer may have forked: a capture must still end joined
+    throw check::renamed(
+        e, [](const std::string&) { return std::string(); },
+        " (layer " + std::to_string(layer) + ")");
+  } catch (...) {
+    join_after_error();
+    throw;
+  }
+  run_in_order(layer, query, out);
+}
+
+void StepExecutor::run_in_order(int layer, const TensorView& query, const TensorView& out) {
   const size_t i = position(layer);
   // An earlier layer may read a top-k that a later index source's indexer has overwritten since.
   if (i < next_position_)
@@ -494,8 +535,7 @@ void StepExecutor::run_step(const StepInputs& inputs, std::span<const TensorView
         "one query and one out per layer (" + std::to_string(layers_.size()) + ")",
         std::to_string(queries.size()) + " queries, " + std::to_string(outs.size()) + " outs");
   check_step_apart(inputs, queries, outs);
-  each_layer(inputs,
-             [&](size_t i) { run_layer(layers_[i].spec.layer, queries[i], outs[i]); });
+  each_layer(inputs, [&](size_t i) { run_in_order(layers_[i].spec.layer, queries[i], outs[i]); });
 }
 
 void StepExecutor::build_tables(const StepInputs& inputs) {

@@ -592,6 +592,34 @@ TEST(Executor, RunLayerOutApartFromTheTopkNamesTheStepInput) {
                           "an overlap with " + topk + " (layer " + std::to_string(s.layer));
 }
 
+// run_layer's out over what its own decode does not read but the step does: another SWA group's
+// block table (its lookup's forks read it as the decode writes out; on CUDA, at once) and
+// another layer's pool. Refused by name before any write, it was taken. The step goes on.
+TEST(Executor, RunLayerOutApartFromWhatTheStepReads) {
+  LoggedStep logged(3, CompressedIndex::automatic);  // layers 0..3, SWA groups 0, 1, 2, 0
+  SCOPED_TRACE(test::seed_note(logged.seed));
+  test::StepCase& c = logged.c;
+  const int64_t T = c.num_tokens();
+  ASSERT_EQ(logged.specs[0].compress_ratio, 0);  // layer 0 reads its SWA pool alone
+  ASSERT_GT(logged.specs[2].compress_ratio, 0);
+  logged.executor.begin_step(c.inputs);
+  const TensorView query = c.bf16(T, kHeads);
+  const auto refused = [&](const void* over, const std::string& name) {
+    TensorView out = c.bf16(T, kHeads);
+    out.data = const_cast<void*>(over);
+    const std::vector<std::byte> before(static_cast<const std::byte*>(over),
+                                        static_cast<const std::byte*>(over) + 64);
+    test::expect_smla_error([&] { logged.executor.run_layer(0, query, out); }, ErrorKind::value,
+                            "out", "memory apart from " + name,
+                            "an overlap with " + name + " (layer 0)");
+    EXPECT_EQ(std::memcmp(before.data(), over, before.size()), 0) << name << " written";
+  };
+  refused(c.inputs.block_tables[1].data, "block_tables[1]");
+  refused(c.layers[2].compressed_kv_cache.data, "layers[2].compressed_kv_cache");
+  EXPECT_NO_THROW(logged.executor.run_layer(0, query, c.bf16(T, kHeads)));
+  logged.executor.end_step();
+}
+
 TEST(Executor, RunLayerNeedsABegunStep) {
   const auto all = model_layers(model_preset("v41-flash"), 1, false);
   std::vector<LayerSpec> specs(all.begin(), all.begin() + 2);
