@@ -775,6 +775,7 @@ TEST(Executor, SpoiledStepsAreRefusedOrWriteOnlyTheirOutputs) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));
   std::printf("%s\n", test::seed_note(seed).c_str());  // before a crash, which leaves no trace
+  std::fflush(stdout);                                 // ctest's pipe: fully buffered
   std::mt19937_64 rng(seed);
   const auto draw = [&rng](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);

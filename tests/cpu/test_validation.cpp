@@ -1048,6 +1048,7 @@ TEST(RandomArguments, DecodeAndQuantizeThrowOrWriteOnlyTheirOutputs) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed_note(seed));
   std::printf("%s\n", seed_note(seed).c_str());  // before a crash, which leaves no trace
+  std::fflush(stdout);                           // ctest's pipe: fully buffered
   std::set<std::string> decode_names = {"max_q_len", "window", "bmm1_scale", "bmm2_scale"};
   for (const Field& f : kTensorFields) decode_names.insert(f.name);
   for (int call = 0; call < 200; ++call) {
