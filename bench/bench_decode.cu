@@ -351,8 +351,7 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  // After the program's name, where there is one (argc 0: an execve with an empty argv).
-  const std::vector<std::string_view> words(argv + std::min(argc, 1), argv + argc);
+  const std::vector<std::string_view> words = cli::words_of(argc, argv);
   constexpr std::string_view valued[] = {"--csv", "--shape", "--kv", "--rotate"};
   cli::parse_flags(words, valued, {}, [&](std::string_view flag, std::string_view value) {
     if (flag == "--csv") o.csv_path = cli::csv_path(value);

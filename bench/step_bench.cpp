@@ -5,7 +5,6 @@
 // decode, SPEC §5's shared tables, and every layer building its own: median replay time, the
 // graph's nodes by kind, and its table builds captured alone against the whole step. Prints a
 // table; --csv writes it too.
-#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -65,8 +64,7 @@ constexpr const char* kUsage =
 // SWA group l % swa_groups).
 Options parse(int argc, char** argv) {
   Options o;
-  // After the program's name, where there is one (argc 0: an execve with an empty argv).
-  const std::vector<std::string_view> words(argv + std::min(argc, 1), argv + argc);
+  const std::vector<std::string_view> words = words_of(argc, argv);
   constexpr std::string_view valued[] = {"--csv", "--swa-groups"}, switches[] = {"--quick"};
   parse_flags(words, valued, switches, [&](std::string_view flag, std::string_view value) {
     if (flag == "--csv") o.csv_path = csv_path(value);

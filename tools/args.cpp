@@ -173,8 +173,7 @@ void parse_flags(std::span<const std::string_view> words,
 }
 
 Invocation parse_args(int argc, const char* const* argv) {
-  // After the program's name, where there is one (argc 0: an execve with an empty argv).
-  const std::vector<std::string_view> args(argv + std::min(argc, 1), argv + argc);
+  const std::vector<std::string_view> args = words_of(argc, argv);
   if (args.empty()) throw UsageError("no command");
   Invocation inv;
   // `help run`, `help -h`, `help --version` too: one text covers all.

@@ -1,5 +1,6 @@
 // Command line of the `smla` tool: what each command was asked to do.
 #pragma once
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <functional>
@@ -7,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "progress.h"
 #include "smla/decode.h"
@@ -42,6 +44,12 @@ struct Invocation {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// The words after the program's name, where there is one (argc 0: an execve with an empty
+// argv, which Linux before 5.18 and other systems pass on).
+inline std::vector<std::string_view> words_of(int argc, const char* const* argv) {
+  return {argv + std::min(argc, 1), argv + argc};
+}
 
 Invocation parse_args(int argc, const char* const* argv);
 std::string usage();
