@@ -15,6 +15,9 @@
 #include "smla/tables.h"
 
 namespace smla {
+namespace check {
+class ReadViews;
+}
 
 // What a layer keeps from step to step.
 struct AttentionLayer {
@@ -76,6 +79,7 @@ class StepExecutor {
   StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
                int64_t max_columns, TableSharing sharing = TableSharing::shared,
                CompressedIndex compressed_index = CompressedIndex::automatic);
+  ~StepExecutor();
 
   // Resets the tables; keeps a copy of `inputs`; picks where the step's compressed columns come
   // from (table_specs with every_entry_topk_width(inputs)). Every compressed layer's entries
@@ -131,9 +135,10 @@ class StepExecutor {
   void before_next(size_t position);
   // begin_step's checks of `inputs`; the plan (plans_ index) the step's tables follow.
   size_t checked_plan(const StepInputs& inputs) const;
-  // run_layer past its checks of the step: the layer's order, table and decode, then the join
-  // an index source next needs.
-  void run_in_order(int layer, const TensorView& query, const TensorView& out);
+  // `layer`'s position, refused at or before the last layer run this step.
+  size_t next_position(int layer) const;
+  // The layer at `position`: its table and decode, then the join an index source next needs.
+  void run_at(size_t position, const TensorView& query, const TensorView& out);
   // The layer's table and its decode.
   void decode(const AttentionLayer& layer, const TensorView& query, const TensorView& out);
   // Joins the tables on an error's way out, swallowing the join's own error.
@@ -167,6 +172,8 @@ class StepExecutor {
   bool begun_ = false;  // between begin_step and end_step
   size_t next_position_ = 0;  // the first position run_layer takes: past the last layer run
   uint64_t steps_begun_ = 0;
+  // What run_layer's out must stay apart from this step (made at its first call).
+  std::unique_ptr<const check::ReadViews> step_reads_;
 };
 
 }  // namespace smla

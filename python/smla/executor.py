@@ -110,10 +110,11 @@ class StepExecutor:
 
     def run_layer(self, layer: int, query, out) -> None:
         """`layer`'s attention of query [T, H, 512] into out [T, H_out, 512]; T is the step's
-        num_tokens and H the layer's num_heads. Layers run in model order, each at most once a
-        step (skipping is allowed; one at or before the last that ran raises ValueError). A call
-        that raises joins the side stream first (a capture of the step can still end); the step
-        stays begun and the layer may run again."""
+        num_tokens and H the layer's num_heads; out apart from every layer's pools and the
+        step's inputs (ValueError naming what it meets). Layers run in model order, each at most
+        once a step (skipping is allowed; one at or before the last that ran raises
+        ValueError). A call that raises joins the side stream first (a capture of the step can
+        still end); the step stays begun and the layer may run again."""
         with on_device(self._device, self._like):
             self._executor.run_layer(integer(layer, "layer"),
                                      tensor(query, "query", required=_QUERY, takes=QUERY),

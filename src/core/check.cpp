@@ -232,6 +232,35 @@ void all_apart(std::span<const NamedView> outputs, std::span<const NamedView> in
     }
 }
 
+void views(std::span<const NamedView> named) {
+  for (const NamedView& n : named) {
+    if (!n.view->defined()) continue;
+    try {
+      view(*n.view, std::string());
+    } catch (const Error& e) {  // its texts do not name the view: formatted for a refusal only
+      throw Error(e.kind(), n.str(), e.expected(), e.got());
+    }
+  }
+}
+
+ReadViews::ReadViews(std::span<const NamedView> reads) {
+  views(reads);
+  for (const NamedView& n : reads)
+    if (n.view->defined() && n.view->numel() > 0) {
+      const Runs r = runs_of(*n.view);
+      entries_.push_back({r.low, r.high, n});
+    }
+}
+
+void ReadViews::apart_from(const TensorView& out, const char* name) const {
+  if (!out.defined()) return;
+  view(out, name);
+  if (out.numel() == 0) return;
+  const Runs r = runs_of(out);
+  for (const Entry& e : entries_)
+    if (e.low <= r.high && r.low <= e.high) apart(out, name, *e.named.view, e.named.str().c_str());
+}
+
 void step_requests(const TensorView& seq_lens, const TensorView& cum, int64_t num_requests,
                    int64_t num_tokens, const std::function<void(int64_t, int64_t)>& more) {
   const auto start = [&](int64_t b) -> int64_t { return cum.defined() ? at(cum, b) : b; };

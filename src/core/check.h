@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "smla/error.h"
 #include "smla/tensor.h"
@@ -83,6 +84,25 @@ struct NamedView {
 // all_apart over any number of views (a whole step's): sorted by their lowest byte, so that only
 // views whose byte ranges meet are compared (exactly, by `apart`).
 void all_apart(std::span<const NamedView> outputs, std::span<const NamedView> inputs);
+// Each present view checked by `view`, a refusal naming it (str()): what all_apart and
+// ReadViews take (a view's extent past int64 has no byte range).
+void views(std::span<const NamedView> named);
+
+// Views that outputs given one at a time must stay apart from, as all_apart would keep them:
+// checked (`views`) and their byte ranges found once, so an output costs a pass over the ranges.
+// The views must outlive it.
+class ReadViews {
+ public:
+  explicit ReadViews(std::span<const NamedView> reads);
+  void apart_from(const TensorView& out, const char* name) const;
+
+ private:
+  struct Entry {
+    intptr_t low, high;
+    NamedView named;
+  };
+  std::vector<Entry> entries_;
+};
 
 // A present, consistent (`view`) tensor of `dtype` on `device` whose sizes match `shape` (-1 =
 // any size), with data behind it; `expected` describes the shape for the message.

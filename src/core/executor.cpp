@@ -174,24 +174,6 @@ std::vector<check::NamedView> step_reads(std::span<const AttentionLayer> layers,
   return read;
 }
 
-// `written` apart from each other and from `read` (check::all_apart), each view checked first
-// by check::view: an extent past int64 has no byte range (its arithmetic overflowed), and each
-// layer's own call would check these only later. Its texts do not name the view, so the name is
-// formatted only for a refusal.
-void views_apart(std::span<const check::NamedView> written,
-                 std::span<const check::NamedView> read) {
-  for (const std::span<const check::NamedView> views : {written, read})
-    for (const check::NamedView& n : views) {
-      if (!n.view->defined()) continue;
-      try {
-        check::view(*n.view, std::string());
-      } catch (const Error& e) {
-        throw Error(e.kind(), n.str(), e.expected(), e.got());
-      }
-    }
-  check::all_apart(written, read);
-}
-
 }  // namespace
 
 // Each decode checks its own layer's arguments; across layers, an out over another layer's
@@ -203,7 +185,9 @@ void StepExecutor::check_step_apart(const StepInputs& inputs, std::span<const Te
     written.push_back({&outs[i], "outs", static_cast<int64_t>(i)});
     read.push_back({&queries[i], "queries", static_cast<int64_t>(i)});
   }
-  views_apart(written, read);
+  check::views(written);
+  check::views(read);
+  check::all_apart(written, read);
 }
 
 const char* compressed_index_name(CompressedIndex compressed_index) {
@@ -306,6 +290,8 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
              workspace_, false);
 }
 
+StepExecutor::~StepExecutor() = default;
+
 size_t StepExecutor::position(int layer) const {
   return layer_position(specs_, layer, "a layer of this executor");
 }
@@ -343,6 +329,7 @@ void StepExecutor::begin_step(const StepInputs& inputs) {
   for (Plan& p : plans_) p.tables->reset();
   plan_ = plan;
   inputs_ = inputs;
+  step_reads_.reset();  // its views are the previous step's
   next_position_ = 0;
   begun_ = true;
   ++steps_begun_;
@@ -410,24 +397,28 @@ void StepExecutor::run_layer(int layer, const TensorView& query, const TensorVie
   if (!begun_)  // else the empty inputs' first lookup would blame a block table
     check::fail(ErrorKind::value, "run_layer", "a step begun by begin_step(inputs) first",
                 "no step begun");
-  // The decode checks out against what it reads; the forks of its lookup read other groups'
-  // inputs while it writes, and later layers the rest. (run_step checks all outs at once.)
+  size_t i = 0;
   try {
-    const check::NamedView written[] = {{&out, "out"}};
-    views_apart(written, step_reads(layers_, pool_records_, inputs_));
+    i = next_position(layer);
+    // The decode checks out against what it reads; the forks of its lookup read other groups'
+    // inputs while it writes, and later layers the rest. (run_step checks all outs at once.)
+    if (!step_reads_)
+      step_reads_ =
+          std::make_unique<const check::ReadViews>(step_reads(layers_, pool_records_, inputs_));
+    step_reads_->apart_from(out, "out");
   } catch (const Error& e) {
     join_after_error();  // an earlier layer may have forked: a capture must still end joined
-    throw check::renamed(
-        e, [](const std::string&) { return std::string(); },
-        " (layer " + std::to_string(layer) + ")");
+    if (e.argument() != "out") throw;
+    throw Error(e.kind(), e.argument(), e.expected(),
+                e.got() + " (layer " + std::to_string(layer) + ")");
   } catch (...) {
     join_after_error();
     throw;
   }
-  run_in_order(layer, query, out);
+  run_at(i, query, out);
 }
 
-void StepExecutor::run_in_order(int layer, const TensorView& query, const TensorView& out) {
+size_t StepExecutor::next_position(int layer) const {
   const size_t i = position(layer);
   // An earlier layer may read a top-k that a later index source's indexer has overwritten since.
   if (i < next_position_)
@@ -435,6 +426,10 @@ void StepExecutor::run_in_order(int layer, const TensorView& query, const Tensor
                 "a layer after layer " + std::to_string(layers_[next_position_ - 1].spec.layer) +
                     " (layers run in model order, each once a step)",
                 "layer " + std::to_string(layer));
+  return i;
+}
+
+void StepExecutor::run_at(size_t i, const TensorView& query, const TensorView& out) {
   try {
     decode(layers_[i], query, out);
   } catch (...) {
@@ -535,7 +530,7 @@ void StepExecutor::run_step(const StepInputs& inputs, std::span<const TensorView
         "one query and one out per layer (" + std::to_string(layers_.size()) + ")",
         std::to_string(queries.size()) + " queries, " + std::to_string(outs.size()) + " outs");
   check_step_apart(inputs, queries, outs);
-  each_layer(inputs, [&](size_t i) { run_in_order(layers_[i].spec.layer, queries[i], outs[i]); });
+  each_layer(inputs, [&](size_t i) { run_at(i, queries[i], outs[i]); });
 }
 
 void StepExecutor::build_tables(const StepInputs& inputs) {

@@ -620,6 +620,24 @@ TEST(Executor, RunLayerOutApartFromWhatTheStepReads) {
   logged.executor.end_step();
 }
 
+// A run_layer refused for its order joins first, as every refused call does, so that a capture
+// of the step can still end; the order check had thrown unjoined after a layer that forked.
+TEST(Executor, RunLayerOutOfOrderJoinsFirst) {
+  LoggedStep logged(3, CompressedIndex::automatic);
+  SCOPED_TRACE(test::seed_note(logged.seed));
+  test::StepCase& c = logged.c;
+  const int64_t T = c.num_tokens();
+  logged.executor.begin_step(c.inputs);
+  const int64_t joins = logged.streams.count("join");
+  logged.executor.run_layer(0, c.bf16(T, kHeads), c.bf16(T, kHeads));
+  ASSERT_GT(logged.streams.count("fork"), 0);  // layer 0's lookup forked the other groups'
+  ASSERT_EQ(logged.streams.count("join"), joins);
+  test::expect_smla_error(
+      [&] { logged.executor.run_layer(0, c.bf16(T, kHeads), c.bf16(T, kHeads)); }, ErrorKind::value,
+      "layer", "a layer after layer 0", "layer 0");
+  EXPECT_EQ(logged.streams.count("join"), joins + 1);
+}
+
 TEST(Executor, RunLayerNeedsABegunStep) {
   const auto all = model_layers(model_preset("v41-flash"), 1, false);
   std::vector<LayerSpec> specs(all.begin(), all.begin() + 2);
