@@ -16,7 +16,8 @@ struct StepMetadata {
   TensorView is_valid_token{};  // [T] u8, optional (absent: all valid); 0 = padding token
   int64_t num_decodes = 0;      // requests [0, num_decodes) are decode requests, the rest prefill
   int max_q_len = 1;            // >= every q_len (>= 1); what the decode op is told, checked
-                                // by the builders as by the decode (q_lens: host values only)
+                                // by the builders as by the decode (q_lens: host values only;
+                                // device ones: num_tokens <= B x max_q_len, builders only)
   int decode_swa_width = 0;     // > window: DSpark non-causal window (dspark_swa_width); 0..window:
                                 // causal; negative: refused
 };

@@ -17,6 +17,7 @@ from . import _smla
 from .decode import WINDOW, sparse_mla_decode
 from ._arrays import I32, QUERY, Typed, framework_of, on_a_device, stream_handle, tensor
 from ._errors import import_error, raise_renamed, shape_text, value_error
+from ._traced import _torch_compiling
 
 HEAD_DIM = _smla.HEAD_DIM
 
@@ -155,8 +156,10 @@ def trtllm_batch_decode_sparse_mla_dsv4(
         tensor(query, "query", takes=QUERY)
     q_len = q_array.shape[1] if getattr(q_array, "ndim", 3) == 4 else 1
     # Nothing is allocated for a query the op refuses by its sizes (it checks them first): a
-    # broadcast view (stride 0) may have 2^40 tokens.
-    fits = _query_fits(getattr(q_array, "shape", None))
+    # broadcast view (stride 0) may have 2^40 tokens. Not while torch.compile traces: its sizes
+    # are symbolic (a test would guard on them, or fail on a data-dependent one), and the op's
+    # schema takes an out.
+    fits = _torch_compiling() or _query_fits(getattr(q_array, "shape", None))
     uniform = cum_seq_lens_q is None and q_len > 1 and seq_lens is not None
     if uniform:  # the offsets made below count the query's B requests: seq_lens must have B
         shape = tuple(getattr(_array(seq_lens), "shape", ()))  # no DLPack: torch.compile traces
