@@ -604,18 +604,19 @@ TEST(Executor, RunLayerOutApartFromWhatTheStepReads) {
   ASSERT_GT(logged.specs[2].compress_ratio, 0);
   logged.executor.begin_step(c.inputs);
   const TensorView query = c.bf16(T, kHeads);
-  const auto refused = [&](const void* over, const std::string& name) {
+  const auto refused = [&](const TensorView& over, const std::string& name) {
     TensorView out = c.bf16(T, kHeads);
-    out.data = const_cast<void*>(over);
-    const std::vector<std::byte> before(static_cast<const std::byte*>(over),
-                                        static_cast<const std::byte*>(over) + 64);
+    out.data = over.data;
+    const auto* first = static_cast<const std::byte*>(over.data);  // its first (up to) 64 bytes
+    const std::vector<std::byte> before(
+        first, first + std::min<int64_t>(64, over.numel() * int64_t(dtype_size(over.dtype))));
     test::expect_smla_error([&] { logged.executor.run_layer(0, query, out); }, ErrorKind::value,
                             "out", "memory apart from " + name,
                             "an overlap with " + name + " (layer 0)");
-    EXPECT_EQ(std::memcmp(before.data(), over, before.size()), 0) << name << " written";
+    EXPECT_EQ(std::memcmp(before.data(), first, before.size()), 0) << name << " written";
   };
-  refused(c.inputs.block_tables[1].data, "block_tables[1]");
-  refused(c.layers[2].compressed_kv_cache.data, "layers[2].compressed_kv_cache");
+  refused(c.inputs.block_tables[1], "block_tables[1]");
+  refused(c.layers[2].compressed_kv_cache, "layers[2].compressed_kv_cache");
   EXPECT_NO_THROW(logged.executor.run_layer(0, query, c.bf16(T, kHeads)));
   logged.executor.end_step();
 }
