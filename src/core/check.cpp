@@ -257,8 +257,13 @@ void ReadViews::apart_from(const TensorView& out, const char* name) const {
   view(out, name);
   if (out.numel() == 0) return;
   const Runs r = runs_of(out);
+  std::vector<const Entry*> met;
   for (const Entry& e : entries_)
-    if (e.low <= r.high && r.low <= e.high) apart(out, name, *e.named.view, e.named.str().c_str());
+    if (e.low <= r.high && r.low <= e.high) met.push_back(&e);
+  // The lowest first, as all_apart compares them: the refusal names the same view.
+  std::stable_sort(met.begin(), met.end(),
+                   [](const Entry* a, const Entry* b) { return a->low < b->low; });
+  for (const Entry* e : met) apart(out, name, *e->named.view, e->named.str().c_str());
 }
 
 void step_requests(const TensorView& seq_lens, const TensorView& cum, int64_t num_requests,

@@ -142,10 +142,6 @@ void check_shared_geometry(const std::vector<AttentionLayer>& layers,
   }
 }
 
-}  // namespace
-
-namespace {
-
 // What a step reads besides its queries: every layer's pools (an fp8_ds_mla pool's records and
 // scale footers too: `pool_records`, two a layer) and sinks, and the step's inputs, which
 // tables (and their forks) read.
