@@ -1,7 +1,11 @@
 // A benchmark's CSV output (--csv PATH): no file for an empty path; a file that cannot be
 // opened or written throws, naming the flag, its path and why, at open or at close() (a
-// destructor cannot report it).
+// destructor cannot report it). It never takes a standard descriptor left closed (the table
+// meant for a closed stdout would land in the CSV; stdout_status reports that write instead).
 #pragma once
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -22,7 +26,18 @@ inline std::string csv_path(std::string_view value) {
 class CsvFile {
  public:
   explicit CsvFile(std::string path) : path_(std::move(path)) {
-    if (!path_.empty() && !(file_ = std::fopen(path_.c_str(), "w"))) fail(std::strerror(errno));
+    if (path_.empty()) return;
+    if (!(file_ = std::fopen(path_.c_str(), "w"))) fail(std::strerror(errno));
+    if (fileno(file_) > STDERR_FILENO) return;
+    // Moved past 0-2, which then stay closed: writes to them fail as they would have.
+    const int fd = fcntl(fileno(file_), F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+    std::fclose(file_);
+    file_ = fd < 0 ? nullptr : fdopen(fd, "w");
+    if (!file_) {
+      const int why = errno;
+      if (fd >= 0) ::close(fd);
+      fail(std::strerror(why));
+    }
   }
   CsvFile(const CsvFile&) = delete;
   CsvFile& operator=(const CsvFile&) = delete;

@@ -1292,5 +1292,38 @@ TEST(CsvFile, WrittenAfresh) {
   EXPECT_EQ(text.str(), last);
 }
 
+// A CSV opened while stdout is closed does not take descriptor 1: the table printed to stdout
+// would land in it. stdout stays closed, so its writes fail as stdout_status reports.
+TEST(CsvFile, LeavesAClosedStdoutClosed) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  const std::string path = testing::TempDir() + "smla_csv_closed_" + std::to_string(seed) + ".csv";
+  std::fflush(stdout);
+  const int saved = dup(STDOUT_FILENO);
+  ASSERT_GE(saved, 0);
+  close(STDOUT_FILENO);
+  int csv_fd = -1;
+  bool stdout_open = true;
+  std::string csv_error;
+  try {
+    CsvFile csv(path);
+    csv_fd = fileno(csv.get());
+    stdout_open = fcntl(STDOUT_FILENO, F_GETFD) != -1;
+    std::fputs("a,b\n", csv.get());
+    csv.close();
+  } catch (const std::exception& e) {
+    csv_error = e.what();
+  }
+  dup2(saved, STDOUT_FILENO);  // before any check prints
+  close(saved);
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  std::remove(path.c_str());
+  EXPECT_EQ(csv_error, "");
+  EXPECT_GT(csv_fd, STDERR_FILENO);
+  EXPECT_FALSE(stdout_open);
+  EXPECT_EQ(text.str(), "a,b\n");
+}
+
 }  // namespace
 }  // namespace smla::cli
