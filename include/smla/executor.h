@@ -107,6 +107,10 @@ class StepExecutor {
   void run_layer(int layer, const TensorView& query, const TensorView& out);
   void end_step();  // joins, so a graph capture of the step ends joined; run_layer needs a new
                     // begin_step after it
+  // Joins the tables on an error's way out, swallowing the join's own error; the step stays
+  // begun. What every refused call does, and what a caller that refuses a run_layer's
+  // arguments before the call (the Python package) does, so that a capture can still end.
+  void join_after_error() noexcept;
 
   // begin_step, every layer in order (queries[i] and outs[i] for the i-th layer), end_step.
   // The outs must be apart from each other and from every query, pool and input of the step.
@@ -141,8 +145,6 @@ class StepExecutor {
   void run_at(size_t position, const TensorView& query, const TensorView& out);
   // The layer's table and its decode.
   void decode(const AttentionLayer& layer, const TensorView& query, const TensorView& out);
-  // Joins the tables on an error's way out, swallowing the join's own error.
-  void join_after_error() noexcept;
   // run_step's outs apart from each other and from all the step reads (check::all_apart).
   void check_step_apart(const StepInputs& inputs, std::span<const TensorView> queries,
                         std::span<const TensorView> outs) const;

@@ -116,9 +116,15 @@ class StepExecutor:
         ValueError). A call that raises joins the side stream first (a capture of the step can
         still end); the step stays begun and the layer may run again."""
         with on_device(self._device, self._like):
-            self._executor.run_layer(integer(layer, "layer"),
-                                     tensor(query, "query", required=_QUERY, takes=QUERY),
-                                     tensor(out, "out", writable=True, required=_OUT, takes=BF16))
+            try:
+                self._executor.run_layer(
+                    integer(layer, "layer"), tensor(query, "query", required=_QUERY, takes=QUERY),
+                    tensor(out, "out", writable=True, required=_OUT, takes=BF16))
+            except Exception:
+                # Refused here or while its arrays were taken, before the library's own checks,
+                # which join: an earlier layer's lookup may have forked.
+                self._executor.join_after_error()
+                raise
 
     def end_step(self) -> None:
         """Joins the side stream, so a graph capture of the step ends joined."""

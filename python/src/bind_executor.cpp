@@ -80,6 +80,11 @@ class Executor {
     idle("end_step");
     executor_->end_step();
   }
+  // A run_layer refused before the library's: joined as the library's refusals are. Not while
+  // another thread's call runs (the refusal may be idle's): that call joins on its own error.
+  void join_after_error() {
+    if (!busy_) executor_->join_after_error();
+  }
   void run_step(nb::handle inputs, const std::vector<nb::handle>& queries,
                 const std::vector<nb::handle>& outs) {
     idle("run_step");
@@ -148,6 +153,7 @@ void bind_executor(nb::module_& m) {
       .def("begin_step", &Executor::begin_step, nb::arg("inputs"))
       .def("run_layer", &Executor::run_layer, nb::arg("layer"), nb::arg("query"), nb::arg("out"))
       .def("end_step", &Executor::end_step)
+      .def("join_after_error", &Executor::join_after_error)
       .def("run_step", &Executor::run_step, nb::arg("inputs"), nb::arg("queries"),
            nb::arg("outs"))
       .def("stats", &Executor::stats);

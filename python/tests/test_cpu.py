@@ -2135,6 +2135,39 @@ def _executor_case(rng):
     return specs, layers, inputs, queries
 
 
+def test_step_executor_run_layer_refused_in_python_joins_first():
+    """A run_layer whose arguments the package refuses before the library sees them (a layer
+    that is no int, a query of None, an out it cannot write) joins the side stream first, as a
+    call the library refuses does, so that a capture of the step can still end. Layer 2's
+    lookup forks a table of SWA group 1 that layer 3 reads: after a join, layer 3 finds it
+    ready (no wait); those refusals had left it pending (found reviewing run_layer's
+    refusals)."""
+    rng = ref.fresh_rng()
+    specs, layers, inputs, queries = _executor_case(rng)
+    other_table = rng.permutation(40)[:16].reshape(4, 4).astype(np.int32)
+    inputs.block_tables = [inputs.block_tables[0], other_table]
+    executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12)
+    assert [s.swa_group for s in specs[2:]] == [0, 1]
+
+    def out():
+        return np.zeros((4, 4, D), np.float32).astype(BF16)
+
+    for error, refused in (
+            (ValueError, lambda: executor.run_layer(3, queries[3][:1], out())),  # the library's
+            (TypeError, lambda: executor.run_layer("3", queries[3], out())),
+            (ValueError, lambda: executor.run_layer(3, None, out())),
+            (TypeError, lambda: executor.run_layer(3, queries[3], np.broadcast_to(
+                out(), (4, 4, D))))):
+        executor.begin_step(inputs)
+        executor.run_layer(2, queries[2], out())
+        assert [group for group, _ in executor.stats["forks"]] == [1]
+        with pytest.raises(error):
+            refused()
+        executor.run_layer(3, queries[3], out())  # the step stays begun
+        assert executor.stats["waits"] == [], refused
+        executor.end_step()
+
+
 @pytest.mark.parametrize("compressed_index", ["table", "topk", "auto"])
 def test_step_executor_errors_name_the_step_inputs_fields(compressed_index):
     """A block table, compressed block table or top-k that a table build or a decode refuses
