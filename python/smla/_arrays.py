@@ -303,7 +303,9 @@ def scale(x, name: str) -> float:
         raw = x.item() if hasattr(x, "item") else x
         # An array's element is no scale where the plain value is none: float() would parse
         # text (np.array("0.04")) and read a bool (an object array's True) as 1.
-        held = isinstance(raw, (bool, str, bytes, bytearray))
+        # An object array's element may be NumPy's bool, no Python bool (its dtype says so).
+        a_bool = isinstance(raw, bool) or str(getattr(raw, "dtype", "")) == "bool"
+        held = a_bool or isinstance(raw, (str, bytes, bytearray))
         value = 0.0 if held else float(raw)
     except (TypeError, ValueError, RuntimeError):  # torch's item() of many elements: Runtime
         raise type_error(name, "a float", type(x).__name__) from None
@@ -311,7 +313,7 @@ def scale(x, name: str) -> float:
         raise value_error(name, expected, f"{type(x).__name__} past float64's range") from None
     if held:
         raise type_error(name, "a float", f"{type(x).__name__} holding "
-                         f"{'a bool' if isinstance(raw, bool) else 'a ' + type(raw).__name__}")
+                         f"{'a bool' if a_bool else 'a ' + type(raw).__name__}")
     # The library takes float32: a finite value past its range is refused, not made inf or 0.
     if math.isfinite(value) and value != 0 and not _FLT_TRUE_MIN <= abs(value) <= _FLT_MAX:
         raise value_error(name, expected, repr(value))

@@ -436,7 +436,9 @@ def test_scales_refuse_text_and_bools_inside_arrays():
                        (np.array(b"1"), "ndarray holding a bytes"),
                        (np.array(["0.5"], dtype=object), "ndarray holding a str"),
                        (np.array(True, dtype=object), "ndarray holding a bool"),
-                       (np.array([False], dtype=object), "ndarray holding a bool")):
+                       (np.array([False], dtype=object), "ndarray holding a bool"),
+                       # NumPy's bool, which an object array keeps as it is (float() read 1.0)
+                       (np.array([np.True_], dtype=object), "ndarray holding a bool")):
         calls = {name: lambda name=name: smla.sparse_mla_decode(**bad(args, **{name: value}))
                  for name in ("bmm1_scale", "bmm2_scale")}
         calls["kv_scale"] = lambda: smla.quantize_kv(**quantize, kv_scale=value)
