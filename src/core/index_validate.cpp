@@ -43,6 +43,9 @@ void check_step(const StepMetadata& s, IndexProblem& p) {
 // checked instead, so that a T they disagree with cannot size a table past the step's.
 void check_step_values(const StepMetadata& s, const IndexProblem& p) {
   if (p.device.kind != DeviceKind::cpu) {
+    if (p.num_requests == 0 && p.num_tokens > 0)  // the CPU finds it reading cum_seq_lens_q
+      fail(ErrorKind::value, "cum_seq_lens_q", "a request for the " + num(p.num_tokens) + " tokens",
+           "B = 0");
     if (p.num_tokens > p.num_requests * s.max_q_len)
       fail(ErrorKind::value, "num_tokens",
            "<= B x max_q_len = " + num(p.num_requests) + " x " + num(s.max_q_len) +

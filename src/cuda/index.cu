@@ -197,10 +197,6 @@ const void* index_kernel() { return reinterpret_cast<const void*>(&build_index_k
 void build_sparse_indices(const IndexProblem& problem, const SparseIndexArgs& a, void* stream) {
   require_usable(problem.device, "sparse_indices");
   if (problem.num_tokens == 0) return;
-  // Shapes alone say so; the CPU finds it reading cum_seq_lens_q.
-  if (problem.num_requests == 0)
-    throw Error(ErrorKind::value, "cum_seq_lens_q",
-                "a request for the " + std::to_string(problem.num_tokens) + " tokens", "B = 0");
   if (problem.num_tokens > INT32_MAX)
     throw Error(ErrorKind::unsupported, "num_tokens", "at most 2^31 - 1 rows on CUDA",
                 std::to_string(problem.num_tokens));

@@ -795,6 +795,12 @@ TEST(IndexErrors, DeviceStepsHoldAtMostMaxQLenTokensARequest) {
                           "<= B x max_q_len = 2 x 2 (every request's q_len is at most "
                           "max_q_len)",
                           "6");
+  // No request for the tokens: cum_seq_lens_q, as the CPU names it (the bound above is 0).
+  a.step.seq_lens = make_view(c.seq_lens.data(), DType::i32, a.step.seq_lens.device, {0});
+  a.step.cum_seq_lens_q = make_view(c.cum.data(), DType::i32, a.step.cum_seq_lens_q.device, {1});
+  a.step.num_decodes = 0;
+  test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::value, "cum_seq_lens_q",
+                          "a request for the 6 tokens", "B = 0");
 }
 
 // num_decodes counts requests: 0..B.
