@@ -48,7 +48,8 @@ struct TableStats {
 class SparseIndexTables {
  public:
   // `layers` in model order (strictly increasing ids; runs are consecutive equal keys); a
-  // spec sparse_index_key refuses throws smla::Error naming `layers[i].<field>`.
+  // spec sparse_index_key refuses, or a window other than an earlier layer's of its SWA group
+  // and key (one table would serve both), throws smla::Error naming `layers[i].<field>`.
   // `streams` orders the builds and must outlive this object.
   SparseIndexTables(std::span<const LayerSpec> layers, Streams& streams,
                     TableSharing sharing = TableSharing::shared);

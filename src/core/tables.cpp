@@ -1,6 +1,7 @@
 #include "smla/tables.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "core/check.h"
@@ -23,6 +24,7 @@ SparseIndexTables::SparseIndexTables(std::span<const LayerSpec> layers, Streams&
                                      TableSharing sharing)
     : layers_(layers.begin(), layers.end()), streams_(streams) {
   int most_forks = 0;
+  std::map<TableKey, size_t> first_of_key;  // the first layer each table serves
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (i > 0 && layers_[i].layer <= layers_[i - 1].layer)
       check::fail(
@@ -30,6 +32,17 @@ SparseIndexTables::SparseIndexTables(std::span<const LayerSpec> layers, Streams&
           std::to_string(layers_[i - 1].layer) + " then " + std::to_string(layers_[i].layer));
     check_layer_counts(layers_[i], "layers[" + std::to_string(i) + "].");
     keys_.push_back(sparse_index_key(layers_[i], sharing));
+    // SPEC §5's key leaves the window out, which sets a table's width and SWA columns: a layer
+    // of another window would read its key's table as if it were its own.
+    const TableKey key{layers_[i].swa_group, keys_[i]};
+    const size_t first = first_of_key.try_emplace(key, i).first->second;
+    if (layers_[first].window != layers_[i].window)
+      check::fail(ErrorKind::value, "layers[" + std::to_string(i) + "].window",
+                  "layers[" + std::to_string(first) + "]'s window " +
+                      std::to_string(layers_[first].window) + " (SWA group " +
+                      std::to_string(key.first) + ", key " + key.second +
+                      ": one table serves both)",
+                  "window " + std::to_string(layers_[i].window));
   }
   run_end_.resize(layers_.size());
   for (const LayerRun& run : layer_runs(layers_, sharing)) {

@@ -645,6 +645,39 @@ TEST(SparseIndexTables, SpecsAreCheckedWhenMade) {
       ">= 0 (0: every compressed entry)", "-1");
 }
 
+// SPEC §5's key leaves the window out: layers of one group and key with other windows would
+// share a table of the first one's width and SWA columns (the executor checked it; the tables,
+// which C++ and Python callers make alone, did not). Other groups, and without sharing every
+// layer, have tables of their own.
+TEST(SparseIndexTables, OneWindowPerTable) {
+  test::RecordingStreams streams;
+  const LayerSpec swa{.layer = 0, .num_heads = 1}, ratio4{.layer = 1,
+                                                          .compress_ratio = 4,
+                                                          .kv_source = 1,
+                                                          .index_source = 1,
+                                                          .index_topk = 8,
+                                                          .num_heads = 1};
+  const auto with = [](LayerSpec s, int layer, int group, int window) {
+    s.layer = layer, s.swa_group = group, s.window = window;
+    return s;
+  };
+  using Layers = std::vector<LayerSpec>;
+  test::expect_smla_error(
+      [&] {
+        SparseIndexTables tables(Layers{swa, with(swa, 1, 1, 64), with(swa, 2, 0, 64)}, streams);
+      },
+      ErrorKind::value, "layers[2].window",
+      "layers[0]'s window 128 (SWA group 0, key swa_only: one table serves both)", "window 64");
+  test::expect_smla_error(
+      [&] {
+        SparseIndexTables tables(Layers{ratio4, with(ratio4, 2, 0, 32)}, streams);
+      },
+      ErrorKind::value, "layers[1].window",
+      "layers[0]'s window 128 (SWA group 0, key 1:1:4: one table serves both)", "window 32");
+  EXPECT_NO_THROW(SparseIndexTables(Layers{swa, with(swa, 1, 1, 64)}, streams));
+  EXPECT_NO_THROW(SparseIndexTables(Layers{swa, with(swa, 1, 0, 64)}, streams, TableSharing::none));
+}
+
 TEST(SparseIndexTables, UnknownLayerIsAnError) {
   const auto layers = model_layers(model_preset("v4-flash"), 1);
   test::RecordingStreams streams;
