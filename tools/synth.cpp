@@ -351,4 +351,9 @@ void SynthStep::download_rows(size_t index, const std::vector<Row>& rows) {
   }
 }
 
+void SynthStep::clear_outs() {
+  for (const TensorView& out : device.outs)
+    streams_.zero(out.data, static_cast<size_t>(out.numel()) * dtype_size(out.dtype));
+}
+
 }  // namespace smla::cli

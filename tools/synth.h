@@ -53,6 +53,10 @@ class SynthStep {
   // Copies `rows` of layer `index`'s out from the device into host.outs.
   void download_rows(size_t index, const std::vector<Row>& rows);
 
+  // Zeroes every layer's out on the device: a step run before the one checked (a warm-up) must
+  // not leave values there that a row the checked step failed to write would pass with.
+  void clear_outs();
+
  private:
   struct Buffer {
     std::vector<std::byte> host{};

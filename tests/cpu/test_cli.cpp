@@ -434,6 +434,29 @@ TEST(CheckRows, ZeroOutIsOffByTheRowsLargestMagnitude) {
   }
 }
 
+// On CUDA `smla run` times the step after a warm-up step that wrote the same outs: cleared
+// between the two, a row the timed step leaves unwritten fails the check (1.0 relative, as an
+// out never written) instead of passing on the warm-up's value.
+TEST(SynthStep, ClearedOutsFailTheCheck) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  const RunOptions o{.requests = 2, .seq_len = 300, .q_len = 2, .check = 0, .seed = seed};
+  const auto specs = model_layers(model_preset(o.model), o.swa_groups);
+  const auto streams = make_streams(Device{});
+  SynthStep step(o, specs, *streams);
+  StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
+                        TableSharing::shared, o.compressed_index);
+  executor.run_step(step.device.inputs, step.device.queries, step.device.outs);
+  const auto check = [&](size_t i) {
+    std::mt19937_64 rng(seed);
+    return check_layer(step.host, i, sample_rows(step.host.queries[i], 1 << 20, rng));
+  };
+  for (size_t i : {size_t{0}, specs.size() - 1}) EXPECT_LT(check(i).max_relative_error, 1e-2);
+  step.clear_outs();
+  for (size_t i : {size_t{0}, specs.size() - 1})
+    EXPECT_EQ(check(i).max_relative_error, 1.0) << "layer " << i;
+}
+
 // Each flag's bounds are inclusive: the least and the most are taken, one past either refused.
 TEST(RunArgs, BoundsAreInclusive) {
   EXPECT_EQ(parse({"run", "--requests", "1"}).run.requests, 1);
