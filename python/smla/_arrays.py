@@ -159,8 +159,11 @@ def parse_device(device) -> tuple:
     if kind not in ("cpu", "cuda") or (index and not re.fullmatch("-?[0-9]+", index)):
         raise type_error("device", "cpu, cuda or cuda:<index>", repr(device))
     if kind == "cuda" and not index:
+        # torch's current device where it has one; a torch without CUDA (a CPU build, no
+        # driver) raises when asked, and "cuda" is then cuda:0, as without torch.
         torch = sys.modules.get("torch")
-        index = torch.cuda.current_device() if torch is not None else 0
+        index = (torch.cuda.current_device()
+                 if torch is not None and torch.cuda.is_available() else 0)
     return kind, integer(int(index or 0), "device")
 
 

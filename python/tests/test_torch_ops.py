@@ -287,3 +287,14 @@ def test_quantize_op_equals_the_call_and_compiles(device, pool_dtype):
         total = torch.compile(write, fullgraph=True, backend=backend)(compiled)
         assert torch.equal(compiled.view(torch.uint8), want.view(torch.uint8))
         assert total.item() == want.view(torch.uint8).long().sum().item()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device: torch names its own")
+def test_cuda_device_without_a_cuda_device_reads_as_without_torch():
+    """"cuda" (no index) where torch is imported but has no CUDA device (a CPU build, no
+    driver) is cuda:0, as without torch: the queries answer, not torch's RuntimeError or
+    AssertionError from asking it for its current device."""
+    assert smla.max_topk_width("cuda") == (2048 if smla.WITH_CUDA else 0)
+    assert smla.workspace_bytes(4, 16, W + 256) == smla.workspace_bytes(4, 16, W + 256, "cuda:0")
+    assert smla.query_capability(D, "bf16", "bf16", 64, "cuda") == \
+        smla.query_capability(D, "bf16", "bf16", 64, "cuda:0")
