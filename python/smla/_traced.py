@@ -32,7 +32,14 @@ def as_torch_op(name: str, op_arguments, scalars: tuple):
             arguments = op_arguments(kwargs)
             if kwargs.get("stream") is None and _op_values(arguments, scalars):
                 from . import torch_ops  # registers the operators
-                return getattr(torch_ops, name)(**arguments)
+                # By position up to the first absent one: dynamo refuses a non-contiguous tensor
+                # passed as `out=`, which the op takes (the heads of a wider buffer).
+                args = []
+                for parameter in torch_ops.POSITIONAL[name]:
+                    if parameter not in arguments:
+                        break
+                    args.append(arguments.pop(parameter))
+                return getattr(torch_ops, name)(*args, **arguments)
             # Run eagerly, outside the trace (a graph break): tracing DLPack fails.
             return sys.modules["torch"].compiler.disable(fn)(**kwargs)
         return call

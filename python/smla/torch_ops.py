@@ -76,3 +76,9 @@ def quantize_kv(rows: Tensor, slots: Tensor, pool: Tensor, *, kv_scale: float = 
 @quantize_kv.register_fake
 def _(*args, **kwargs) -> None:
     return None
+
+
+# Each op's arguments that its schema takes by position, in order: the traced calls pass them so
+# (smla._traced), since dynamo refuses a non-contiguous tensor passed to any op as `out=`.
+POSITIONAL = {name: tuple(a.name for a in getattr(torch.ops.smla, name).default._schema.arguments
+                          if not a.kwarg_only) for name in ("sparse_mla_decode", "quantize_kv")}

@@ -298,3 +298,27 @@ def test_cuda_device_without_a_cuda_device_reads_as_without_torch():
     assert smla.workspace_bytes(4, 16, W + 256) == smla.workspace_bytes(4, 16, W + 256, "cuda:0")
     assert smla.query_capability(D, "bf16", "bf16", 64, "cuda") == \
         smla.query_capability(D, "bf16", "bf16", 64, "cuda:0")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("call", [smla.sparse_mla_decode, call_engine], ids=["call", "engine_call"])
+def test_compiled_call_into_a_strided_out_equals_eager(device, call):
+    """An out the call takes eagerly that is no contiguous tensor (the heads of a wider buffer):
+    traced, the call stays one op node (fullgraph), not dynamo's refusal of a non-contiguous
+    `out=` keyword, and writes the eager bits there, leaving the rest of the buffer."""
+    case = decode_case(device)
+    smla.sparse_mla_decode(**case)
+    T, H, _ = case["out"].shape
+
+    def layer(buffer, lse):
+        call(**dict(case, out=buffer[:, :H], lse=lse))
+        return buffer.float() + 1
+
+    buffer = torch.full((T, H + 4, D), math.nan, dtype=torch.bfloat16, device=device)
+    lse = torch.full_like(case["lse"], math.nan)
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    got = torch.compile(layer, fullgraph=True, backend=backend)(buffer, lse)
+    assert_bitwise(buffer[:, :H], case["out"])
+    assert torch.isnan(buffer[:, H:].float()).all()
+    assert_bitwise(lse, case["lse"])
+    assert_bitwise(got[:, :H], case["out"].float() + 1)
