@@ -181,7 +181,10 @@ def trtllm_batch_decode_sparse_mla_dsv4(
     out = _merge_tokens(out, "out", 3, merged)
     sparse_indices = _merge_tokens(sparse_indices, "sparse_indices", 2, merged)
     if max_q_len is None:
-        max_q_len = 1 if cum_seq_lens_q is None else _max_q_len(cum_seq_lens_q, seq_lens)
+        # Traced, the offsets' values are no trace's: read eagerly, at a graph break.
+        read = (sys.modules["torch"].compiler.disable(_max_q_len) if _torch_compiling()
+                else _max_q_len)
+        max_q_len = 1 if cum_seq_lens_q is None else read(cum_seq_lens_q, seq_lens)
     try:
         sparse_mla_decode(
             query=query, swa_kv_cache=swa_kv_cache, compressed_kv_cache=compressed_kv_cache,

@@ -322,3 +322,20 @@ def test_compiled_call_into_a_strided_out_equals_eager(device, call):
     assert torch.isnan(buffer[:, H:].float()).all()
     assert_bitwise(lse, case["lse"])
     assert_bitwise(got[:, :H], case["out"].float() + 1)
+
+
+def test_compiled_engine_call_reads_host_offsets_for_max_q_len():
+    """An engine-shaped call without max_q_len, whose host cum_seq_lens_q gives it, traced: the
+    offsets are read eagerly (a graph break: their values are no trace's), not dynamo's
+    internal error on the DLPack device query of a traced tensor; the result is the eager one's."""
+    case = decode_case("cpu")
+    smla.sparse_mla_decode(**case)
+    engine = {k: case[k] for k in ("swa_kv_cache", "compressed_kv_cache", "sparse_indices",
+                                   "sparse_topk_lens", "seq_lens", "cum_seq_lens_q", "sinks",
+                                   "bmm1_scale")}
+
+    def layer(query):
+        return trtllm_batch_decode_sparse_mla_dsv4(query=query, **engine).float() + 1
+
+    got = torch.compile(layer, backend="aot_eager")(case["query"])
+    assert_bitwise(got, case["out"].float() + 1)
