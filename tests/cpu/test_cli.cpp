@@ -316,18 +316,31 @@ TEST(CheckRows, SubnormalFp8KeysDecoded) {
   EXPECT_LT(c.max_relative_error, 1e-2);
 }
 
+// A V4-Flash step of 2 requests x 2 tokens at seq_len 300, synthesized and run on the CPU: what
+// the check's tests read.
+struct RanCpuStep {
+  explicit RanCpuStep(uint64_t seed)
+      : options{.requests = 2, .seq_len = 300, .q_len = 2, .check = 0, .seed = seed},
+        specs(model_layers(model_preset(options.model), options.swa_groups)),
+        streams(make_streams(Device{})),
+        step(options, specs, *streams) {
+    StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
+                          TableSharing::shared, options.compressed_index);
+    executor.run_step(step.device.inputs, step.device.queries, step.device.outs);
+  }
+  RunOptions options;
+  std::vector<LayerSpec> specs;
+  std::unique_ptr<Streams> streams;
+  SynthStep step;
+};
+
 // NaN compares false with every number, so it must not drop out of the check's error: a CPU
 // step checks clean, then one value of a sampled row poisoned as NaN or +inf fails it.
 TEST(CheckRows, OutputThatIsNotFiniteFails) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));
-  const RunOptions o{.requests = 2, .seq_len = 300, .q_len = 2, .check = 0, .seed = seed};
-  const auto specs = model_layers(model_preset(o.model), o.swa_groups);
-  const auto streams = make_streams(Device{});
-  SynthStep step(o, specs, *streams);
-  StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
-                        TableSharing::shared, o.compressed_index);
-  executor.run_step(step.device.inputs, step.device.queries, step.device.outs);
+  RanCpuStep ran(seed);
+  SynthStep& step = ran.step;
   std::mt19937_64 rng(seed);
   const std::vector<Row> rows = sample_rows(step.host.queries[0], 4, rng);
   EXPECT_LT(check_layer(step.host, 0, rows).max_relative_error, 1e-2);
@@ -440,21 +453,16 @@ TEST(CheckRows, ZeroOutIsOffByTheRowsLargestMagnitude) {
 TEST(SynthStep, ClearedOutsFailTheCheck) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));
-  const RunOptions o{.requests = 2, .seq_len = 300, .q_len = 2, .check = 0, .seed = seed};
-  const auto specs = model_layers(model_preset(o.model), o.swa_groups);
-  const auto streams = make_streams(Device{});
-  SynthStep step(o, specs, *streams);
-  StepExecutor executor(step.device.layers, *streams, step.num_tokens, step.max_columns,
-                        TableSharing::shared, o.compressed_index);
-  executor.run_step(step.device.inputs, step.device.queries, step.device.outs);
+  RanCpuStep ran(seed);
+  SynthStep& step = ran.step;
+  const size_t last = ran.specs.size() - 1;
   const auto check = [&](size_t i) {
     std::mt19937_64 rng(seed);
     return check_layer(step.host, i, sample_rows(step.host.queries[i], 1 << 20, rng));
   };
-  for (size_t i : {size_t{0}, specs.size() - 1}) EXPECT_LT(check(i).max_relative_error, 1e-2);
+  for (size_t i : {size_t{0}, last}) EXPECT_LT(check(i).max_relative_error, 1e-2);
   step.clear_outs();
-  for (size_t i : {size_t{0}, specs.size() - 1})
-    EXPECT_EQ(check(i).max_relative_error, 1.0) << "layer " << i;
+  for (size_t i : {size_t{0}, last}) EXPECT_EQ(check(i).max_relative_error, 1.0) << "layer " << i;
 }
 
 // Each flag's bounds are inclusive: the least and the most are taken, one past either refused.
