@@ -967,6 +967,7 @@ class RandomCall {
           scalar();
           break;
         case 9: {  // the output somewhere in the buffer of another view, wherever it fits
+          if (output->ndim < 1 || output->ndim > kMaxDims || output->numel() <= 0) break;
           const auto& into = buffers_[pick(0, int64_t(buffers_.size()) - 1)];
           const int64_t elem = int64_t(dtype_size(output->dtype));
           int64_t low = 0, high = elem;
@@ -974,7 +975,7 @@ class RandomCall {
             (output->strides[k] < 0 ? low : high) +=
                 std::max<int64_t>(output->shape[k] - 1, 0) * output->strides[k] * elem;
           const int64_t room = int64_t(into.size()) - 2 * kGuard - (high - low);
-          if (room >= 0 && output->ndim >= 1 && output->ndim <= kMaxDims && output->numel() > 0)
+          if (room >= 0)
             output->data =
                 const_cast<std::byte*>(into.data()) + kGuard + pick(0, room / elem) * elem - low;
           break;
