@@ -642,6 +642,57 @@ TEST(GpuDecode, DecodesAgainAfterADeviceReset) {
   EXPECT_EXIT(decode_around_a_reset(), testing::ExitedWithCode(0), "");
 }
 
+// A process's first decodes of each kernel (split and unsplit, every cache layout), launched
+// inside a global-mode capture, as an engine that captures before its first eager step does:
+// the kernels' first loads, attributes and the tensor-map encoder's lookup are all legal there.
+// Only the workspace was sized before (workspace_bytes, which an engine calls to allocate it).
+// Replayed once into poisoned outputs, against the oracle. Exits 0 when all held.
+[[noreturn]] void first_decodes_in_a_global_capture() {
+  const std::pair<KvLayout, DType> kinds[] = {{KvLayout::bf16, DType::bf16},
+                                              {KvLayout::fp8_ds_mla, DType::bf16},
+                                              {KvLayout::fp8_e4m3, DType::f8e4m3}};
+  for (const auto& [layout, query] : kinds)
+    for (size_t split_bytes : {SIZE_MAX, size_t{0}}) {
+      DecodeCase c = make_case({.layout = layout,
+                                .query_dtype = query,
+                                .heads = 64,
+                                .q_lens = {2, 2},
+                                .compressed_width = 512},
+                               fresh_seed());
+      SCOPED_TRACE(c.summary);
+      poison_unattended_rows(c);
+      DeviceCase d(c, split_bytes, split_bytes);
+      cudaStream_t stream;
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+          cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess)
+        std::exit(2);
+      EXPECT_NO_THROW(sparse_mla_decode(d.args, stream));
+      CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      if (testing::Test::HasFailure()) std::exit(1);
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      d.poison_outputs(c, stream);
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      if (testing::Test::HasFailure()) std::exit(1);
+      d.fetch(c);
+      EXPECT_TRUE(matches(c, oracle(c), Tolerance::device(query)));
+      EXPECT_TRUE(all_zero(d.counter_values()));
+      EXPECT_TRUE(d.guards_intact());
+      CUDA_OK(cudaGraphExecDestroy(exec));
+      CUDA_OK(cudaGraphDestroy(graph));
+      CUDA_OK(cudaStreamDestroy(stream));
+    }
+  std::exit(testing::Test::HasFailure() ? 1 : 0);
+}
+
+TEST(GpuDecode, FirstDecodesOfAProcessInAGlobalCapture) {
+  SKIP_WITHOUT_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(first_decodes_in_a_global_capture(), testing::ExitedWithCode(0), "");
+}
+
 // Each device runs with its own occupancy and kernel attributes: split rows (in clusters and
 // through the counters) and unsplit ones of every cache layout on the second device, then on the
 // first, against the oracle and the CPU backend.
