@@ -83,8 +83,10 @@ class StepExecutor:
         with on_device(self._device, self._like):
             self._executor = _smla.StepExecutor(
                 specs=[l.spec for l in layers],
-                swa_kv_caches=[tensor(l.swa_kv_cache, f"layers[{i}].swa_kv_cache", takes=POOL)
-                               for i, l in enumerate(layers)],
+                # The first layer's pool imported once (a bare DLPack capsule reads once only).
+                swa_kv_caches=[first] + [tensor(l.swa_kv_cache, f"layers[{i}].swa_kv_cache",
+                                                takes=POOL)
+                                         for i, l in enumerate(layers) if i > 0],
                 compressed_kv_caches=[tensor(l.compressed_kv_cache,
                                              f"layers[{i}].compressed_kv_cache", takes=POOL)
                                       for i, l in enumerate(layers)],

@@ -74,26 +74,40 @@ def dspark_swa_width(window: int, num_draft_tokens: int) -> int:
 
 def step_metadata(s: StepMetadata):
     """The `_smla.StepMetadata` of `s` (views of its arrays, held alive)."""
+    return _step_metadata(s)[0]
+
+
+def _step_metadata(s: StepMetadata):
+    """step_metadata(s), and the `_smla.Tensor` of its seq_lens (None where absent): the device
+    of a build. Each array is imported once: a bare DLPack capsule can be read once only."""
     instance(s, StepMetadata, "step")
+    num_tokens = integer(s.num_tokens, "num_tokens", 64)
+    seq_lens = tensor(s.seq_lens, "seq_lens", takes=I32)
     return _smla.make_step_metadata(
-        num_tokens=integer(s.num_tokens, "num_tokens", 64),
-        seq_lens=tensor(s.seq_lens, "seq_lens", takes=I32),
+        num_tokens=num_tokens,
+        seq_lens=seq_lens,
         cum_seq_lens_q=tensor(s.cum_seq_lens_q, "cum_seq_lens_q", takes=I32),
         is_valid_token=tensor(s.is_valid_token, "is_valid_token", takes=U8),
         num_decodes=integer(s.num_decodes, "num_decodes", 64),
         max_q_len=integer(s.max_q_len, "max_q_len"),
-        decode_swa_width=integer(s.decode_swa_width, "decode_swa_width"))
+        decode_swa_width=integer(s.decode_swa_width, "decode_swa_width")), seq_lens
 
 
 def index_args(args: SparseIndexArgs):
     """The `_smla.IndexArgs` of `args` (views of its arrays, held alive)."""
+    return _index_args(args)[0]
+
+
+def _index_args(args: SparseIndexArgs):
+    """index_args(args), and the `_smla.Tensor` of its step's seq_lens (see _step_metadata)."""
     instance(args, SparseIndexArgs, "args")
     w = instance(args.swa, SwaGroup, "swa")
     c = instance(args.compressed, CompressedColumns, "compressed")
     o = args.out if args.out is None else instance(args.out, SparseIndexTable, "out")
     o = o or SparseIndexTable(None, None)
+    step, seq_lens = _step_metadata(args.step)
     return _smla.make_index_args(
-        step=step_metadata(args.step),
+        step=step,
         block_table=tensor(w.block_table, "block_table", takes=I32),
         swa_kv_cache=tensor(w.swa_kv_cache, "swa_kv_cache", takes=POOL),
         compress_ratio=integer(c.compress_ratio, "compress_ratio"),
@@ -104,14 +118,14 @@ def index_args(args: SparseIndexArgs):
         sparse_indices=tensor(o.sparse_indices, "sparse_indices", writable=True, takes=I32),
         sparse_topk_lens=tensor(o.sparse_topk_lens, "sparse_topk_lens", writable=True,
                                 takes=I32),
-        out_seq_lens=tensor(o.seq_lens, "out.seq_lens", writable=True, takes=I32))
+        out_seq_lens=tensor(o.seq_lens, "out.seq_lens", writable=True, takes=I32)), seq_lens
 
 
 def build_sparse_indices(args: SparseIndexArgs, stream=None) -> None:
     """Fills `args.out` (caller-allocated, K from sparse_index_columns) on the device of its
     arrays, on `stream` (default: the framework's current stream) for CUDA ones."""
-    built = index_args(args)
+    built, seq_lens = _index_args(args)
     like = args.step.seq_lens
-    device = device_of(tensor(like, "seq_lens", takes=I32)) if like is not None else ("cpu", 0)
+    device = device_of(seq_lens) if seq_lens is not None else ("cpu", 0)
     with on_device(device, like):
         _smla.build_sparse_indices(built, stream_handle(stream, device, like))

@@ -2583,3 +2583,45 @@ def test_buffers_without_torch_name_the_function():
     form, naming itself, not a bare ModuleNotFoundError."""
     raises_named(ImportError, "kv_counter_buffer", lambda: smla.kv_counter_buffer(4))
     raises_named(ImportError, "workspace_buffer", lambda: smla.workspace_buffer(4, 64, 640))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bare DLPack capsules: read once only, so each call must import each argument once
+# ---------------------------------------------------------------------------------------------
+
+def test_build_sparse_indices_takes_a_capsule_seq_lens():
+    """A bare DLPack capsule is an array like any other, but one import uses it up: the call
+    finds its device from the seq_lens it imported for the build, not by importing it again
+    (which refused the capsule it had just taken: "got PyCapsule")."""
+    c = step_case(ref.fresh_rng(), invalid=[2])
+    args = index_args(c, 4)
+    args.step = dataclasses.replace(args.step, seq_lens=args.step.seq_lens.__dlpack__())
+    k = smla.sparse_index_columns(W, c["topk"].shape[1])
+    args.out = smla.SparseIndexTable(np.full((4, k), 12345, np.int32), np.full(4, -9, np.int32))
+    smla.build_sparse_indices(args)
+    indices, lens = expected_table(c, 4)
+    np.testing.assert_array_equal(args.out.sparse_indices, indices)
+    np.testing.assert_array_equal(args.out.sparse_topk_lens, lens)
+
+
+def test_step_executor_takes_a_capsule_pool_for_its_first_layer():
+    """The first layer's pool gives the executor its device: it is imported once, as every
+    other layer's is (a second import refused a capsule pool: "got PyCapsule")."""
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    specs, pools = layers_and_pools(rng)
+    layers = [smla.AttentionLayer(spec=s, swa_kv_cache=pools[i][0], bmm1_scale=D**-0.5,
+                                  compressed_kv_cache=c["comp_view"] if s.compress_ratio else None)
+              for i, s in enumerate(specs)]
+    inputs = smla.StepInputs(metadata=c["step"],
+                             block_tables=[c["block_table"], c["block_table"][::-1].copy()],
+                             compressed_block_tables={2: c["comp_table"]},
+                             topk_indices={2: c["topk"]})
+    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
+    want = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
+    smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12).run_step(inputs, queries, want)
+    layers[0].swa_kv_cache = smla.with_dtype(pools[0][0].view(np.uint16).__dlpack__(), "bf16")
+    got = [np.full_like(o, np.nan) for o in want]
+    smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12).run_step(inputs, queries, got)
+    for a, b in zip(want, got):
+        assert (a.view(np.uint16) == b.view(np.uint16)).all()
