@@ -100,13 +100,14 @@ def _call_stream(like, stream):
     return torch.cuda.stream(stream)
 
 
-def _uniform_cum(seq_lens, q_len: int):
-    """cum_seq_lens_q for [B, q, H, D] queries: every request has q tokens (device-side
-    arithmetic only, so it is capturable)."""
-    xp, seq_lens = _module(seq_lens), _array(seq_lens)
-    n = seq_lens.shape[0] + 1
+def _uniform_cum(query, q_len: int):
+    """cum_seq_lens_q for a [B, q, H, D] query: B requests of q tokens each, made like the
+    query, on its device (seq_lens may state no shape: a bare DLPack capsule); device-side
+    arithmetic only, so it is capturable."""
+    xp, query = _module(query), _array(query)
+    n = query.shape[0] + 1
     if xp.__name__ == "torch":
-        return xp.arange(n, dtype=xp.int32, device=seq_lens.device) * q_len
+        return xp.arange(n, dtype=xp.int32, device=query.device) * q_len
     return xp.arange(0, n * q_len, q_len, dtype=xp.int32)
 
 
@@ -162,10 +163,16 @@ def trtllm_batch_decode_sparse_mla_dsv4(
     fits = _torch_compiling() or _query_fits(getattr(q_array, "shape", None))
     uniform = cum_seq_lens_q is None and q_len > 1 and seq_lens is not None
     if uniform:  # the offsets made below count the query's B requests: seq_lens must have B
-        shape = tuple(getattr(_array(seq_lens), "shape", ()))  # no DLPack: torch.compile traces
-        if len(shape) == 0:
-            tensor(seq_lens, "seq_lens", takes=I32)  # names what is no array, or of no dims
-        if len(shape) != 1 or shape[0] != q_array.shape[0]:
+        shape = getattr(_array(seq_lens), "shape", None)  # no DLPack: torch.compile traces
+        if shape is None and not _capsule(_array(seq_lens)):
+            # A DLPack producer that states no shape: its import says it (and names what is no
+            # array). A bare capsule is read by the op alone, which checks it against the
+            # offsets of the query's B.
+            shape = tensor(seq_lens, "seq_lens", takes=I32).shape
+        shape = None if shape is None else tuple(shape)
+        if shape == ():
+            tensor(seq_lens, "seq_lens", takes=I32)  # names an array of no dims
+        if shape is not None and (len(shape) != 1 or shape[0] != q_array.shape[0]):
             raise value_error("seq_lens", f"[B = {q_array.shape[0]}] (the B of query "
                               f"{shape_text(q_array.shape)}, cum_seq_lens_q absent)",
                               shape_text(shape))
@@ -173,7 +180,7 @@ def trtllm_batch_decode_sparse_mla_dsv4(
         if out is None and fits:
             out = _new_out(query)
         if uniform and fits:
-            cum_seq_lens_q = _uniform_cum(seq_lens, q_len)
+            cum_seq_lens_q = _uniform_cum(query, q_len)
             max_q_len = q_len if max_q_len is None else max_q_len
     result = out
     merged = {}  # the shape the op sees of each array merged here, and the caller's

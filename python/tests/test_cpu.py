@@ -2625,3 +2625,41 @@ def test_step_executor_takes_a_capsule_pool_for_its_first_layer():
     smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12).run_step(inputs, queries, got)
     for a, b in zip(want, got):
         assert (a.view(np.uint16) == b.view(np.uint16)).all()
+
+
+class _ShapelessExport:
+    """A DLPack producer that states no shape (only __dlpack__ and __dlpack_device__)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_engine_call_4d_query_takes_seq_lens_that_state_no_shape():
+    """With a [B, q, H, D] query and no cum_seq_lens_q, seq_lens of the right [B] from a DLPack
+    producer without .shape, or a bare capsule, run as the array does; they were refused as
+    "got []" (the shape of what has none), and the offsets were made from seq_lens' .shape."""
+    args, pools = make_case(ref.fresh_rng(), q_lens=(3, 3), seq_lens=(3, 260))
+    expected_out, _ = reference(args, pools)
+    query = args["query"].reshape(2, 3, 8, D)
+    for seq_lens in (_ShapelessExport(args["seq_lens"]), args["seq_lens"].__dlpack__()):
+        out = np.full((2, 3, 8, D), np.nan, np.float32).astype(BF16)
+        trtllm_batch_decode_sparse_mla_dsv4(
+            query=query, swa_kv_cache=args["swa_kv_cache"],
+            compressed_kv_cache=args["compressed_kv_cache"], sparse_indices=args["sparse_indices"],
+            sparse_topk_lens=args["sparse_topk_lens"], seq_lens=seq_lens, out=out,
+            bmm1_scale=args["bmm1_scale"], sinks=args["sinks"])
+        ref.assert_out_close(out.reshape(6, 8, D), expected_out, ref.CPU_TOL)
+    with pytest.raises(ValueError) as info:  # one of another B is named as an array's is
+        trtllm_batch_decode_sparse_mla_dsv4(
+            query=query, swa_kv_cache=args["swa_kv_cache"],
+            compressed_kv_cache=args["compressed_kv_cache"], sparse_indices=args["sparse_indices"],
+            sparse_topk_lens=args["sparse_topk_lens"],
+            seq_lens=_ShapelessExport(args["seq_lens"][:1]), bmm1_scale=args["bmm1_scale"])
+    assert str(info.value) == ("smla: seq_lens: expected [B = 2] (the B of query "
+                               "[2, 3, 8, 512], cum_seq_lens_q absent), got [1]")
