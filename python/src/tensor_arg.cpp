@@ -82,6 +82,20 @@ std::string expected_elements(const std::vector<DType>& takes) {
   return names + " elements" + bits;
 }
 
+// str(object) as UTF-8 for an error's text: a character UTF-8 cannot hold (a lone surrogate) is
+// escaped, where c_str() would give null (and std::string refuse it, losing the argument's name).
+// An object whose str() raises is "?": the error being made is the one to raise.
+std::string text_of(nb::handle object) {
+  const nb::object s = nb::steal(PyObject_Str(object.ptr()));
+  nb::object bytes = nb::steal(
+      s.is_valid() ? PyUnicode_AsEncodedString(s.ptr(), "utf-8", "backslashreplace") : nullptr);
+  if (!bytes.is_valid()) {
+    PyErr_Clear();
+    return "?";
+  }
+  return {PyBytes_AS_STRING(bytes.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(bytes.ptr()))};
+}
+
 // The smla dtype a DLPack dtype is, if any.
 std::optional<DType> native(nb::dlpack::dtype d) {
   if (d.lanes != 1) return std::nullopt;
@@ -199,10 +213,9 @@ Tensor::Tensor(nb::handle array, const std::string& name, std::optional<std::str
     ro_ = std::move(ro);
     return;
   }
-  std::string got = nb::type_name(array.type()).c_str();
+  std::string got = text_of(nb::type_name(array.type()));
   // An array of a dtype DLPack cannot describe (float8_e5m2, big-endian, object): name it.
-  if (nb::hasattr(array, "dtype"))
-    got += " of dtype " + std::string(nb::str(nb::getattr(array, "dtype")).c_str());
+  if (nb::hasattr(array, "dtype")) got += " of dtype " + text_of(nb::getattr(array, "dtype"));
   if (writable && nb::try_cast(source, ro, false)) {
     got = "a read-only array";
   } else if (nb::hasattr(array, "__dlpack__")) {
@@ -211,7 +224,7 @@ Tensor::Tensor(nb::handle array, const std::string& name, std::optional<std::str
     try {
       nb::getattr(array, "__dlpack__")();
     } catch (const nb::python_error& e) {
-      got += " (its __dlpack__: " + std::string(nb::str(e.value()).c_str()) + ")";
+      got += " (its __dlpack__: " + text_of(e.value()) + ")";
     }
   }
   throw Error(ErrorKind::type, name,

@@ -2663,3 +2663,33 @@ def test_engine_call_4d_query_takes_seq_lens_that_state_no_shape():
             seq_lens=_ShapelessExport(args["seq_lens"][:1]), bmm1_scale=args["bmm1_scale"])
     assert str(info.value) == ("smla: seq_lens: expected [B = 2] (the B of query "
                                "[2, 3, 8, 512], cum_seq_lens_q absent), got [1]")
+
+
+def test_refusals_name_the_argument_whatever_text_the_array_gives():
+    """A refused array's description quotes its dtype and its __dlpack__'s error: text with a
+    character UTF-8 cannot hold (a lone surrogate, as os.fsdecode keeps undecodable bytes) is
+    escaped, where it raised RuntimeError("basic_string: construction from null is not
+    valid"), which names no argument; a dtype whose str() raises is "?"."""
+    class Surrogate:
+        dtype = "odd\udc80"
+
+    class Refusing:
+        def __dlpack__(self, **kwargs):
+            raise BufferError("cannot export \udc80")
+
+    class Raising:
+        @property
+        def dtype(self):
+            return self
+
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    for array, got in ((Surrogate(), r"of dtype odd\udc80"),
+                       (Refusing(), r"(its __dlpack__: cannot export \udc80)"),
+                       (Raising(), "of dtype ?")):
+        with pytest.raises(TypeError) as info:
+            smla.sparse_mla_decode(**dict(make_case(ref.fresh_rng())[0], query=array))
+        assert info.value.argument == "query"
+        assert info.value.got.endswith(got), info.value.got
+
