@@ -265,7 +265,9 @@ def _max_q_len(cum_seq_lens_q, seq_lens) -> int:
     most = 1
     for start in range(0, cum.shape[0] - 1, _CHUNK):
         most = max(most, int(np.diff(cum[start:start + _CHUNK + 1]).max(initial=1)))
-    return most
+    # A step no int32 holds (bits with_dtype reads as i32 otherwise): offsets the op refuses,
+    # whose check says why, not max_q_len's (the caller passed none).
+    return most if most < 2**31 else 1
 
 
 def trtllm_decode_sparse_mla_dsv4(*, kv_counters=None, **kwargs):

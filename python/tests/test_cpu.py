@@ -2693,3 +2693,14 @@ def test_refusals_name_the_argument_whatever_text_the_array_gives():
         assert info.value.argument == "query"
         assert info.value.got.endswith(got), info.value.got
 
+
+def test_engine_call_max_q_len_from_offsets_the_op_refuses_names_the_offsets():
+    """max_q_len=None read from offsets whose steps no int32 holds (uint32 bits read as i32 by
+    with_dtype: 2^31 + 5 is negative there) is left to the op, whose check names
+    cum_seq_lens_q; it raised ValueError naming max_q_len, which the caller never passed."""
+    args, _ = make_case(ref.fresh_rng())
+    del args["max_q_len"]
+    cum = smla.with_dtype(np.array([0, 2**31 + 5, 5, 6], np.uint32), "i32")
+    with pytest.raises(ValueError) as info:
+        trtllm_batch_decode_sparse_mla_dsv4(**dict(args, cum_seq_lens_q=cum))
+    assert info.value.argument == "cum_seq_lens_q", str(info.value)
