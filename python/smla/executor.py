@@ -122,9 +122,9 @@ class StepExecutor:
                 self._executor.run_layer(
                     integer(layer, "layer"), tensor(query, "query", required=_QUERY, takes=QUERY),
                     tensor(out, "out", writable=True, required=_OUT, takes=BF16))
-            except Exception:
-                # Refused here or while its arrays were taken, before the library's own checks,
-                # which join: an earlier layer's lookup may have forked.
+            except BaseException:  # KeyboardInterrupt too
+                # Refused or interrupted here or while its arrays were taken, before the
+                # library's own checks, which join: an earlier layer's lookup may have forked.
                 self._executor.join_after_error()
                 raise
 

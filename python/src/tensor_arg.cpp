@@ -224,6 +224,7 @@ Tensor::Tensor(nb::handle array, const std::string& name, std::optional<std::str
     try {
       nb::getattr(array, "__dlpack__")();
     } catch (const nb::python_error& e) {
+      if (!e.matches(PyExc_Exception)) throw;  // KeyboardInterrupt, SystemExit: not a refusal
       got += " (its __dlpack__: " + text_of(e.value()) + ")";
     }
   }

@@ -2137,10 +2137,21 @@ def _executor_case(rng):
     return specs, layers, inputs, queries
 
 
+class _Interrupting:
+    """An array whose export is interrupted (Ctrl-C while the call takes its arguments)."""
+
+    def __dlpack__(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
 def test_step_executor_run_layer_refused_in_python_joins_first():
     """A run_layer whose arguments the package refuses before the library sees them (a layer
     that is no int, a query of None, an out it cannot write) joins the side stream first, as a
-    call the library refuses does, so that a capture of the step can still end. Layer 2's
+    call the library refuses does, so that a capture of the step can still end; so does one
+    interrupted while its arrays are taken (KeyboardInterrupt is no Exception). Layer 2's
     lookup forks a table of SWA group 1 that layer 3 reads: after a join, layer 3 finds it
     ready (no wait); those refusals had left it pending (found reviewing run_layer's
     refusals)."""
@@ -2159,7 +2170,8 @@ def test_step_executor_run_layer_refused_in_python_joins_first():
             (TypeError, lambda: executor.run_layer("3", queries[3], out())),
             (ValueError, lambda: executor.run_layer(3, None, out())),
             (TypeError, lambda: executor.run_layer(3, queries[3], np.broadcast_to(
-                out(), (4, 4, D))))):
+                out(), (4, 4, D)))),
+            (KeyboardInterrupt, lambda: executor.run_layer(3, _Interrupting(), out()))):
         executor.begin_step(inputs)
         executor.run_layer(2, queries[2], out())
         assert [group for group, _ in executor.stats["forks"]] == [1]
