@@ -1117,9 +1117,13 @@ TEST(RandomArguments, DecodeAndQuantizeThrowOrWriteOnlyTheirOutputs) {
     std::vector<int32_t> free_slots(pool.shape[0] * pool.shape[1]);
     for (size_t s = 0; s < free_slots.size(); ++s) free_slots[s] = int32_t(s);
     for (int64_t i = 0; i < N; ++i) {
+      if (free_slots.empty()) {  // a pool of fewer rows than N: no pick(0, -1)
+        RandomCall::set(slots, i, -1);
+        continue;
+      }
       const int64_t k = r.pick(0, int64_t(free_slots.size()) - 1);
-      RandomCall::set(slots, i, r.coin(0.2) || free_slots.empty() ? -1 : free_slots[k]);
-      if (!free_slots.empty()) free_slots.erase(free_slots.begin() + k);
+      RandomCall::set(slots, i, r.coin(0.2) ? -1 : free_slots[k]);
+      free_slots.erase(free_slots.begin() + k);
     }
     float kv_scale = 1.f;
     r.break_some({&pool, &x, &slots}, {&slots}, &pool, [&] {
