@@ -54,7 +54,8 @@ Built build(SparseIndexArgs a) {
   if (a.step.decode_swa_width > a.window) a.out.seq_lens = i32(seq_lens, {T});
   build_sparse_indices(a);
   Built b{.lens = lens};
-  for (int64_t t = 0; t < T; ++t) b.indices.emplace_back(&indices[t * K], &indices[(t + 1) * K]);
+  for (int64_t t = 0; t < T; ++t)  // iterators: indices[T * K] would index past the vector
+    b.indices.emplace_back(indices.begin() + t * K, indices.begin() + (t + 1) * K);
   if (a.out.seq_lens.defined()) b.seq_lens = seq_lens;
   return b;
 }
