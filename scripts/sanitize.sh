@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The C++ tests of the CPU backend, the shared core and the tools under a host sanitizer:
-# address (with undefined behaviour, the default) or thread (the CPU backend's threads). No CUDA
-# here: the GPU side runs under compute-sanitizer (scripts/gpu_check.sh sanitize).
+# address (with undefined behaviour and libstdc++'s assertions, the default) or thread (the CPU
+# backend's threads). No CUDA here: the GPU side runs under compute-sanitizer
+# (scripts/gpu_check.sh sanitize).
 #   scripts/sanitize.sh [address|thread]     (builds in build-san-address / build-san-thread)
 # CXX picks the compiler as for CMake (CI runs the thread pass with clang++, so that both GCC and
 # Clang build the library and its tests); each compiler has its own build directory.
@@ -10,7 +11,10 @@ cd "$(dirname "$0")/.."
 kind=${1:-address}
 case $kind in
   address)
+    # libstdc++'s assertions abort on what the sanitizers let pass: an operator[] one past a
+    # vector, a uniform_int_distribution whose range is empty.
     flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+    flags+=" -D_GLIBCXX_ASSERTIONS"
     ;;
   thread) flags="-fsanitize=thread" ;;
   *) echo "usage: $0 [address|thread]"; exit 2 ;;
