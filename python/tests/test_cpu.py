@@ -2619,20 +2619,11 @@ def test_build_sparse_indices_takes_a_capsule_seq_lens():
 def test_step_executor_takes_a_capsule_pool_for_its_first_layer():
     """The first layer's pool gives the executor its device: it is imported once, as every
     other layer's is (a second import refused a capsule pool: "got PyCapsule")."""
-    rng = ref.fresh_rng()
-    c = step_case(rng)
-    specs, pools = layers_and_pools(rng)
-    layers = [smla.AttentionLayer(spec=s, swa_kv_cache=pools[i][0], bmm1_scale=D**-0.5,
-                                  compressed_kv_cache=c["comp_view"] if s.compress_ratio else None)
-              for i, s in enumerate(specs)]
-    inputs = smla.StepInputs(metadata=c["step"],
-                             block_tables=[c["block_table"], c["block_table"][::-1].copy()],
-                             compressed_block_tables={2: c["comp_table"]},
-                             topk_indices={2: c["topk"]})
-    queries = [rng.standard_normal((4, 4, D)).astype(BF16) for _ in specs]
+    specs, layers, inputs, queries = _executor_case(ref.fresh_rng())
     want = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
     smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12).run_step(inputs, queries, want)
-    layers[0].swa_kv_cache = smla.with_dtype(pools[0][0].view(np.uint16).__dlpack__(), "bf16")
+    pool = layers[0].swa_kv_cache
+    layers[0].swa_kv_cache = smla.with_dtype(pool.view(np.uint16).__dlpack__(), "bf16")
     got = [np.full_like(o, np.nan) for o in want]
     smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12).run_step(inputs, queries, got)
     for a, b in zip(want, got):
