@@ -32,6 +32,7 @@ struct CaseShape {
   double invalid_fraction = 0.0;      // share of padding tokens (is_valid_token = 0)
   int decode_swa_width = 0;           // > window: DSpark
   bool evict_outside_window = false;  // SWA pages wholly before every window are -1
+  int window = kWindow;               // that window (give the layers the same)
   // Top-k entries past the (pos + 1) / ratio a token sees hold random entries of the request
   // (in range, >= 0) instead of -1: SPEC §4 takes a prefill row's first min((pos + 1) / ratio,
   // top_k) entries as they are, whatever follows them, and every valid entry of a decode row
@@ -54,20 +55,26 @@ inline constexpr LayoutKind kLayoutKinds[] = {{KvLayout::bf16, DType::bf16},
                                               {KvLayout::fp8_e4m3, DType::bf16}};
 
 // One SWA-only, one dense (every entry) and one indexed compressed layer: each kind of table.
-inline std::vector<LayerSpec> three_layers(int ratio) {
-  return {{.layer = 0, .num_heads = 1},
-          {.layer = 1, .compress_ratio = 128, .kv_source = 1, .index_source = 1, .num_heads = 1},
+inline std::vector<LayerSpec> three_layers(int ratio, int window = kWindow) {
+  return {{.layer = 0, .num_heads = 1, .window = window},
+          {.layer = 1,
+           .compress_ratio = 128,
+           .kv_source = 1,
+           .index_source = 1,
+           .num_heads = 1,
+           .window = window},
           {.layer = 2,
            .compress_ratio = ratio,
            .kv_source = 2,
            .index_source = 2,
            .index_topk = 30,
-           .num_heads = 1}};
+           .num_heads = 1,
+           .window = window}};
 }
 
 // A random step of decode and prefill requests (trial % 3 == 0: with padding tokens; odd
-// trials: SWA pages before every window evicted; a request past the first has no tokens one
-// time in ten), on packed pages of random sizes.
+// trials: SWA pages before every window evicted; a request, the first too, has no tokens one
+// time in ten, the step one token at least), on packed pages of random sizes.
 inline CaseShape random_shape(std::mt19937& rng, int trial) {
   std::uniform_int_distribution<int> requests(1, 6), q_len(1, 5), prefill_len(1, 90), extra(0, 700),
       block_size(1, 40), pack(0, 3), entries(1, 12);
@@ -76,9 +83,11 @@ inline CaseShape random_shape(std::mt19937& rng, int trial) {
   const int B = requests(rng);
   s.num_decodes = std::uniform_int_distribution<int>(0, B)(rng);
   for (int b = 0; b < B; ++b) {
-    s.q_lens.push_back(b > 0 && empty(rng) ? 0 : b < s.num_decodes ? q_len(rng) : prefill_len(rng));
+    s.q_lens.push_back(empty(rng) ? 0 : b < s.num_decodes ? q_len(rng) : prefill_len(rng));
     s.seq_lens.push_back(s.q_lens.back() + extra(rng));
   }
+  if (std::accumulate(s.q_lens.begin(), s.q_lens.end(), 0) == 0)
+    ++s.q_lens.back(), ++s.seq_lens.back();
   s.block_size = block_size(rng);
   s.span = s.block_size + pack(rng);
   s.entries_per_page = entries(rng);
@@ -309,7 +318,7 @@ class StepCase {
     std::vector<int32_t> table = page_ids(B, swa_pages_);
     if (shape_.evict_outside_window) {
       for (int b = 0; b < B; ++b) {
-        const int first_seen = std::max(0, shape_.seq_lens[b] - shape_.q_lens[b] - kWindow);
+        const int first_seen = std::max(0, shape_.seq_lens[b] - shape_.q_lens[b] - shape_.window);
         for (int p = 0; (p + 1) * shape_.block_size <= first_seen; ++p)
           table[b * swa_pages_ + p] = -1;
       }

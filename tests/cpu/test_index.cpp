@@ -1034,15 +1034,17 @@ void expect_matches(const test::StepCase& c, int layer) {
   EXPECT_EQ(got.seq_lens, want.seq_lens) << "layer " << layer;
 }
 
-// Fresh steps each run; a failure names the seed (SMLA_TEST_SEED replays it).
+// Fresh steps each run, a third of them with a window of 1 to 300; a failure names the seed
+// (SMLA_TEST_SEED replays it).
 TEST(IndexRandom, MatchesThePlainRules) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));
   std::mt19937 rng(static_cast<uint32_t>(seed));
   for (int trial = 0; trial < 30; ++trial) {
-    const test::CaseShape s = test::random_shape(rng, trial);
+    test::CaseShape s = test::random_shape(rng, trial);
+    if (trial % 3 == 1) s.window = std::uniform_int_distribution<int>(1, 300)(rng);
     const int ratio = std::uniform_int_distribution<int>(1, 4)(rng);
-    const test::StepCase c(test::three_layers(ratio), s, rng());
+    const test::StepCase c(test::three_layers(ratio, s.window), s, rng());
     for (int layer = 0; layer < 3; ++layer) expect_matches(c, layer);
   }
 }

@@ -94,14 +94,17 @@ void add_odd_entries(StepCase& c, std::mt19937& rng) {
   i32_data(table)[table.numel() - 1] = INT32_MAX / 2;
 }
 
+// Random steps (random_shape: empty requests, padding tokens, evicted and packed pages), a third
+// of them with a window of 1 to 300.
 TEST(GpuIndex, RandomStepsMatchTheCpuBitForBit) {
   SKIP_WITHOUT_GPU();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));
   std::mt19937 rng(static_cast<uint32_t>(seed));
   for (int trial = 0; trial < 40; ++trial) {
-    const CaseShape s = random_shape(rng, trial);
-    StepCase c(three_layers(std::uniform_int_distribution<int>(1, 4)(rng)), s, rng());
+    CaseShape s = random_shape(rng, trial);
+    if (trial % 3 == 1) s.window = std::uniform_int_distribution<int>(1, 300)(rng);
+    StepCase c(three_layers(std::uniform_int_distribution<int>(1, 4)(rng), s.window), s, rng());
     if (trial % 4 == 2) add_odd_entries(c, rng);
     for (int layer = 0; layer < 3; ++layer)
       expect_same(c, layer, trial % 2 ? 3 : 0, "trial " + std::to_string(trial));
