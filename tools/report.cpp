@@ -53,8 +53,13 @@ void print_report(const RunReport& r) {
     auto it =
         std::find_if(kinds.begin(), kinds.end(), [&](const Totals& t) { return t.kind == l.kind; });
     if (it == kinds.end()) it = kinds.insert(kinds.end(), Totals{.kind = l.kind});
-    // Bytes of the KV rows gathered; 4 * H * 512 FLOP (QK and PV) per attended column.
-    const double bytes = static_cast<double>(l.columns) * kv_row_bytes(o.kv);
+    // The bytes that must move, as smla_bench's floor counts them: each attended column's KV
+    // row and 4-byte index, each token's query and bf16 output; 4 * H * 512 FLOP (QK and PV)
+    // per attended column.
+    const double tokens = static_cast<double>(o.requests) * o.q_len;
+    const double bytes =
+        static_cast<double>(l.columns) * (kv_row_bytes(o.kv) + 4) +
+        tokens * l.num_heads * kHeadDim * (static_cast<double>(dtype_size(query_dtype(o.kv))) + 2);
     const double flops = 4.0 * l.num_heads * kHeadDim * static_cast<double>(l.columns);
     for (Totals* t : {&*it, &all}) {
       ++t->layers;

@@ -1,4 +1,5 @@
-// What `smla run` prints: time per layer kind and in total, effective GB/s and TFLOP/s, the
+// What `smla run` prints: time per layer kind and in total, GB/s (the KV rows and their indices,
+// the query and the output: the bytes smla_bench's floor counts) and TFLOP/s, the
 // tables' bookkeeping, on CUDA the step's graph four ways (auto, topk, shared, none), and the
 // check.
 #pragma once

@@ -558,7 +558,8 @@ Printed printed(F&& run) {
 }
 
 // The figures follow from the layers' times and columns: a kind's rows in order of first
-// appearance, GB/s of fp8_ds_mla's 584-byte rows, 4 * H * 512 FLOP a column, the tables' counts.
+// appearance, GB/s of fp8_ds_mla's 584-byte rows and 4-byte indices plus one token's bf16 query
+// and output (64 heads: 131,072 B; 128: 262,144), 4 * H * 512 FLOP a column, the tables' counts.
 TEST(Report, TotalsPerKindAndTheCheck) {
   RunReport r{.options = {.model = "v41-flash",
                           .requests = 1,
@@ -582,9 +583,9 @@ TEST(Report, TotalsPerKindAndTheCheck) {
       "v41-flash: 3 layers, 1 request x 1 token, seq_len 300, fp8_ds_mla KV (3.0 MiB), "
       "bf16 query, 2 SWA groups, compressed index topk, on cpu (1 thread)\n"
       "layers      count    time ms   ms/layer      GB/s   TFLOP/s\n"
-      "swa-only        2      0.040      0.020     29.20     6.554\n"
-      "ratio 4         1      0.050      0.050     35.04    15.729\n"
-      "total           3      0.090      0.030     32.44    11.651\n"
+      "swa-only        2      0.040      0.020     35.95     6.554\n"
+      "ratio 4         1      0.050      0.050     40.52    15.729\n"
+      "total           3      0.090      0.030     38.49    11.651\n"
       "tables: 5 built (1 forked), 2 lookups waited for a fork, peak 1.50 MiB\n";
   EXPECT_EQ(printed([&] { print_report(r); }).out,
             want + "check: 129 (token, head) rows vs a float64 oracle: max |error| 1.50e-04, "
@@ -605,6 +606,27 @@ TEST(Report, TotalsPerKindAndTheCheck) {
   EXPECT_EQ(out.find("check:"), std::string::npos) << out;
   EXPECT_NE(out.find(", 2 requests x 2 tokens, "), std::string::npos) << out;
   EXPECT_NE(out.find(", 1 SWA group, "), std::string::npos) << out;
+}
+
+// GB/s counts the bytes that must move, as smla_bench's floor does (docs/benchmarks.md): each
+// attended column's KV row and 4-byte index, each token's query and bf16 output. Hand counts,
+// v4-flash's default step (4 requests x 1 token, H = 64): a swa-only layer attends 4 x 128
+// columns: 512 x 1024 B of rows + 512 x 4 B of indices + 4 x 64 x 512 x (2 + 2) B of query and
+// output = 1,050,624 B, so 1.05 GB/s in 1 ms (the rows alone, 0.52, were printed before); an e4m3
+// query is 1 byte a value: 512 x 512 + 512 x 4 + 4 x 64 x 512 x 3 = 657,408 B, 0.66 GB/s.
+TEST(Report, GigabytesAreTheBytesThatMustMove) {
+  RunReport r{.options = {.requests = 4, .q_len = 1},
+              .device = "cpu (1 thread)",
+              .layers = {{"swa-only", 64, 1e-3, 512}}};
+  std::string out = printed([&] { print_report(r); }).out;
+  EXPECT_NE(out.find("\nswa-only        1      1.000      1.000      1.05     0.067\n"),
+            std::string::npos)
+      << out;
+  r.options.kv = KvLayout::fp8_e4m3;
+  out = printed([&] { print_report(r); }).out;
+  EXPECT_NE(out.find("\nswa-only        1      1.000      1.000      0.66     0.067\n"),
+            std::string::npos)
+      << out;
 }
 
 // The report's plurals are each their own count's (2 requests x 1 token, 1 request x 2 tokens,
@@ -731,8 +753,9 @@ TEST(RunStep, CheckCountsEveryRowOrNone) {
 }
 
 // Each layer's row of the table is its own: per kind, GB/s x time gives back the bytes of the
-// columns its layers attend (the same step made again), and kinds of different widths (128
-// columns a token against 640) take different times a layer.
+// columns its layers attend (the same step made again; each column's row and 4-byte index) and
+// of their tokens' queries and outputs, and kinds of different widths (128 columns a token
+// against 640) take different times a layer.
 TEST(RunStep, FiguresAreEachLayersOwn) {
   const test::ThreadsEnv threads("2");
   const RunOptions o{.requests = 2,
@@ -749,7 +772,8 @@ TEST(RunStep, FiguresAreEachLayersOwn) {
   const SynthStep step(o, specs, *streams);
   std::map<std::string, double> bytes, ms_per_layer;
   for (size_t i = 0; i < specs.size(); ++i)
-    bytes[layer_kind(specs[i])] += double(step.attended[i]) * kv_row_bytes(o.kv);
+    bytes[layer_kind(specs[i])] += double(step.attended[i]) * (kv_row_bytes(o.kv) + 4) +
+                                   double(step.num_tokens) * specs[i].num_heads * 512 * (2 + 2);
   for (const auto& [kind, want] : bytes) {
     const size_t at = p.out.find("\n" + kind + " ");
     ASSERT_NE(at, std::string::npos) << kind << "\n" << p.out;
