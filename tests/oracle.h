@@ -93,17 +93,24 @@ inline std::vector<std::vector<AttendedRow>> attended_rows(const DecodeCase& c) 
   return rows;
 }
 
-// make_case(spec, seed), unless no token of it attends any row (each of a few tokens has an empty
-// S(t) about one time in twenty, all of them about one seed in 10^4): then the first of seed + 1,
-// seed + 2, ... whose case has a token attending a row, so that a test which needs one (a NaN
-// put into an attended row) is never vacuous. The case's seed and summary name the seed used;
-// replaying either seed gives the same case.
+// make_case(spec, seed) if `wanted(case)`, else the first case of seed + 1, seed + 2, ... that
+// it is: for a test that a rare draw would leave vacuous. The case's seed and summary name the
+// seed used; replaying either seed gives the same case.
+template <class Wanted>
+DecodeCase make_case_where(const CaseSpec& spec, uint64_t seed, Wanted wanted) {
+  for (;; ++seed)
+    if (DecodeCase c = make_case(spec, seed); wanted(c)) return c;
+}
+
+// A case where some token attends a row (each of a few tokens has an empty S(t) about one time
+// in twenty, all of them about one seed in 10^4), for a test that needs one: a NaN put into an
+// attended row.
 inline DecodeCase make_attending_case(const CaseSpec& spec, uint64_t seed) {
-  for (;; ++seed) {
-    DecodeCase c = make_case(spec, seed);
+  return make_case_where(spec, seed, [](const DecodeCase& c) {
     for (const std::vector<AttendedRow>& rows : attended_rows(c))
-      if (!rows.empty()) return c;
-  }
+      if (!rows.empty()) return true;
+    return false;
+  });
 }
 
 struct Reference {

@@ -308,27 +308,26 @@ TEST(Decode, QueryBoundariesChangedAfterValidationStayInsideTheTokens) {
 // between (a race the caller owns) past K reads no column beyond its own row: here token 0 then
 // claims 2K columns, the last K of them token 1's row, and gives what K gives.
 TEST(Decode, TopkLengthsChangedAfterValidationReadOnlyTheirRow) {
-  for (uint64_t seed = fresh_seed();; ++seed) {
-    DecodeCase c = make_case({.heads = 4, .q_lens = {2, 3}, .masked = 0}, seed);
-    const int64_t K = c.sparse_indices.size(1);
-    // Token 1's row must hold a row of the compressed pool, or reading it would change nothing.
-    const RefPool compressed(c.compressed_kv_cache.defined() ? c.compressed_kv_cache
-                                                             : c.swa_kv_cache);
-    bool readable = false;
-    for (int64_t col = 0; col < K; ++col)
-      readable = readable || compressed.valid(c.sparse_indices.get<int32_t>(K + col));
-    if (!readable) continue;
-    SCOPED_TRACE(c.summary);
-    c.sparse_topk_lens.set<int32_t>(0, static_cast<int32_t>(K));
-    poison_unattended_rows(c);
-    const Reference reference = oracle(c);
-    const DecodeArgs a = c.args();
-    const DecodeProblem problem = validate_decode(a);
-    c.sparse_topk_lens.set<int32_t>(0, static_cast<int32_t>(2 * K));
-    cpu::decode(problem, a);
-    EXPECT_TRUE(matches(c, reference, Tolerance::reference()));
-    return;
-  }
+  // Token 1's row must hold a row of the compressed pool, or reading it would change nothing.
+  DecodeCase c = make_case_where(
+      {.heads = 4, .q_lens = {2, 3}, .masked = 0}, fresh_seed(), [](const DecodeCase& c) {
+        const int64_t K = c.sparse_indices.size(1);
+        const RefPool compressed(c.compressed_kv_cache.defined() ? c.compressed_kv_cache
+                                                                 : c.swa_kv_cache);
+        for (int64_t col = 0; col < K; ++col)
+          if (compressed.valid(c.sparse_indices.get<int32_t>(K + col))) return true;
+        return false;
+      });
+  SCOPED_TRACE(c.summary);
+  const int64_t K = c.sparse_indices.size(1);
+  c.sparse_topk_lens.set<int32_t>(0, static_cast<int32_t>(K));
+  poison_unattended_rows(c);
+  const Reference reference = oracle(c);
+  const DecodeArgs a = c.args();
+  const DecodeProblem problem = validate_decode(a);
+  c.sparse_topk_lens.set<int32_t>(0, static_cast<int32_t>(2 * K));
+  cpu::decode(problem, a);
+  EXPECT_TRUE(matches(c, reference, Tolerance::reference()));
 }
 
 TEST(Decode, VarlenMixedQueryLengths) {
