@@ -288,7 +288,7 @@ void decode(const DecodeProblem& p, const DecodeArgs& a) {
   const Columns columns(p, a);
   const int blocks = (p.num_heads + kHeadBlock - 1) / kHeadBlock;
   parallel_ranges(p.num_tokens * blocks, [&](int64_t begin, int64_t end) {
-    const KeepSubnormals ieee;  // as the GPU computes, whatever the caller's mode
+    const IeeeDefaultMode ieee;  // as the GPU computes, whatever the caller's mode
     Rows rows;
     std::vector<double> e;
     for (int64_t unit = begin; unit < end; ++unit) {

@@ -58,7 +58,7 @@ void quantize_kv(const QuantizeProblem& p, const TensorView& rows, const TensorV
     }
   };
   parallel_ranges((p.num_rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t begin, int64_t end) {
-    const KeepSubnormals ieee;  // on each worker thread: the floats round as on the GPU
+    const IeeeDefaultMode ieee;  // on each worker thread: the floats round as on the GPU
     for (int64_t i = begin * kRowsPerTask; i < std::min(p.num_rows, end * kRowsPerTask); ++i)
       write(i);
   });

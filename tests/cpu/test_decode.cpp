@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "address_space_cap.h"
+#include "caller_fp_modes.h"
 #include "core/problem.h"
 #include "core/sanitizers.h"
 #include "cpu/backend.h"
-#include "flush_modes.h"
 #include "nan_row.h"
 #include "oracle.h"
 #include "smla/decode.h"
@@ -528,7 +528,7 @@ TEST(Decode, UnattendedNanRowsDoNotLeak) {
   }
 }
 
-#ifdef SMLA_TEST_FLUSH_MODES
+#ifdef SMLA_TEST_CALLER_FP_MODES
 // Every value of the bf16 pools' valid rows as `row()` gives it, every query value as `query()`
 // does (bf16 bits).
 template <class Row, class Query>
@@ -546,10 +546,10 @@ void set_bf16_values(DecodeCase& c, Row&& row, Query&& query) {
         c.query.set<uint16_t>(tok * c.query.stride(0) + h * c.query.stride(1) + d, query());
 }
 
-// A caller's flush-to-zero and denormals-are-zero modes (torch.set_flush_denormal(True) sets
-// them) change no output byte: rows of bf16 subnormals, read as zeros under those modes,
-// against a query near 2^100, on the caller's thread and the workers alike.
-TEST(Decode, FlushModesOfTheCallerChangeNoByte) {
+// A caller's float modes (torch.set_flush_denormal(True)'s flush-to-zero and denormals-are-zero,
+// fesetround's directions) change no output byte: rows of bf16 subnormals, read as zeros under
+// the flush modes, against a query near 2^100, on the caller's thread and the workers alike.
+TEST(Decode, FloatModesOfTheCallerChangeNoByte) {
   const uint64_t seed = fresh_seed();
   DecodeCase c = make_case({.heads = 8, .sinks = SinkKind::absent, .masked = 0.05}, seed);
   Rng rng(seed + 1);
@@ -559,18 +559,22 @@ TEST(Decode, FlushModesOfTheCallerChangeNoByte) {
   c.bmm1_scale = 1;
   c.bmm2_scale = std::ldexp(1.0f, 100);  // outputs of normal size (~2^-30)
   ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
-  const std::vector<std::byte> ieee = c.out.bytes;
+  const std::vector<std::byte> ieee = c.out.bytes, ieee_lse = c.lse.bytes;
   EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
-  std::fill(c.out.bytes.begin(), c.out.bytes.end(), std::byte{0xff});
-  EXPECT_TRUE(under_flush_modes([&] { sparse_mla_decode(c.args()); }));
-  EXPECT_TRUE(c.out.bytes == ieee) << c.summary;
+  for (const CallerFpMode& mode : kCallerFpModes) {
+    std::fill(c.out.bytes.begin(), c.out.bytes.end(), std::byte{0xff});
+    std::fill(c.lse.bytes.begin(), c.lse.bytes.end(), std::byte{0xff});
+    EXPECT_TRUE(under_caller_mode(mode, [&] { sparse_mla_decode(c.args()); })) << mode.name;
+    EXPECT_TRUE(c.out.bytes == ieee) << mode.name << ", " << c.summary;
+    EXPECT_TRUE(c.lse.bytes == ieee_lse) << mode.name << ", " << c.summary;
+  }
 }
 
 // The float arithmetic that a flush-to-zero mode alone (FTZ, MXCSR bit 15, without DAZ) would
 // change: scores whose products are float subnormals (a 2^-10 query against rows near 2^-120,
 // bmm1 2^125 bringing the scores to O(1)), and outputs that round to float subnormals (bmm2
 // 2^-10: outputs near 2^-130, kept by bf16's subnormals). Under the caller's flush modes the
-// same bytes as without them, which match the oracle.
+// same bytes as without them, which match the oracle; under the rounding directions too.
 TEST(Decode, FlushModesKeepSubnormalProductsAndOutputs) {
   struct Scales {
     const char* what;
@@ -591,11 +595,13 @@ TEST(Decode, FlushModesKeepSubnormalProductsAndOutputs) {
     ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
     const std::vector<std::byte> ieee = c.out.bytes, ieee_lse = c.lse.bytes;
     EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
-    std::fill(c.out.bytes.begin(), c.out.bytes.end(), std::byte{0xff});
-    std::fill(c.lse.bytes.begin(), c.lse.bytes.end(), std::byte{0xff});
-    EXPECT_TRUE(under_flush_modes([&] { sparse_mla_decode(c.args()); }));
-    EXPECT_TRUE(c.out.bytes == ieee) << c.summary;
-    EXPECT_TRUE(c.lse.bytes == ieee_lse) << c.summary;
+    for (const CallerFpMode& mode : kCallerFpModes) {
+      std::fill(c.out.bytes.begin(), c.out.bytes.end(), std::byte{0xff});
+      std::fill(c.lse.bytes.begin(), c.lse.bytes.end(), std::byte{0xff});
+      EXPECT_TRUE(under_caller_mode(mode, [&] { sparse_mla_decode(c.args()); })) << mode.name;
+      EXPECT_TRUE(c.out.bytes == ieee) << mode.name << ", " << c.summary;
+      EXPECT_TRUE(c.lse.bytes == ieee_lse) << mode.name << ", " << c.summary;
+    }
   }
 }
 #endif

@@ -12,9 +12,9 @@
 #include <set>
 #include <vector>
 
+#include "caller_fp_modes.h"
 #include "core/quantize_problem.h"
 #include "cpu/quantize.h"
-#include "flush_modes.h"
 #include "oracle.h"
 #include "quantize_inputs.h"
 #include "ref_quantize.h"
@@ -252,25 +252,33 @@ TEST(Quantize, EveryBf16ValueE4m3) {
   }
 }
 
-#ifdef SMLA_TEST_FLUSH_MODES
-// A caller's flush-to-zero and denormals-are-zero modes (torch.set_flush_denormal(True) sets
-// them) change no byte: subnormal values, and a subnormal kv_scale, round as on the GPU, on the
-// caller's thread and the workers alike; the caller's mode is back afterwards.
-TEST(Quantize, FlushModesOfTheCallerChangeNoByte) {
+#ifdef SMLA_TEST_CALLER_FP_MODES
+// A caller's float modes (torch.set_flush_denormal(True)'s flush-to-zero and denormals-are-zero,
+// fesetround's directions) change no byte: subnormal values, a subnormal kv_scale and quotients
+// next to a rounding midpoint round as on the GPU, on the caller's thread and the workers alike;
+// the caller's mode is back afterwards.
+TEST(Quantize, FloatModesOfTheCallerChangeNoByte) {
   Rows rows(600);  // three tasks of 256 rows: worker threads where there are CPUs
   for (int64_t i = 0; i < rows.size(); ++i)
     for (int d = 0; d < 512; ++d)  // bf16 subnormals, some groups of nothing else
       rows.row(i)[d] = static_cast<uint16_t>((d % 3 == 0 && i % 2 ? 0x3f80 : 0x0001 + d % 127) |
                                              (d % 2 ? 0x8000 : 0));
   const float subnormal_scale = std::ldexp(1.0f, -130);
+  // 1 / kv_scale a little above e4m3's midpoint 1.0625: 1.0's quotient rounds down to it (then
+  // to even, 1.0) or up past it (1.125), by the rounding direction.
+  const float near_midpoint_scale = std::nextafter(1 / 1.0625f, 0.0f);
   for (KvLayout layout : {KvLayout::fp8_e4m3, KvLayout::fp8_ds_mla})
-    for (float kv_scale : {1.0f, subnormal_scale}) {
+    for (float kv_scale : {1.0f, subnormal_scale, near_midpoint_scale}) {
       HostTensor ieee = blank_pool(one_page(layout, rows.size()));
       quantize(rows, first_slots(rows.size()), ieee, kv_scale);
-      HostTensor flushed = blank_pool(one_page(layout, rows.size()));
-      EXPECT_TRUE(
-          under_flush_modes([&] { quantize(rows, first_slots(rows.size()), flushed, kv_scale); }));
-      EXPECT_TRUE(flushed.bytes == ieee.bytes) << kv_layout_name(layout) << " " << kv_scale;
+      for (const CallerFpMode& mode : kCallerFpModes) {
+        HostTensor moded = blank_pool(one_page(layout, rows.size()));
+        EXPECT_TRUE(under_caller_mode(mode, [&] {
+          quantize(rows, first_slots(rows.size()), moded, kv_scale);
+        })) << mode.name;
+        EXPECT_TRUE(moded.bytes == ieee.bytes)
+            << mode.name << ", " << kv_layout_name(layout) << " " << kv_scale;
+      }
       EXPECT_TRUE(holds_exactly(ieee, rows, first_slots(rows.size()), kv_scale));
     }
 }
