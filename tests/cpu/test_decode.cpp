@@ -546,6 +546,21 @@ void set_bf16_values(DecodeCase& c, Row&& row, Query&& query) {
         c.query.set<uint16_t>(tok * c.query.stride(0) + h * c.query.stride(1) + d, query());
 }
 
+// The case decoded under each caller mode writes the bytes it writes under IEEE's default mode,
+// which match the oracle.
+void expect_no_byte_changes_under_caller_modes(DecodeCase& c) {
+  ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
+  const std::vector<std::byte> ieee = c.out.bytes, ieee_lse = c.lse.bytes;
+  EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
+  for (const CallerFpMode& mode : kCallerFpModes) {
+    std::fill(c.out.bytes.begin(), c.out.bytes.end(), std::byte{0xff});
+    std::fill(c.lse.bytes.begin(), c.lse.bytes.end(), std::byte{0xff});
+    EXPECT_TRUE(under_caller_mode(mode, [&] { sparse_mla_decode(c.args()); })) << mode.name;
+    EXPECT_TRUE(c.out.bytes == ieee) << mode.name << ", " << c.summary;
+    EXPECT_TRUE(c.lse.bytes == ieee_lse) << mode.name << ", " << c.summary;
+  }
+}
+
 // A caller's float modes (torch.set_flush_denormal(True)'s flush-to-zero and denormals-are-zero,
 // fesetround's directions) change no output byte: rows of bf16 subnormals, read as zeros under
 // the flush modes, against a query near 2^100, on the caller's thread and the workers alike.
@@ -558,16 +573,7 @@ TEST(Decode, FloatModesOfTheCallerChangeNoByte) {
       [&] { return to_bf16(std::ldexp(rng.normal(), 100)); });
   c.bmm1_scale = 1;
   c.bmm2_scale = std::ldexp(1.0f, 100);  // outputs of normal size (~2^-30)
-  ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
-  const std::vector<std::byte> ieee = c.out.bytes, ieee_lse = c.lse.bytes;
-  EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
-  for (const CallerFpMode& mode : kCallerFpModes) {
-    std::fill(c.out.bytes.begin(), c.out.bytes.end(), std::byte{0xff});
-    std::fill(c.lse.bytes.begin(), c.lse.bytes.end(), std::byte{0xff});
-    EXPECT_TRUE(under_caller_mode(mode, [&] { sparse_mla_decode(c.args()); })) << mode.name;
-    EXPECT_TRUE(c.out.bytes == ieee) << mode.name << ", " << c.summary;
-    EXPECT_TRUE(c.lse.bytes == ieee_lse) << mode.name << ", " << c.summary;
-  }
+  expect_no_byte_changes_under_caller_modes(c);
 }
 
 // The float arithmetic that a flush-to-zero mode alone (FTZ, MXCSR bit 15, without DAZ) would
@@ -592,16 +598,7 @@ TEST(Decode, FlushModesKeepSubnormalProductsAndOutputs) {
         [&] { return to_bf16(std::ldexp(rng.normal(), s.query_exponent)); });
     c.bmm1_scale = s.bmm1;
     c.bmm2_scale = s.bmm2;
-    ASSERT_NO_THROW(sparse_mla_decode(c.args())) << c.summary;
-    const std::vector<std::byte> ieee = c.out.bytes, ieee_lse = c.lse.bytes;
-    EXPECT_TRUE(matches(c, oracle(c), Tolerance::reference()));
-    for (const CallerFpMode& mode : kCallerFpModes) {
-      std::fill(c.out.bytes.begin(), c.out.bytes.end(), std::byte{0xff});
-      std::fill(c.lse.bytes.begin(), c.lse.bytes.end(), std::byte{0xff});
-      EXPECT_TRUE(under_caller_mode(mode, [&] { sparse_mla_decode(c.args()); })) << mode.name;
-      EXPECT_TRUE(c.out.bytes == ieee) << mode.name << ", " << c.summary;
-      EXPECT_TRUE(c.lse.bytes == ieee_lse) << mode.name << ", " << c.summary;
-    }
+    expect_no_byte_changes_under_caller_modes(c);
   }
 }
 #endif
