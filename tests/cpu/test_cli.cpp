@@ -164,6 +164,10 @@ TEST(RunArgs, ToleranceIsAPositiveFiniteNumber) {
   expect_usage_error({"run", "--tolerance=1e999"},
                      "--tolerance: expected a finite number > 0, got '1e999' (out of range: above "
                      "the largest double, 1.8e+308)");
+  // Out of range but not all a number: malformed, with no range to blame.
+  for (const char* bad : {"1e999x", "1e-400x"})
+    expect_usage_error({"run", "--tolerance", bad},
+                       std::string("--tolerance: expected a finite number > 0, got '") + bad + "'");
 }
 
 // --progress takes whole seconds from 0 (a line a layer) to a day; 10 by default.
