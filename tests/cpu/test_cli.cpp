@@ -487,7 +487,8 @@ TEST(RunArgs, BoundsAreInclusive) {
 }
 
 // What `smla help` promises for a bare `smla run` (scripts/run.sh's main job): a v4-flash step
-// of 4 requests of 4096 tokens, one new token each, checked on 8 rows per layer.
+// of 4 requests of 4096 tokens, one new token each, checked on 8 rows per layer, with a progress
+// line at most every 10 s off a terminal.
 TEST(RunArgs, DefaultsAreThoseTheUsageStates) {
   const RunOptions o = parse({"run"}).run;
   EXPECT_EQ(o.model, "v4-flash");
@@ -501,7 +502,7 @@ TEST(RunArgs, DefaultsAreThoseTheUsageStates) {
   EXPECT_EQ(o.seed, 0u);
   const std::string text = usage();
   for (const char* line : {"(default v4-flash)", "(default 4)", "(default 4096)", "(default 1)",
-                           "(default 8, 0: no check", "(default 0)"})
+                           "(default 8, 0: no check", "(default 0)", "0..86400 (default 10;"})
     EXPECT_NE(text.find(line), std::string::npos) << line;
 }
 
