@@ -467,6 +467,15 @@ TEST(SynthStep, ClearedOutsFailTheCheck) {
   for (size_t i : {size_t{0}, last}) EXPECT_LT(check(i).max_relative_error, 1e-2);
   step.clear_outs();
   for (size_t i : {size_t{0}, last}) EXPECT_EQ(check(i).max_relative_error, 1.0) << "layer " << i;
+  // The check's maximum fails once any row is cleared: every row must be, or a row left
+  // unwritten past the cleared ones would still pass on the warm-up's value.
+  for (size_t i = 0; i <= last; ++i) {
+    const TensorView& out = step.host.outs[i];
+    const auto* bytes = static_cast<const std::byte*>(out.data);
+    const size_t size = static_cast<size_t>(out.numel()) * dtype_size(out.dtype);
+    EXPECT_TRUE(std::all_of(bytes, bytes + size, [](std::byte b) { return b == std::byte{0}; }))
+        << "layer " << i;
+  }
 }
 
 // Each flag's bounds are inclusive: the least and the most are taken, one past either refused.
