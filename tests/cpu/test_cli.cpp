@@ -1170,6 +1170,12 @@ TEST(SynthStep, SeedPicksTheStep) {
     for (int row = 0; row < 64; ++row)
       differ = differ || std::set<uint8_t>(scales + 8 * row, scales + 8 * row + 7).size() > 1;
     EXPECT_TRUE(differ);
+    // Each group's shift of 2^-3..2^3 spreads page 0's 448 scales over 7 exponents or more (all
+    // 7 shifts drawn, but for about 10^-29); unshifted, the groups' maxima, almost all in [0.5, 1),
+    // get 2 at most, which the check above still passes.
+    std::set<uint8_t> exponents;
+    for (int row = 0; row < 64; ++row) exponents.insert(scales + 8 * row, scales + 8 * row + 7);
+    EXPECT_GE(exponents.size(), 7u);
   }
 }
 
