@@ -385,6 +385,23 @@ TEST(SynthStep, DownloadRowsCopiesThoseRows) {
     }
 }
 
+// --check 1 is a check: a device step asked for one row a layer keeps the host copies of its
+// pools, queries and outs that the oracle reads, as for more rows.
+TEST(SynthStep, DeviceStepCheckedOnOneRowKeepsHostCopies) {
+  const RunOptions o{.model = "v4-flash", .requests = 1, .seq_len = 100, .check = 1};
+  const auto specs = model_layers(model_preset(o.model), 1);
+  DeviceLikeStreams streams;
+  const SynthStep step(o, specs, streams);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE(step.host.layers[i].swa_kv_cache.defined()) << i;
+    EXPECT_TRUE(step.host.queries[i].defined()) << i;
+    EXPECT_TRUE(step.host.outs[i].defined()) << i;
+    EXPECT_NE(step.host.outs[i].data, step.device.outs[i].data) << i;
+    if (specs[i].compress_ratio > 0)
+      EXPECT_TRUE(step.host.layers[i].compressed_kv_cache.defined()) << i;
+  }
+}
+
 // Past 512 x 128 tokens a ratio-128 layer's table (context / 128 entries) is wider than the
 // indexers' 512 entries: max_columns, which sizes the executor's workspace on CUDA, is the widest
 // layer's, not the last one's.
