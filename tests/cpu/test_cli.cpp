@@ -800,6 +800,51 @@ TEST(RunStep, FiguresAreEachLayersOwn) {
   EXPECT_NE(ms_per_layer["swa-only"], ms_per_layer["ratio 4"]) << p.out;
 }
 
+// The figures count each layer's own heads: V4-Pro's 128, not V4-Flash's 64. Per kind, TFLOP/s x
+// time gives back 4 * H * 512 FLOP a column, and GB/s x time the columns' rows and indices and
+// the tokens' H-head queries and outputs (at short contexts the larger part).
+TEST(RunStep, FiguresCountEachLayersHeads) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  const test::ThreadsEnv threads("2");
+  const int context = 1 + static_cast<int>(rng() % 600);
+  const RunOptions o{.model = "v4-pro",
+                     .requests = 2,
+                     .seq_len = context,
+                     .q_len = 1 + static_cast<int>(rng() % std::min(context, 2)),
+                     .device = DeviceChoice::cpu,
+                     .check = 0,
+                     .seed = rng(),
+                     .progress = std::chrono::hours(24)};
+  int status = -1;
+  const Printed p = run_printed(o, status);
+  ASSERT_EQ(status, 0);
+  SCOPED_TRACE(p.out);
+  const auto specs = model_layers(model_preset(o.model), o.swa_groups);
+  ASSERT_EQ(specs.front().num_heads, 128);
+  const auto streams = make_streams(Device{});
+  const SynthStep step(o, specs, *streams);
+  std::map<std::string, double> bytes, flops;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const double heads = specs[i].num_heads, columns = double(step.attended[i]);
+    bytes[layer_kind(specs[i])] +=
+        columns * (kv_row_bytes(o.kv) + 4) + double(step.num_tokens) * heads * 512 * (2 + 2);
+    flops[layer_kind(specs[i])] += 4 * heads * 512 * columns;
+  }
+  for (const auto& [kind, want] : bytes) {
+    const size_t at = p.out.find("\n" + kind + " ");
+    ASSERT_NE(at, std::string::npos) << kind;
+    std::istringstream row(p.out.substr(at + 1 + kind.size()));
+    double count = 0, ms = 0, ms_per_layer = 0, gb_per_s = 0, tflop_per_s = 0;
+    row >> count >> ms >> ms_per_layer >> gb_per_s >> tflop_per_s;
+    const double gb_want = want / (ms * 1e-3) / 1e9;  // ms, GB/s and TFLOP/s as rounded
+    const double tflop_want = flops[kind] / (ms * 1e-3) / 1e12;
+    EXPECT_NEAR(gb_per_s, gb_want, 0.006 + 0.01 * gb_want) << kind;
+    EXPECT_NEAR(tflop_per_s, tflop_want, 0.0006 + 0.01 * tflop_want) << kind;
+  }
+}
+
 // --device cuda is a demand: where no CUDA device can run the step (a build without CUDA, or a
 // machine without a Hopper GPU) it is refused rather than run on the CPU.
 TEST(RunStep, CudaAskedForWithoutIt) {
