@@ -861,7 +861,9 @@ def test_engine_call_4d_query_checks_seq_lens_against_its_b():
             trtllm_batch_decode_sparse_mla_dsv4(query=query, seq_lens=seq_lens, **common)
         assert info.value.argument == "seq_lens"
         assert str(info.value) == str(flat.value)
-    for seq_lens in (args["seq_lens"][:1], np.array([[2, 260]], np.int32)):
+    # [2, 1] has the B in its first dim: it is refused by its dims, not taken for [B].
+    for seq_lens in (args["seq_lens"][:1], np.array([[2, 260]], np.int32),
+                     np.array([[2], [260]], np.int32)):
         with pytest.raises(ValueError) as info:
             trtllm_batch_decode_sparse_mla_dsv4(query=query, seq_lens=seq_lens, **common)
         assert str(info.value) == (
