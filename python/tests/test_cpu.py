@@ -1982,6 +1982,11 @@ def test_dtype_errors_follow_the_dtype_the_argument_takes():
              pools, "int8: an fp8_ds_mla pool is u8 (" + view),
             ("pool", lambda: smla.quantize_kv(**quantize), pools,
              "int8: an fp8_ds_mla pool is u8 (" + view),
+            ("slots", lambda: smla.quantize_kv(**dict(quantize, pool=pool8.view(np.uint8),
+                                                      slots=np.array([0, 1], np.int64))),
+             "i32 elements",
+             "int64: indices, lengths and offsets are int32 (.to(torch.int32) or "
+             ".astype(numpy.int32))"),
             ("sinks", lambda: smla.sparse_mla_decode(
                 **bad(args, sinks=args["sinks"].astype(np.float16))), "f32 elements",
              "float16: sinks and lse are float32 (.float() or .astype(numpy.float32))"),
