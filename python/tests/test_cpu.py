@@ -2714,3 +2714,21 @@ def test_engine_call_max_q_len_from_offsets_the_op_refuses_names_the_offsets():
     with pytest.raises(ValueError) as info:
         trtllm_batch_decode_sparse_mla_dsv4(**dict(args, cum_seq_lens_q=cum))
     assert info.value.argument == "cum_seq_lens_q", str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds and defaults a mutation pass found unchecked
+# ---------------------------------------------------------------------------------------------
+
+def test_int32_arguments_take_the_lowest_int32():
+    """-2^31 is an int32: it reaches the library, whose range check names it (">= 1"); only
+    one below is the Python-side "an int32 value" (a bound one too high refused -2^31 so)."""
+    args, _ = make_case(ref.fresh_rng())
+    for name in ("window", "max_q_len"):
+        with pytest.raises(ValueError) as info:
+            smla.sparse_mla_decode(**bad(args, **{name: -2**31}))
+        assert (info.value.argument, info.value.expected, info.value.got) == \
+            (name, ">= 1", "-2147483648")
+        with pytest.raises(ValueError) as info:
+            smla.sparse_mla_decode(**bad(args, **{name: -2**31 - 1}))
+        assert (info.value.argument, info.value.expected) == (name, "an int32 value")
