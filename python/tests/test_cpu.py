@@ -2732,3 +2732,15 @@ def test_int32_arguments_take_the_lowest_int32():
         with pytest.raises(ValueError) as info:
             smla.sparse_mla_decode(**bad(args, **{name: -2**31 - 1}))
         assert (info.value.argument, info.value.expected) == (name, "an int32 value")
+
+
+def test_scales_of_text_or_a_bool_name_what_came():
+    """A str, bytes or bool scale (NumPy's bool too) is refused as what it is, not as "an
+    ndarray holding" one, which is how an array of them is named."""
+    args, _ = make_case(ref.fresh_rng())
+    for value, got in (("0.04", "str"), (b"1", "bytes"), (bytearray(b"1"), "bytearray"),
+                       (True, "a bool"), (np.True_, "a bool"), (np.bool_(False), "a bool")):
+        with pytest.raises(TypeError) as info:
+            smla.sparse_mla_decode(**bad(args, bmm1_scale=value))
+        assert (info.value.argument, info.value.expected, info.value.got) == \
+            ("bmm1_scale", "a float", got)
