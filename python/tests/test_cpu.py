@@ -2744,3 +2744,14 @@ def test_scales_of_text_or_a_bool_name_what_came():
             smla.sparse_mla_decode(**bad(args, bmm1_scale=value))
         assert (info.value.argument, info.value.expected, info.value.got) == \
             ("bmm1_scale", "a float", got)
+
+
+def test_engine_call_allocates_nothing_for_2_31_tokens():
+    """T = 2^31 is the first token count the op refuses (T < 2^31): no out is made for it, as
+    none is at 2^40 (one of 128 heads would be 256 TiB: a MemoryError before the op's error)."""
+    args, _ = make_case(ref.fresh_rng())
+    row = np.zeros((1, smla.MAX_HEADS, D), BF16)
+    tokens = np.lib.stride_tricks.as_strided(row, (2**31,) + row.shape[1:], (0,) + row.strides[1:])
+    raises_named(NotImplementedError, "query", lambda: trtllm_batch_decode_sparse_mla_dsv4(
+        **dict(args, query=tokens, out=None, lse=None)))
+
