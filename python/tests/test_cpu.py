@@ -2755,3 +2755,13 @@ def test_engine_call_allocates_nothing_for_2_31_tokens():
     raises_named(NotImplementedError, "query", lambda: trtllm_batch_decode_sparse_mla_dsv4(
         **dict(args, query=tokens, out=None, lse=None)))
 
+
+def test_engine_call_allocates_out_for_the_most_heads():
+    """H = MAX_HEADS is a size the op takes: out=None is made for it as for fewer heads (a
+    bound one too low left it None, which the op refused), and holds the op's output."""
+    args, _ = make_case(ref.fresh_rng(), heads=smla.MAX_HEADS)
+    smla.sparse_mla_decode(**args)
+    assert np.isfinite(args["out"].astype(np.float32)).all()
+    out = trtllm_batch_decode_sparse_mla_dsv4(**dict(args, out=None, lse=None))
+    assert out.shape == args["out"].shape
+    assert (out.view(np.uint16) == args["out"].view(np.uint16)).all()
