@@ -2765,3 +2765,26 @@ def test_engine_call_allocates_out_for_the_most_heads():
     out = trtllm_batch_decode_sparse_mla_dsv4(**dict(args, out=None, lse=None))
     assert out.shape == args["out"].shape
     assert (out.view(np.uint16) == args["out"].view(np.uint16)).all()
+
+
+def test_engine_call_merges_one_request_sliced_from_a_wider_buffer():
+    """[1, q, ...] arrays whose q tokens are a slice of a wider buffer (dim 0's stride is not q
+    times dim 1's) merge into [q, ...] views all the same: one request never steps dim 0. The
+    out is written in place, the rest of its buffer left as it was."""
+    args, _ = make_case(ref.fresh_rng(), q_lens=(3,), seq_lens=(260,))
+    smla.sparse_mla_decode(**args)
+    assert np.isfinite(args["out"].astype(np.float32)).all()
+    heads, k = args["query"].shape[1], args["sparse_indices"].shape[1]
+    query = np.full((1, 5, heads, D), np.nan, np.float32).astype(BF16)
+    query[0, :3] = args["query"]
+    indices = np.full((1, 5, k), -1, np.int32)
+    indices[0, :3] = args["sparse_indices"]
+    buffer = np.full((1, 5, heads, D), np.nan, np.float32).astype(BF16)
+    out = trtllm_batch_decode_sparse_mla_dsv4(
+        query=query[:, :3], swa_kv_cache=args["swa_kv_cache"],
+        compressed_kv_cache=args["compressed_kv_cache"], sparse_indices=indices[:, :3],
+        sparse_topk_lens=args["sparse_topk_lens"], seq_lens=args["seq_lens"],
+        out=buffer[:, :3], bmm1_scale=args["bmm1_scale"], sinks=args["sinks"])
+    assert np.shares_memory(out, buffer)
+    assert (buffer[0, :3].view(np.uint16) == args["out"].view(np.uint16)).all()
+    assert np.isnan(buffer[0, 3:].astype(np.float32)).all()
