@@ -2788,3 +2788,17 @@ def test_engine_call_merges_one_request_sliced_from_a_wider_buffer():
     assert np.shares_memory(out, buffer)
     assert (buffer[0, :3].view(np.uint16) == args["out"].view(np.uint16)).all()
     assert np.isnan(buffer[0, 3:].astype(np.float32)).all()
+
+
+def test_engine_call_3d_query_leaves_seq_lens_to_the_op():
+    """A [T, H, D] query without offsets is one token per request, the op's own default: no
+    offsets are made for it, and seq_lens of another length gets the op's error ([B=T]), not
+    the one a [B, q, H, D] query's B gets."""
+    args, _ = make_case(ref.fresh_rng())
+    call = bad(args, cum_seq_lens_q=None, max_q_len=1)
+    with pytest.raises(ValueError) as op:
+        smla.sparse_mla_decode(**call)
+    with pytest.raises(ValueError) as info:
+        trtllm_batch_decode_sparse_mla_dsv4(**call)
+    assert op.value.argument == "seq_lens"
+    assert str(info.value) == str(op.value)
