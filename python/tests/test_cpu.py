@@ -2802,3 +2802,25 @@ def test_engine_call_3d_query_leaves_seq_lens_to_the_op():
         trtllm_batch_decode_sparse_mla_dsv4(**call)
     assert op.value.argument == "seq_lens"
     assert str(info.value) == str(op.value)
+
+
+def test_engine_call_leaves_offsets_of_another_b_unread():
+    """max_q_len=None with offsets that are not seq_lens' B + 1 leaves them to the op's check,
+    unread: diffing a broadcast view of 2^40 of them a chunk at a time takes minutes, which the
+    allocation test above sits through without failing. The alarm says they were read."""
+    import signal
+
+    def read_too_long(*_):
+        raise TimeoutError("offsets of another B were read")
+
+    args, _ = make_case(ref.fresh_rng())
+    zeros = np.zeros(1, np.int32)
+    cum = np.lib.stride_tricks.as_strided(zeros, (2**40,), (0,))
+    previous = signal.signal(signal.SIGALRM, read_too_long)
+    signal.setitimer(signal.ITIMER_REAL, 20)
+    try:
+        raises_named(ValueError, "cum_seq_lens_q", lambda: trtllm_batch_decode_sparse_mla_dsv4(
+            **dict(args, max_q_len=None, cum_seq_lens_q=cum)))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
