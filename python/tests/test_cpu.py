@@ -2824,3 +2824,15 @@ def test_engine_call_leaves_offsets_of_another_b_unread():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_engine_call_max_q_len_counts_a_step_across_chunks(monkeypatch):
+    """max_q_len=None is the largest step of the offsets, read a chunk at a time: a step from
+    one chunk's last offset to the next chunk's first counts too. Chunks of 2 here (2^20 in
+    use: a million requests to cross one)."""
+    monkeypatch.setattr(smla.engine, "_CHUNK", 2)
+    args, _ = make_case(ref.fresh_rng(), q_lens=(1, 3, 1, 1), seq_lens=(5, 300, 140, 20))
+    smla.sparse_mla_decode(**args)  # max_q_len 3: the step from offset 1 to 2
+    out = trtllm_batch_decode_sparse_mla_dsv4(**dict(args, max_q_len=None,
+                                                     out=np.full_like(args["out"], np.nan)))
+    assert (out.view(np.uint16) == args["out"].view(np.uint16)).all()
