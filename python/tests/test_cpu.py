@@ -2836,3 +2836,20 @@ def test_engine_call_max_q_len_counts_a_step_across_chunks(monkeypatch):
     out = trtllm_batch_decode_sparse_mla_dsv4(**dict(args, max_q_len=None,
                                                      out=np.full_like(args["out"], np.nan)))
     assert (out.view(np.uint16) == args["out"].view(np.uint16)).all()
+
+
+def test_engine_call_errors_keep_the_op_text_after_the_merged_shape():
+    """An error about a merged [B, q, ...] array gets the shape passed in place of the merged
+    one, and keeps what the op said after it (here why the out is refused: its strides), with
+    no chained cause, whose text would show the op's shapes and names again."""
+    args, _ = make_case(ref.fresh_rng(), q_lens=(3, 3), seq_lens=(3, 260))
+    heads_overlap = np.lib.stride_tricks.as_strided(  # every head of a token on one row
+        np.zeros((6, 8, D), BF16), (2, 3, 8, D), (3 * 8 * D * 2, 8 * D * 2, 0, 2))
+    with pytest.raises(ValueError) as info:
+        trtllm_batch_decode_sparse_mla_dsv4(**dict(
+            args, query=args["query"].reshape(2, 3, 8, D), out=heads_overlap,
+            cum_seq_lens_q=None, max_q_len=None, lse=None))
+    assert (info.value.argument, info.value.got) == (
+        "out", "[2, 3, 8, 512] (its first two dims merged: [6, 8, 512]) with strides "
+               "[4096, 0, 1]")
+    assert info.value.__cause__ is None and info.value.__suppress_context__
