@@ -2853,3 +2853,13 @@ def test_engine_call_errors_keep_the_op_text_after_the_merged_shape():
         "out", "[2, 3, 8, 512] (its first two dims merged: [6, 8, 512]) with strides "
                "[4096, 0, 1]")
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_num_heads_is_bounded_as_an_int32():
+    """num_heads is an int32 in the library: 2^31 is refused naming it, not by nanobind's
+    TypeError that names no argument (a 64-bit bound let it through to the binding)."""
+    for call in (lambda n: smla.kv_counter_bytes(8, n),
+                 lambda n: smla.workspace_bytes(8, n, 640, "cpu")):
+        with pytest.raises(ValueError, match=r"^smla: num_heads: expected an int32 value, "
+                           "got 2147483648$"):
+            call(2**31)
