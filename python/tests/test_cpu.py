@@ -2863,3 +2863,18 @@ def test_num_heads_is_bounded_as_an_int32():
         with pytest.raises(ValueError, match=r"^smla: num_heads: expected an int32 value, "
                            "got 2147483648$"):
             call(2**31)
+
+
+def test_decode_takes_read_only_inputs():
+    """Every array the op only reads may be read-only (a pool or table mapped or shared so):
+    the op's output bit for bit; only out, lse, workspace and kv_counters are written."""
+    args, _ = make_case(ref.fresh_rng())
+    smla.sparse_mla_decode(**args)
+    want_out, want_lse = args["out"].copy(), args["lse"].copy()
+    inputs = ("query", "swa_kv_cache", "compressed_kv_cache", "sparse_indices",
+              "sparse_topk_lens", "seq_lens", "cum_seq_lens_q", "sinks")
+    got = dict(args, **{name: read_only(args[name]) for name in inputs},
+               out=np.full_like(want_out, np.nan), lse=np.full_like(want_lse, np.nan))
+    smla.sparse_mla_decode(**got)
+    assert (got["out"].view(np.uint16) == want_out.view(np.uint16)).all()
+    assert (got["lse"].view(np.uint32) == want_lse.view(np.uint32)).all()
