@@ -2878,3 +2878,18 @@ def test_decode_takes_read_only_inputs():
     smla.sparse_mla_decode(**got)
     assert (got["out"].view(np.uint16) == want_out.view(np.uint16)).all()
     assert (got["lse"].view(np.uint32) == want_lse.view(np.uint32)).all()
+
+
+def test_step_executor_names_a_missing_query_or_out():
+    """run_layer with no query or no out names it (nanobind's TypeError names no argument);
+    the step stays begun and the layer runs after."""
+    rng = ref.fresh_rng()
+    specs, layers, inputs, queries = _executor_case(rng)
+    executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12)
+    executor.begin_step(inputs)
+    out = np.full((4, 4, D), np.nan, np.float32).astype(BF16)
+    raises_named(ValueError, "query", lambda: executor.run_layer(0, None, out))
+    raises_named(ValueError, "out", lambda: executor.run_layer(0, queries[0], None))
+    executor.run_layer(0, queries[0], out)
+    executor.end_step()
+    assert np.isfinite(out.astype(np.float32)).all()
