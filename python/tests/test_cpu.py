@@ -2893,3 +2893,20 @@ def test_step_executor_names_a_missing_query_or_out():
     executor.run_layer(0, queries[0], out)
     executor.end_step()
     assert np.isfinite(out.astype(np.float32)).all()
+
+
+def test_attention_layer_bmm2_scale_defaults_to_one():
+    """A layer given no bmm2_scale (a bf16 cache's) runs at 1.0, the op's default: the bits of
+    the layers given 1.0, and not those of 0.5 (so the scale is seen)."""
+    specs, layers, inputs, queries = _executor_case(ref.fresh_rng())
+    outs = {}
+    for scale in (None, 1.0, 0.5):
+        given = layers if scale is None else [dataclasses.replace(l, bmm2_scale=scale)
+                                               for l in layers]
+        outs[scale] = [np.full((4, 4, D), np.nan, np.float32).astype(BF16) for _ in specs]
+        smla.StepExecutor(given, max_tokens=8, max_columns=W + 12).run_step(
+            inputs, queries, outs[scale])
+    for default, one, half in zip(outs[None], outs[1.0], outs[0.5]):
+        assert np.isfinite(default.astype(np.float32)).all()
+        assert (default.view(np.uint16) == one.view(np.uint16)).all()
+        assert (default.view(np.uint16) != half.view(np.uint16)).any()
