@@ -2806,8 +2806,8 @@ def test_engine_call_3d_query_leaves_seq_lens_to_the_op():
 
 def test_engine_call_leaves_offsets_of_another_b_unread():
     """max_q_len=None with offsets that are not seq_lens' B + 1 leaves them to the op's check,
-    unread: diffing a broadcast view of 2^40 of them a chunk at a time takes minutes, which the
-    allocation test above sits through without failing. The alarm says they were read."""
+    unread: diffing a broadcast view of 2^40 of them a chunk at a time takes minutes, so the
+    alarm (20 s, where an unread call returns at once) fails the test rather than let it hang."""
     import signal
 
     def read_too_long(*_):
