@@ -256,6 +256,39 @@ def test_size_one_dims_take_any_stride():
         assert (outs[0] == outs[1]).all(), shape
 
 
+def test_pools_with_a_dim_of_one_decode_as_three_dim_ones():
+    """A pool [blocks, block_size, 1, 512] (a KV cache that keeps its one head) is read as the
+    [blocks, block_size, 512] one: 4 dims are within what an array may have."""
+    args, pools = make_case(ref.fresh_rng())
+    run_and_check(args, pools)
+    first = args["out"].copy()
+    args["out"][:] = np.nan
+    smla.sparse_mla_decode(**bad(args, swa_kv_cache=args["swa_kv_cache"][:, :, None],
+                                 compressed_kv_cache=args["compressed_kv_cache"][:, :, None]))
+    assert (args["out"].view(np.uint16) == first.view(np.uint16)).all()
+
+
+def test_zero_strides_beside_a_dim_of_one_are_kept():
+    """Only an empty array's zero strides are made row-major: a one-token query broadcast over
+    its heads (stride 0) reads its one row for every head, and an lse of stride 0 over heads is
+    refused (its heads would all be one float), never written as if row-major."""
+    rng = ref.fresh_rng()
+    args, pools = make_case(rng, q_lens=(1,), seq_lens=(300,))
+    # A view of the whole query: were its strides made row-major, the reads stay inside it.
+    broadcast = np.broadcast_to(args["query"][:, :1], args["query"].shape)
+    args["query"] = np.ascontiguousarray(broadcast)
+    run_and_check(args, pools)
+    first = args["out"].copy()
+    args["out"][:] = np.nan
+    smla.sparse_mla_decode(**bad(args, query=broadcast))
+    assert (args["out"].view(np.uint16) == first.view(np.uint16)).all()
+    lse = np.lib.stride_tricks.as_strided(args["lse"], strides=(args["lse"].strides[0], 0))
+    with pytest.raises(ValueError, match=r"^smla: lse: expected a contiguous last dim "
+                       r"\(stride 1\), got stride 0$") as info:
+        smla.sparse_mla_decode(**bad(args, lse=lse))
+    assert info.value.argument == "lse"
+
+
 def test_decode_raw_bits_with_dtype_give_the_same_result():
     args, pools = make_case(ref.fresh_rng(), sinks=None)
     run_and_check(args, pools)
@@ -2004,6 +2037,46 @@ def test_dtype_errors_follow_the_dtype_the_argument_takes():
         assert str(info.value) == f"smla: {argument}: expected {expected}, got {got}"
 
 
+def test_raw_bits_without_with_dtype_are_pointed_to_it():
+    """A uint16 array of bf16 bits (an engine's raw view) is refused with the with_dtype that
+    reads it and no conversion: .astype or a flags' .to would change the values."""
+    args, _ = make_case(ref.fresh_rng())
+    for name, expected in (
+            ("query", "bf16 or f8e4m3 (float8_e4m3fn) elements (a uint16/uint8 array holding "
+                      "bf16/fp8 bits: smla.with_dtype(array, 'bf16'/'f8e4m3'))"),
+            ("swa_kv_cache", "bf16, f8e4m3 (float8_e4m3fn) or u8 elements (a uint16/uint8 "
+                             "array holding bf16/fp8 bits: smla.with_dtype(array, "
+                             "'bf16'/'f8e4m3'))"),
+            ("out", "bf16 elements (a uint16 array holding bf16 bits: "
+                    "smla.with_dtype(array, 'bf16'))")):
+        with pytest.raises(TypeError) as info:
+            smla.sparse_mla_decode(**bad(args, **{name: args[name].view(np.uint16)}))
+        assert (info.value.argument, info.value.expected, info.value.got) == \
+            (name, expected, "uint16")
+
+
+def test_bool_and_complex_arrays_are_named_by_their_dtype():
+    """A bool mask (what an engine may hold as is_valid_token) is named bool, with the u8 view
+    of its bytes; a complex query complex64: not the integer or float type of their width."""
+    rng = ref.fresh_rng()
+    args, _ = make_case(rng)
+    c = step_case(rng)
+    mask = rng.random(c["step"].num_tokens) < 0.7
+    step = dataclasses.replace(c["step"], is_valid_token=mask)
+    table = smla.SparseIndexArgs(step=step, swa=smla.SwaGroup(c["block_table"], c["swa_view"]),
+                                 out=smla.SparseIndexTable(np.zeros((4, W), np.int32),
+                                                           np.zeros(4, np.int32)))
+    with pytest.raises(TypeError) as info:
+        smla.build_sparse_indices(table)
+    assert (info.value.argument, info.value.got) == \
+        ("is_valid_token", "bool: flags and buffers are u8 (.view(torch.uint8) or "
+                           ".view(numpy.uint8))")
+    query = args["query"].astype(np.float32) + 1j * rng.standard_normal(args["query"].shape)
+    with pytest.raises(TypeError) as info:
+        smla.sparse_mla_decode(**bad(args, query=query.astype(np.complex64)))
+    assert (info.value.argument, info.value.got) == ("query", "complex64")
+
+
 @pytest.mark.parametrize("output", ["out", "lse", "workspace", "kv_counters"])
 def test_read_only_outputs_are_named_as_such(output):
     args, _ = make_case(ref.fresh_rng())
@@ -2046,24 +2119,24 @@ class DlpackExport:
     """A NumPy array's host memory exported by DLPack (an unversioned capsule, no deleter) as
     memory of DLPack device type `device_type`, its elements of type code `code` (as a GPU
     framework's pinned or managed memory, or a dtype NumPy lacks, would cross), in `lanes`
-    lanes of bits a lane as many as the array's. The capsules' structs live as long as this
-    object."""
+    lanes of bits a lane as many as the array's, on device index `device_id`. The capsules'
+    structs live as long as this object."""
 
-    def __init__(self, array, device_type, code, lanes=1):
+    def __init__(self, array, device_type, code, lanes=1, device_id=0):
         self.array, self.device_type, self.code, self._held = array, device_type, code, []
-        self.lanes = lanes
+        self.lanes, self.device_id = lanes, device_id
 
     def __dlpack_device__(self):
-        return (self.device_type, 0)
+        return (self.device_type, self.device_id)
 
     def __dlpack__(self, **kwargs):
         a = self.array
         shape = (ctypes.c_int64 * a.ndim)(*a.shape)
         strides = (ctypes.c_int64 * a.ndim)(*(s // a.itemsize for s in a.strides))
         managed = _DLManagedTensor()
-        managed.dl_tensor = _DLTensor(a.ctypes.data, _DLDevice(self.device_type, 0), a.ndim,
-                                      _DLDataType(self.code, a.itemsize * 8, self.lanes), shape,
-                                      strides, 0)
+        managed.dl_tensor = _DLTensor(a.ctypes.data, _DLDevice(self.device_type, self.device_id),
+                                      a.ndim, _DLDataType(self.code, a.itemsize * 8, self.lanes),
+                                      shape, strides, 0)
         self._held.append((shape, strides, managed))
         return _capsule_new(ctypes.addressof(managed), _DLTENSOR, None)
 
@@ -2088,6 +2161,17 @@ def test_managed_memory_is_a_cuda_array(device_type):
     query = DlpackExport(args["query"].view(np.uint16), device_type, BFLOAT)
     with pytest.raises(TypeError, match=r"^smla: swa_kv_cache: expected cuda:0 \(the device "
                        r"of the call\), got cpu") as info:
+        smla.sparse_mla_decode(**dict(args, query=query))
+    assert info.value.argument == "swa_kv_cache"
+
+
+def test_a_cuda_query_makes_the_call_on_its_own_device():
+    """The device of the call is the query's, its index too: on cuda:1, that is the device
+    the CPU pools are named as not on (one GPU's call cannot read another's memory)."""
+    args, _ = make_case(ref.fresh_rng())
+    query = DlpackExport(args["query"].view(np.uint16), CUDA, BFLOAT, device_id=1)
+    with pytest.raises(TypeError, match=r"^smla: swa_kv_cache: expected cuda:1 \(the device "
+                       r"of the call\), got cpu$") as info:
         smla.sparse_mla_decode(**dict(args, query=query))
     assert info.value.argument == "swa_kv_cache"
 
@@ -2468,10 +2552,12 @@ def test_layer_spec_defaults_are_the_libraries():
 
 
 def test_dlpack_vector_and_wide_bfloat_types_are_refused():
-    """A native dtype in two lanes is no element of it; a 32-bit bfloat is no bf16."""
+    """A native dtype in two lanes is no element of it; a 32-bit bfloat is no bf16, nor a
+    32-bit float8_e4m3fn an fp8."""
     args, _ = make_case(ref.fresh_rng())
     for sinks, got in ((DlpackExport(args["sinks"], CPU, FLOAT, lanes=2), "float32x2"),
-                       (DlpackExport(args["sinks"], CPU, BFLOAT), "bfloat32")):
+                       (DlpackExport(args["sinks"], CPU, BFLOAT), "bfloat32"),
+                       (DlpackExport(args["sinks"], CPU, FLOAT8_E4M3FN), "DLPack type code 10/32")):
         with pytest.raises(TypeError, match=f"^smla: sinks: expected .*, got {got}$"):
             smla.sparse_mla_decode(**dict(args, sinks=sinks))
 
