@@ -1403,6 +1403,22 @@ def test_table_arrays_outlive_reset_and_their_tables():
         np.testing.assert_array_equal(table.sparse_topk_lens, lens)
 
 
+def test_table_arrays_hold_the_tables_whose_streams_free_them():
+    """A lookup's arrays hold the C++ tables object, whose streams take their memory back (on
+    CUDA, after the work that last used it): one reference per lookup, gone with the arrays."""
+    rng = ref.fresh_rng()
+    c = step_case(rng)
+    specs, _ = layers_and_pools(rng)
+    tables = smla.SparseIndexTables(specs, "cpu")
+    inner = tables._tables
+    before = sys.getrefcount(inner)
+    table = tables.lookup(specs[2].layer, lambda layer: index_args(c, specs[layer].compress_ratio))
+    assert sys.getrefcount(inner) == before + 1
+    del table
+    gc.collect()
+    assert sys.getrefcount(inner) == before
+
+
 def test_sparse_index_tables_peak_bytes_outlast_a_drop():
     """A group holds one compressed key's table: a narrower one replaces it, so the bytes held
     drop while the peak stays."""
@@ -1524,6 +1540,14 @@ def test_model_presets():
         assert smla.topk_width(layers[2], max_seq_len) == flash.index_topk
         assert smla.topk_width(layers[3], max_seq_len) == max_seq_len // 128
         assert smla.topk_width(layers[43], max_seq_len) == 0
+    # v41-flash shares caches and indexers: the layers its layers read them from are its lists.
+    v41 = smla.model_preset("v41-flash")
+    assert repr(v41) == "ModelPreset('v41-flash')"
+    v41_layers = smla.model_layers(v41, 1)
+    assert v41.kv_sources == sorted({s.kv_source for s in v41_layers} - {-1})
+    assert v41.index_sources == sorted({s.index_source for s in v41_layers} - {-1})
+    assert v41.kv_sources != v41.index_sources
+    assert {(s.num_heads, s.window) for s in v41_layers} == {(v41.num_heads, v41.window)}
     with pytest.raises(ValueError, match="smla: name: expected one of v4-flash") as bad:
         smla.model_preset("v5")
     assert bad.value.argument == "name"
@@ -1697,6 +1721,15 @@ def test_capability_defaults_to_the_cpu_and_checks_both_dtypes():
     assert smla.query_capability(512, "bf16", "bf16", 64) == (True, "")
     assert smla.max_topk_width() == 2**63 - 1
     raises_named(TypeError, "kv_dtype", lambda: smla.query_capability(512, "bf16", None, 64))
+
+
+def test_capability_reads_each_dtype_as_its_own():
+    """query_dtype is the query's and kv_dtype the cache's: a bf16 query reads an fp8_ds_mla
+    (u8) cache, an f8e4m3 query no bf16 one."""
+    assert smla.query_capability(512, "bf16", "u8", 64) == (True, "")
+    supported, reason = smla.query_capability(512, "f8e4m3", "bf16", 64)
+    assert not supported
+    assert reason.startswith("query dtype f8e4m3 does not go with a bf16 cache"), reason
 
 
 def test_engine_call_argument_checks():
