@@ -142,6 +142,15 @@ def run_and_check(args, pools, query64=None):
     check(args, expected_out, expected_lse, args["query"].shape[1])
 
 
+def rerun_writes_the_same_out(args, **changes):
+    """True where the op, run again with `changes` over a NaN-poisoned out, writes the bits the
+    out held (changes may pass views of args["out"] as the out)."""
+    first = args["out"].copy()
+    args["out"][:] = np.nan
+    smla.sparse_mla_decode(**dict(args, **changes))
+    return (args["out"].view(np.uint16) == first.view(np.uint16)).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # The decode op
 # ---------------------------------------------------------------------------------------------
@@ -261,11 +270,9 @@ def test_pools_with_a_dim_of_one_decode_as_three_dim_ones():
     [blocks, block_size, 512] one: 4 dims are within what an array may have."""
     args, pools = make_case(ref.fresh_rng())
     run_and_check(args, pools)
-    first = args["out"].copy()
-    args["out"][:] = np.nan
-    smla.sparse_mla_decode(**bad(args, swa_kv_cache=args["swa_kv_cache"][:, :, None],
-                                 compressed_kv_cache=args["compressed_kv_cache"][:, :, None]))
-    assert (args["out"].view(np.uint16) == first.view(np.uint16)).all()
+    assert rerun_writes_the_same_out(
+        args, swa_kv_cache=args["swa_kv_cache"][:, :, None],
+        compressed_kv_cache=args["compressed_kv_cache"][:, :, None])
 
 
 def test_zero_strides_beside_a_dim_of_one_are_kept():
@@ -278,10 +285,7 @@ def test_zero_strides_beside_a_dim_of_one_are_kept():
     broadcast = np.broadcast_to(args["query"][:, :1], args["query"].shape)
     args["query"] = np.ascontiguousarray(broadcast)
     run_and_check(args, pools)
-    first = args["out"].copy()
-    args["out"][:] = np.nan
-    smla.sparse_mla_decode(**bad(args, query=broadcast))
-    assert (args["out"].view(np.uint16) == first.view(np.uint16)).all()
+    assert rerun_writes_the_same_out(args, query=broadcast)
     lse = np.lib.stride_tricks.as_strided(args["lse"], strides=(args["lse"].strides[0], 0))
     with pytest.raises(ValueError, match=r"^smla: lse: expected a contiguous last dim "
                        r"\(stride 1\), got stride 0$") as info:
@@ -292,15 +296,11 @@ def test_zero_strides_beside_a_dim_of_one_are_kept():
 def test_decode_raw_bits_with_dtype_give_the_same_result():
     args, pools = make_case(ref.fresh_rng(), sinks=None)
     run_and_check(args, pools)
-    first = args["out"].copy()
-    args["out"][:] = np.nan
-    raw = dict(args, query=smla.with_dtype(args["query"].view(np.uint16), "bf16"),
-               swa_kv_cache=smla.with_dtype(args["swa_kv_cache"].view(np.uint16), "bf16"),
-               compressed_kv_cache=smla.with_dtype(args["compressed_kv_cache"].view(np.uint16),
-                                                   "bf16"),
-               out=smla.with_dtype(args["out"].view(np.uint16), "bf16"))
-    smla.sparse_mla_decode(**raw)
-    assert (args["out"].view(np.uint16) == first.view(np.uint16)).all()
+    assert rerun_writes_the_same_out(
+        args, query=smla.with_dtype(args["query"].view(np.uint16), "bf16"),
+        swa_kv_cache=smla.with_dtype(args["swa_kv_cache"].view(np.uint16), "bf16"),
+        compressed_kv_cache=smla.with_dtype(args["compressed_kv_cache"].view(np.uint16), "bf16"),
+        out=smla.with_dtype(args["out"].view(np.uint16), "bf16"))
 
 
 class EngineArray(np.ndarray):
@@ -311,11 +311,8 @@ def test_decode_takes_array_subclasses():
     """An ndarray subclass of ml_dtypes' bfloat16 is read as bf16, as its base class is."""
     args, pools = make_case(ref.fresh_rng(), sinks=None)
     run_and_check(args, pools)
-    first = args["out"].copy()
-    args["out"][:] = np.nan
-    smla.sparse_mla_decode(**dict(args, query=args["query"].view(EngineArray),
-                                  out=args["out"].view(EngineArray)))
-    assert (args["out"].view(np.uint16) == first.view(np.uint16)).all()
+    assert rerun_writes_the_same_out(args, query=args["query"].view(EngineArray),
+                                     out=args["out"].view(EngineArray))
 
 
 def test_with_dtype_element_sizes_must_agree():
