@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "progress.h"
@@ -58,12 +59,15 @@ std::string usage();
 // --help=VALUE or -h=VALUE throws a UsageError (neither takes a value), as parse_flags does.
 bool is_help(std::string_view word);
 
-// `text`, all of it, as an integer in [least, most]; else a UsageError naming `flag`.
+// `text`, all of it, as an integer in [least, most]; else a UsageError naming `flag`. No sign
+// where the range has no negatives: "-0" is refused as "+0" is.
 template <class T>
 T number(std::string_view flag, std::string_view text, T least, T most) {
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || value < least || value > most)
+  const bool signed_text = text.starts_with('-') && std::cmp_greater_equal(least, 0);
+  if (ec != std::errc() || end != text.data() + text.size() || signed_text || value < least ||
+      value > most)
     throw UsageError(std::string(flag) + ": expected an integer in [" + std::to_string(least) +
                      ", " + std::to_string(most) + "], got '" + std::string(text) + "'");
   return value;

@@ -142,8 +142,10 @@ TEST(RunArgs, BelowTheLeastNamesTheFlag) {
                        std::string(flag) + ": expected an integer in [1, " + most + "], got '0'");
   expect_usage_error({"run", "--swa-groups", "0"},
                      "--swa-groups: expected an integer in [1, 64], got '0'");
-  expect_usage_error({"run", "--check", "-1"},
-                     "--check: expected an integer in [0, 1073741824], got '-1'");
+  for (const char* bad : {"-1", "-0"})
+    expect_usage_error(
+        {"run", "--check", bad},
+        std::string("--check: expected an integer in [0, 1073741824], got '") + bad + "'");
 }
 
 // --tolerance takes a finite number > 0 (0, the default, is the layout's own bound).
@@ -175,7 +177,7 @@ TEST(RunArgs, ProgressIsWholeSecondsUpToADay) {
   EXPECT_EQ(parse({"run"}).run.progress, std::chrono::seconds(10));
   EXPECT_EQ(parse({"run", "--progress", "0"}).run.progress, std::chrono::seconds(0));
   EXPECT_EQ(parse({"run", "--progress=86400"}).run.progress, std::chrono::seconds(86400));
-  for (const char* bad : {"-1", "86401", "1.5", ""})
+  for (const char* bad : {"-1", "-0", "86401", "1.5", ""})
     expect_usage_error(
         {"run", "--progress", bad},
         std::string("--progress: expected an integer in [0, 86400], got '") + bad + "'");
