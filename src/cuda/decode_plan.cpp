@@ -1,6 +1,8 @@
 #include "cuda/decode_plan.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 namespace smla::cuda {
 namespace {
@@ -20,6 +22,15 @@ constexpr double kPartialStoreBytesPerUs = 24e3;
 constexpr double kPartialBytesPerUs = 45e3;
 constexpr double kClusterFixedUs = 1.0;
 constexpr double kClusterBytesPerUs = 16e3;
+
+// Whether rows split over CTAs of `heads_per_cta` heads: not where half as many cover the heads
+// in as many blocks, whose smaller partials cost less to reduce at the same CTA count (so the
+// wider plan could never win; the workspace bound counts on this too).
+bool splits_at(int num_heads, int heads_per_cta) {
+  const int half = heads_per_cta / 2;
+  return heads_per_cta == kMinHeadsPerCta ||
+         (num_heads + half - 1) / half > (num_heads + heads_per_cta - 1) / heads_per_cta;
+}
 
 }  // namespace
 
@@ -48,7 +59,8 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns, K
     const int head_blocks = (num_heads + heads_per_cta - 1) / heads_per_cta;
     const int64_t rows = num_tokens * head_blocks;
     const size_t partial_bytes = partial_floats(heads_per_cta) * sizeof(float);
-    for (int splits = 1; splits <= std::min<int64_t>(tiles, kMaxSplits); ++splits) {
+    const int max_splits = splits_at(num_heads, heads_per_cta) ? kMaxSplits : 1;
+    for (int splits = 1; splits <= std::min<int64_t>(tiles, max_splits); ++splits) {
       DecodePlan plan;
       plan.heads_per_cta = heads_per_cta;
       plan.head_blocks = head_blocks;
@@ -89,15 +101,35 @@ size_t workspace_bound(int64_t num_tokens, int num_heads, int64_t num_columns,
   const size_t cap = 2 * size_t(occupancy.ctas) * partial_floats(kMmaRows) * sizeof(float);
   const int64_t tiles = (num_columns + kTileColumns - 1) / kTileColumns;
   if (tiles > kExactBoundTiles) return cap;
-  // Past sm_count rows of 64 heads no plan splits (splitting stops at two waves).
+  // The most any plan of t tokens can use: its widest split rows' partials, up to two waves.
+  const auto most_at = [&](int64_t t) {
+    size_t bytes = 0;
+    for (int heads_per_cta = kMmaRows; heads_per_cta >= kMinHeadsPerCta; heads_per_cta /= 2) {
+      const int64_t rows = t * ((num_heads + heads_per_cta - 1) / heads_per_cta);
+      const int64_t splits = std::min({tiles, int64_t(kMaxSplits), 2 * occupancy.ctas / rows});
+      if (splits > 1 && splits_at(num_heads, heads_per_cta))
+        bytes =
+            std::max(bytes, size_t(rows * splits) * partial_floats(heads_per_cta) * sizeof(float));
+    }
+    return bytes;
+  };
+  // Past sm_count rows of 64 heads no plan splits (splitting stops at two waves). Token counts
+  // go from the largest such most down, and one whose plans cannot pass the largest workspace
+  // found so far is not searched.
   const int64_t blocks = (num_heads + kMmaRows - 1) / kMmaRows;
+  std::vector<std::pair<size_t, int64_t>> order;  // (most_at(t), t)
+  for (int64_t t = 1; t <= num_tokens && t * blocks <= occupancy.ctas; ++t)
+    order.emplace_back(most_at(t), t);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
   size_t most = 0;
-  for (int64_t t = 1; t <= num_tokens && t * blocks <= occupancy.ctas && most < cap; ++t)
-    for (int64_t tile = 1; tile <= tiles; ++tile)
+  for (const auto& [most_t, t] : order) {
+    for (int64_t tile = 1; tile <= tiles && most < most_t; ++tile)
       for (KvLayout layout : kKvLayouts)
         most = std::max(most, plan_decode(t, num_heads, tile * kTileColumns, layout, occupancy,
                                           SIZE_MAX, SIZE_MAX)
                                   .workspace_bytes);
+  }
   return most;
 }
 
