@@ -99,7 +99,9 @@ class StepExecutor:
                 kind=self._device[0], id=self._device[1], stream=handle,
                 max_tokens=integer(max_tokens, "max_tokens", 64),
                 max_columns=integer(max_columns, "max_columns", 64),
-                compressed_index=utf8(str(compressed_index)))
+                # A str: str() of another kind (None, b"auto") would pass as a name it is not.
+                compressed_index=utf8(instance(compressed_index, str, "compressed_index",
+                                               '"auto", "topk" or "table"')))
 
     def begin_step(self, inputs: StepInputs) -> None:
         """Resets the tables; keeps `inputs` (and its arrays) for the step. Every compressed

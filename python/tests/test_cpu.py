@@ -1776,6 +1776,10 @@ def test_step_executor_argument_checks():
         [dataclasses.replace(layers[0], swa_kv_cache=None)], 4, W + 12))
     raises_named(TypeError, "layers[1].bmm2_scale", lambda: smla.StepExecutor(
         [layers[0], dataclasses.replace(layers[1], bmm2_scale="x")], 4, W + 12))
+    # Not a name: None or bytes would otherwise be refused as the text str() gives them.
+    for kind in (None, b"auto", 1):
+        raises_named(TypeError, "compressed_index", lambda: smla.StepExecutor(
+            layers, 4, W + 12, compressed_index=kind))
     executor = smla.StepExecutor(layers, max_tokens=8, max_columns=W + 12)
     inputs = smla.StepInputs(metadata=c["step"],
                              block_tables=[c["block_table"], c["block_table"]],
