@@ -104,6 +104,7 @@ def _torch_capsule(x, name: str, dtype, writable: bool):
 I32, F32, U8, BF16 = "i32", "f32", "u8", "bf16"
 QUERY = "bf16,f8e4m3"          # bf16, or e4m3 with a per-tensor fp8 cache
 POOL = "bf16,f8e4m3,u8"        # bf16, per-tensor fp8 or fp8_ds_mla bytes
+COUNTERS = "u8,i32"            # kv_counters: a buffer of either
 
 
 def tensor(x, name: str, writable: bool = False, required: str = "", takes: str = ""):

@@ -4,8 +4,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import _smla
-from ._arrays import (BF16, F32, I32, POOL, QUERY, U8, device_of, instance, integer, on_device,
-                      parse_device, scale, stream_handle, tensor, utf8)
+from ._arrays import (BF16, COUNTERS, F32, I32, POOL, QUERY, U8, device_of, instance, integer,
+                      on_device, parse_device, scale, stream_handle, tensor, utf8)
 from ._errors import type_error
 from ._traced import as_torch_op
 
@@ -79,7 +79,7 @@ def sparse_mla_decode(*, query, swa_kv_cache, sparse_indices, sparse_topk_lens, 
         out=tensor(out, "out", writable=True, takes=BF16),
         lse=tensor(lse, "lse", writable=True, takes=F32),
         workspace=tensor(workspace, "workspace", writable=True, takes=U8),
-        kv_counters=tensor(kv_counters, "kv_counters", writable=True, takes=U8),
+        kv_counters=tensor(kv_counters, "kv_counters", writable=True, takes=COUNTERS),
         window=integer(window, "window"),
         topk_indices=tensor(topk.topk_indices, "topk_columns.topk_indices", takes=I32),
         topk_block_table=tensor(topk.block_table, "topk_columns.block_table", takes=I32),

@@ -45,6 +45,10 @@ std::string conversion_hint(nb::dlpack::dtype d, const std::vector<DType>& takes
     if (code == Code::Float && d.bits != 32) return to_float32 + ", rows bf16";
     return "";
   }
+  // kv_counters (u8 or i32): a buffer, whose bytes are what matters, not int32 indices.
+  if (integer && takes_one(DType::u8) && takes_one(DType::i32))
+    return ": counters are a u8 or i32 buffer (its bytes: .view(torch.uint8) or "
+           ".view(numpy.uint8))";
   if (integer && takes_one(DType::i32)) return to_int32;
   if (integer && takes_one(DType::u8) && d.bits == 8)  // the same bytes: a view, no copy
     return std::string(takes.size() == 1 ? ": flags and buffers are u8"

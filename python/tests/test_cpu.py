@@ -2041,10 +2041,13 @@ def test_dtype_errors_follow_the_dtype_the_argument_takes():
             ("workspace", lambda: smla.sparse_mla_decode(
                 **bad(args, workspace=np.zeros(64, np.int8))), "u8 elements",
              "int8: flags and buffers are u8 (" + view),
+            # It takes i32 too: both named, and a buffer's view, not an index's int32 copy.
             ("kv_counters", lambda: smla.sparse_mla_decode(
-                **bad(args, kv_counters=np.zeros(16, np.int16))), "u8 elements",
-             "int16: flags are u8 (.to(torch.uint8) or .astype(numpy.uint8)), buffers their "
-             "bytes (" + view),
+                **bad(args, kv_counters=np.zeros(16, np.int16))), "u8 or i32 elements",
+             "int16: counters are a u8 or i32 buffer (its bytes: " + view),
+            ("kv_counters", lambda: smla.sparse_mla_decode(
+                **bad(args, kv_counters=np.zeros(16, np.int64))), "u8 or i32 elements",
+             "int64: counters are a u8 or i32 buffer (its bytes: " + view),
             ("swa_kv_cache", lambda: smla.sparse_mla_decode(**bad(args, swa_kv_cache=pool8)),
              pools, "int8: an fp8_ds_mla pool is u8 (" + view),
             ("pool", lambda: smla.quantize_kv(**quantize), pools,
