@@ -52,6 +52,9 @@ class SparseIndexTable:
 
 @dataclass
 class SparseIndexArgs:
+    """What build_sparse_indices reads (a step, an SWA group, a layer's compressed columns
+    and window) and the table it fills (`out`, caller-allocated; unset for a lookup)."""
+
     step: StepMetadata
     swa: SwaGroup
     compressed: CompressedColumns = field(default_factory=CompressedColumns)

@@ -54,5 +54,7 @@ class SparseIndexTables:
 
     @property
     def stats(self) -> dict:
+        """The step's table statistics since reset() (builds, forks, waits, peak tables,
+        bytes)."""
         return self._tables.stats()
 

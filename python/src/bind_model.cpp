@@ -56,15 +56,20 @@ void bind_model(nb::module_& m) {
       .def_ro("index_sources", &ModelPreset::index_sources)
       .def("__repr__", [](const ModelPreset& p) { return "ModelPreset('" + p.name + "')"; });
 
-  m.def("model_presets", [] {
-    const auto presets = model_presets();
-    return std::vector<ModelPreset>(presets.begin(), presets.end());
-  });
+  m.def(
+      "model_presets",
+      [] {
+        const auto presets = model_presets();
+        return std::vector<ModelPreset>(presets.begin(), presets.end());
+      },
+      "Every preset (SPEC §6): v4-flash, v4-pro, v41-flash; model_preset(name) gives one.");
   m.def("model_preset", &model_preset, nb::arg("name"), nb::rv_policy::copy);
   m.def("model_layers", &model_layers, nb::arg("preset"), nb::arg("num_swa_groups"),
         nb::arg("with_mtp") = false);
   m.def("topk_width", &topk_width, nb::arg("layer"), nb::arg("max_seq_len"));
-  nb::enum_<TableSharing>(m, "TableSharing")
+  nb::enum_<TableSharing>(m, "TableSharing",
+                          "Whether layers of equal keys in an SWA group share a table (shared, "
+                          "SPEC §5) or every layer has its own (none: what sharing saves).")
       .value("shared", TableSharing::shared)
       .value("none", TableSharing::none);
   m.def("sparse_index_key", &sparse_index_key, nb::arg("layer"),

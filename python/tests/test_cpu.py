@@ -3033,3 +3033,25 @@ def test_attention_layer_bmm2_scale_defaults_to_one():
         assert np.isfinite(default.astype(np.float32)).all()
         assert (default.view(np.uint16) == one.view(np.uint16)).all()
         assert (default.view(np.uint16) != half.view(np.uint16)).any()
+
+
+def test_every_public_name_has_a_docstring():
+    """help() states each public name's contract: a docstring of its own, not a bare signature
+    (nanobind's, a dataclass's) nor one inherited (an enum's)."""
+    def documented(obj, name):
+        doc = obj.__doc__ or ""
+        signature = re.compile(rf"{re.escape(name)}\(.*\)( -> .*)?$")
+        return any(line.strip() and not signature.match(line) for line in doc.splitlines())
+
+    missing = []
+    for name in smla.__all__:
+        obj = getattr(smla, name)
+        if isinstance(obj, (bool, int)):  # the constants
+            continue
+        if not documented(obj, name):
+            missing.append(name)
+        if name in ("SparseIndexTables", "StepExecutor"):
+            for member, value in vars(obj).items():
+                if not member.startswith("_") and not documented(value, member):
+                    missing.append(f"{name}.{member}")
+    assert not missing, missing
