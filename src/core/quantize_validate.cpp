@@ -22,7 +22,9 @@ std::string item(int64_t i, int64_t value) { return check::item("slots", i, valu
 // would depend on the order of the writes).
 void check_slot_values(const TensorView& slots, const QuantizeProblem& p) {
   std::vector<std::pair<int32_t, int64_t>> used;  // (slot, i)
-  used.reserve(p.num_rows);
+  // Past the pool's slots the second write of one fails below: a broadcast view of 2^31 padding
+  // rows took 32 GiB here and threw std::bad_alloc.
+  used.reserve(size_t(std::min<int64_t>(p.num_rows, p.pool.slots() + 1)));
   for (int64_t i = 0; i < p.num_rows; ++i) {
     const int32_t slot = check::at(slots, i);
     if (slot >= p.pool.slots())

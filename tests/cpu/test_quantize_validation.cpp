@@ -10,6 +10,8 @@
 #include <tuple>
 #include <vector>
 
+#include "address_space_cap.h"
+#include "core/sanitizers.h"
 #include "error_check.h"
 #include "host_case.h"
 #include "smla/error.h"
@@ -272,6 +274,24 @@ TEST_F(QuantizeValidation, PoolOnAnUnusableCudaDeviceIsUnsupported) {
 TEST_F(QuantizeValidation, SlotsForNoRowsAreEmpty) {
   rows = view(DType::bf16, {0, 512});
   expect_error(ErrorKind::value, "slots", "[N = 0]", "[5]");
+}
+
+// 2^27 padding rows as broadcast views: the slot check took storage for every row before it
+// kept the written ones (2 GiB here; 32 GiB at 2^31) and threw std::bad_alloc. Under an
+// address-space limit of 1 GiB past what the process has mapped the call writes nothing.
+TEST_F(QuantizeValidation, BroadcastPaddingRowsTakeNoStorageARow) {
+#if defined(SMLA_ASAN)
+  GTEST_SKIP() << "AddressSanitizer maps more than an address-space limit leaves";
+#endif
+  const int64_t n = int64_t(1) << 27;
+  int32_t padding = -1;
+  rows = make_view(row_bytes.data(), DType::bf16, Device{}, {n, 512}, {0, 1});
+  slots = make_view(&padding, DType::i32, Device{}, {n}, {0});
+  const std::vector<std::byte> before = pool_bytes;
+  const AddressSpaceCap cap(rlim_t{1} << 30);
+  ASSERT_TRUE(cap.ok());
+  ASSERT_NO_THROW(quantize_kv(rows, slots, pool, kv_scale));
+  EXPECT_TRUE(pool_bytes == before) << "a padding row was written";
 }
 
 // A refused float is quoted with the nine digits that read back as itself.
