@@ -44,7 +44,8 @@ class Streams {
 
 // The streams of `device` around `stream` (a cudaStream_t there, which must outlive them;
 // ignored on the CPU). The side stream is the library's own (non-blocking). Refused: a stream
-// being captured (unsupported: make the Streams before capturing) or of another device (value).
+// being captured (unsupported: make the Streams before capturing) or of another device (value),
+// a device neither cpu nor cuda (type).
 // One thread at a time.
 std::unique_ptr<Streams> make_streams(Device device, void* stream = nullptr);
 

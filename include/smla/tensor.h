@@ -24,6 +24,8 @@ struct Device {
     return kind == o.kind && (kind == DeviceKind::cpu || id == o.id);
   }
 };
+// "cpu", "cuda:0"; a kind of neither (a cast DLPack device type, which every call refuses):
+// "DLPack device type 10 (id 0)".
 std::string device_name(Device device);
 
 constexpr int kMaxDims = 4;

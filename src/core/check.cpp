@@ -60,10 +60,16 @@ std::string real(float value) {
 std::string shape_of(const TensorView& v) { return list_of(v.shape, v.ndim); }
 std::string strides_of(const TensorView& v) { return list_of(v.strides, v.ndim); }
 
+void device(Device d, const std::string& name) {
+  if (d.kind != DeviceKind::cpu && d.kind != DeviceKind::cuda)
+    fail(ErrorKind::type, name, "a cpu or cuda device (DLPack device type 1 or 2)", device_name(d));
+}
+
 void view(const TensorView& v, const std::string& name) {
   if (v.ndim < 1 || v.ndim > kMaxDims)
     fail(ErrorKind::value, name, "1.." + std::to_string(kMaxDims) + " dims",
          std::to_string(v.ndim) + " dims");
+  device(v.device, name);
   for (int d = 0; d < v.ndim; ++d)
     if (v.shape[d] < 0) fail(ErrorKind::value, name, "non-negative sizes", shape_of(v));
   int64_t count = 1, extent = 0, below = 0, reach = 0;  // below: the bytes before data

@@ -32,9 +32,15 @@ inline std::string item(const char* name, int64_t i, int64_t value) {
 std::string shape_of(const TensorView& view);    // "[4, 128]"
 std::string strides_of(const TensorView& view);  // "[128, 1]"
 
-// A present view's own consistency: 1..kMaxDims dims, non-negative sizes, an element count and
-// byte extent that fit in int64, and bytes that, from its data, lie in the address space, so
-// that no size or address arithmetic past this check overflows.
+// A device of a kind this library runs on (DLPack kDLCPU or kDLCUDA), as a type error naming
+// `name`: a view cast from another DLPack device type (kDLCUDAHost, kDLROCM, ...) would
+// otherwise be taken for a CUDA device's and handed to its kernels.
+void device(Device device, const std::string& name);
+
+// A present view's own consistency: 1..kMaxDims dims, a known device kind (`device`),
+// non-negative sizes, an element count and byte extent that fit in int64, and bytes that, from
+// its data, lie in the address space, so that no size or address arithmetic past this check
+// overflows.
 void view(const TensorView& view, const std::string& name);
 
 // A tensor the kernels read (past `view`): a contiguous last dim (vector loads on the GPU), and

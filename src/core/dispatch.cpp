@@ -44,6 +44,7 @@ size_t kv_counter_bytes(int64_t max_tokens, int num_heads) {
 
 size_t workspace_bytes(int64_t max_tokens, int num_heads, int64_t max_columns, Device device) {
   check_sizes(max_tokens, num_heads, max_columns);
+  check::device(device, "device");
   if (device.kind == DeviceKind::cpu) return 0;
 #if SMLA_WITH_CUDA
   return cuda::workspace_bytes(max_tokens, num_heads, max_columns, device.id);
@@ -91,6 +92,8 @@ Capability query_capability(int head_size, DType query_dtype, DType kv_dtype, in
     return refuse(std::string("query dtype ") + dtype_name(query_dtype) + " does not go with a " +
                   dtype_name(kv_dtype) + " cache (bf16 query, or f8e4m3 with an f8e4m3 cache)");
   if (device.kind == DeviceKind::cpu) return {true, {}};
+  if (device.kind != DeviceKind::cuda)
+    return refuse("device " + device_name(device) + " is neither cpu nor cuda");
 #if SMLA_WITH_CUDA
   if (std::string why = cuda::unsupported_reason(device.id); !why.empty()) return refuse(why);
   // The kernel addresses a page's scales by a 32-bit offset past its records.

@@ -128,6 +128,9 @@ IndexProblem check_inputs(const SparseIndexArgs& a, Device device) {
 IndexProblem validate_index(const SparseIndexArgs& a) {
   if (!a.out.sparse_indices.defined())
     fail(ErrorKind::value, "sparse_indices", "a [T, K] i32 tensor", "absent");
+  // The call's device: refused here, by its tensor's name, rather than as the first input's
+  // mismatch with it.
+  check::device(a.out.sparse_indices.device, "sparse_indices");
   IndexProblem p = check_inputs(a, a.out.sparse_indices.device);
   const int ratio = p.compress_ratio;
   const std::string T = num(p.num_tokens);

@@ -9,6 +9,7 @@
 namespace smla {
 
 std::unique_ptr<Streams> make_streams(Device device, void* stream) {
+  check::device(device, "device");
   if (device.kind == DeviceKind::cpu) return cpu::make_streams();
 #if SMLA_WITH_CUDA
   return cuda::make_streams(device, stream);

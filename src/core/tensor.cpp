@@ -30,7 +30,15 @@ const char* dtype_name(DType dtype) {
 }
 
 std::string device_name(Device device) {
-  return device.kind == DeviceKind::cpu ? std::string("cpu") : "cuda:" + std::to_string(device.id);
+  switch (device.kind) {
+    case DeviceKind::cpu:
+      return "cpu";
+    case DeviceKind::cuda:
+      return "cuda:" + std::to_string(device.id);
+  }
+  // A kind cast from another DLPack device type: named as it is, not as a CUDA device.
+  return "DLPack device type " + std::to_string(static_cast<int>(device.kind)) + " (id " +
+         std::to_string(device.id) + ")";
 }
 
 // A view's fields are the caller's: a rank past kMaxDims (which validation refuses) must not

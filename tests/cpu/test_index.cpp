@@ -776,6 +776,19 @@ TEST(IndexErrors, DeviceCallWithoutCudaIsUnsupported) {
 }
 #endif
 
+// Outputs on a device of neither kind (a cast DLPack device type) are refused by the output's
+// name, not as the first input's mismatch with them.
+TEST(IndexErrors, DeviceOfAnotherKindNamesTheOutputs) {
+  MixedCase c;
+  SparseIndexArgs a = c.args();
+  std::vector<int32_t> indices(6 * 8), lens(6);
+  a.out = {i32(indices, {6, 8}), i32(lens, {6}), {}};
+  const Device rocm{static_cast<DeviceKind>(10), 0};
+  a.out.sparse_indices.device = a.out.sparse_topk_lens.device = rocm;
+  test::expect_smla_error([&] { build_sparse_indices(a); }, ErrorKind::type, "sparse_indices",
+                          "a cpu or cuda device", "DLPack device type 10 (id 0)");
+}
+
 // A device's cum_seq_lens_q is not read on the host: T <= B x max_q_len, which its values
 // imply, is checked instead (tables size their allocation from T). The host's values name the
 // request. The views only claim a GPU: the call is refused before a backend could read them.

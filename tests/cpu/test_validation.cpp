@@ -25,6 +25,7 @@
 #include "smla/error.h"
 #include "smla/index.h"
 #include "smla/quantize.h"
+#include "smla/streams.h"
 
 namespace smla::test {
 namespace {
@@ -203,6 +204,30 @@ TEST_F(Validation, TensorOnAnotherDevice) {
   }
   a.query.device = kCuda;  // then the first other tensor is the odd one
   expect_error(ErrorKind::type, "swa_kv_cache", "cuda:0", "cpu");
+}
+
+// A DLPack device type other than kDLCPU and kDLCUDA cast into a view (kDLCUDAHost = 3,
+// kDLROCM = 10) is refused as what it is, naming the tensor: taken for a CUDA device, it would
+// reach the CUDA backend (in a build with one) with memory that is not that device's.
+TEST_F(Validation, DeviceOfAnotherKind) {
+  for (const int type : {3, 10}) {
+    const Device other{static_cast<DeviceKind>(type), 0};
+    const std::string name = "DLPack device type " + std::to_string(type) + " (id 0)";
+    for (const Field& f : kTensorFields) (a.*f.member).device = other;
+    test::expect_smla_error([&] { sparse_mla_decode(a); }, ErrorKind::type, "query",
+                            "a cpu or cuda device (DLPack device type 1 or 2)", name);
+    for (const Field& f : kTensorFields) (a.*f.member).device = Device{};
+    a.lse.device = other;  // one tensor of them: refused by its name too
+    expect_error(ErrorKind::type, "lse", "a cpu or cuda device", name);
+    a.lse.device = Device{};
+    test::expect_smla_error([&] { make_streams(other); }, ErrorKind::type, "device",
+                            "a cpu or cuda device", name);
+    test::expect_smla_error([&] { workspace_bytes(8, 64, 640, other); }, ErrorKind::type, "device",
+                            "a cpu or cuda device", name);
+    const Capability answer = query_capability(kHeadDim, DType::bf16, DType::bf16, 64, other);
+    EXPECT_FALSE(answer.supported);
+    EXPECT_EQ(answer.reason, "device " + name + " is neither cpu nor cuda");
+  }
 }
 
 TEST_F(Validation, RequiredTensorAbsent) {
