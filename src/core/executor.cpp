@@ -245,6 +245,10 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
       specs_(specs_of(layers_)),
       streams_(streams),
       compressed_index_(compressed_index) {
+  // As workspace_bytes checks them, but whatever the layers: it runs once per head count, so an
+  // executor without layers would take any sizes.
+  check::int32_count(max_tokens, "max_tokens");
+  check::int32_count(max_columns, "max_columns");
   std::vector<KvPool> pools;  // each layer's SWA and compressed pool geometry, made once
   const auto add_pool = [&](const TensorView& view, const std::string& name) {
     pools.push_back(make_pool(view, name.c_str()));

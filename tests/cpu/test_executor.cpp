@@ -1157,6 +1157,19 @@ TEST(Executor, LayersAreCheckedWhenMade) {
   }
 }
 
+// The sizes the shared buffers are made for are refused outside 0..2^31 - 1 (workspace_bytes'
+// range), with layers or without.
+TEST(Executor, SizesAreCheckedWithOrWithoutLayers) {
+  test::RecordingStreams streams;
+  for (const int64_t bad : {int64_t{-1}, int64_t{1} << 31}) {
+    test::expect_smla_error([&] { StepExecutor({}, streams, bad, 0); }, ErrorKind::value,
+                            "max_tokens", "0..2^31 - 1", std::to_string(bad));
+    test::expect_smla_error([&] { StepExecutor({}, streams, 0, bad); }, ErrorKind::value,
+                            "max_columns", "0..2^31 - 1", std::to_string(bad));
+  }
+  EXPECT_NO_THROW(StepExecutor({}, streams, 0, 0));
+}
+
 // SPEC §5: the executor joins before an index source's indexer, and only there. Layers 3..7
 // and 9..13 read the top-k of layers 2 and 8: each looks up a table its run's first layer
 // forked, and waits for it, the fork still unjoined (a join before each would leave nothing to
