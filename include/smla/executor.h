@@ -23,7 +23,7 @@ class ReadViews;
 struct AttentionLayer {
   LayerSpec spec{};
   TensorView swa_kv_cache{};         // its SWA pool; its dtype is the cache dtype
-  TensorView compressed_kv_cache{};  // compressed layers: the kv source's pool
+  TensorView compressed_kv_cache{};  // compressed layers: the kv source's pool, of its dtype
   TensorView sinks{};                // [H] f32, optional
   float bmm1_scale = NAN;            // must be set: D^-0.5 (x q_scale * kv_scale, fp8_e4m3)
   float bmm2_scale = 1.f;            // 1 (kv_scale with an fp8_e4m3 cache; fp8_ds_mla: 1)

@@ -261,6 +261,13 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
     add_pool(l.swa_kv_cache, layer + "swa_kv_cache");
     if (l.spec.compress_ratio > 0) {
       add_pool(l.compressed_kv_cache, layer + "compressed_kv_cache");
+      // The decode reads both pools in one layout: refused here, not as the layer runs, after
+      // the layers before it have written their outs.
+      if (l.compressed_kv_cache.dtype != l.swa_kv_cache.dtype)
+        check::fail(ErrorKind::type, layer + "compressed_kv_cache",
+                    std::string(dtype_name(l.swa_kv_cache.dtype)) + " (the layout of " + layer +
+                        "swa_kv_cache)",
+                    dtype_name(l.compressed_kv_cache.dtype));
     } else {  // an SWA-only layer's compressed pool is never read: not checked
       pools.emplace_back();
       pool_records_.emplace_back();

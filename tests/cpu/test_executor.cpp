@@ -1138,6 +1138,17 @@ TEST(Executor, LayersAreCheckedWhenMade) {
         },
         (std::string("layers[1].spec.") + field).c_str(),
         "a layer id >= 0 for a compressed layer (compress_ratio 2)", "-1");
+  // Pools of two layouts, which the decode refuses, are refused before any layer runs.
+  {
+    std::vector<AttentionLayer> layers = c.layers;
+    layers[1].spec.compress_ratio = 2;
+    layers[1].spec.kv_source = layers[1].spec.index_source = layers[1].spec.layer;
+    TensorView& pool = layers[1].compressed_kv_cache = layers[1].swa_kv_cache;
+    pool.dtype = DType::f8e4m3, pool.strides[0] *= 2, pool.strides[1] *= 2;  // its bytes' rows
+    test::expect_smla_error([&] { StepExecutor(layers, streams, 1, 1024); }, ErrorKind::type,
+                            "layers[1].compressed_kv_cache",
+                            "bf16 (the layout of layers[1].swa_kv_cache)", "f8e4m3");
+  }
   // SPEC §5's key leaves out the window and the pools' pages: one table would serve layers 0
   // and 1 (group 0, swa_only) as if theirs were equal.
   refused([](Layers& l) { l[1].spec.window = 64; }, "layers[1].spec.window",
