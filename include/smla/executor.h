@@ -72,10 +72,11 @@ class StepExecutor {
  public:
   // Allocates (zeroed, outside any capture) the kv counters and workspace every layer shares,
   // sized for steps of up to `max_tokens` tokens and `max_columns` table columns (larger steps
-  // run, with fewer splits; each in 0..2^31 - 1, else a value error naming it). `layers` in model
-  // order; `streams` orders the work and must outlive this object. `sharing` none makes every layer
-  // build its own table of the specs `compressed_index` gives (`table` for every compressed layer's
-  // own; for measuring what sharing saves).
+  // run, with fewer splits; each in 0..2^31 - 1, else a value error naming it). Each layer's
+  // pools and sinks are checked as its decode checks them, on the streams' device. `layers` in
+  // model order; `streams` orders the work and must outlive this object. `sharing` none makes every
+  // layer build its own table of the specs `compressed_index` gives (`table` for every compressed
+  // layer's own; for measuring what sharing saves).
   StepExecutor(std::vector<AttentionLayer> layers, Streams& streams, int64_t max_tokens,
                int64_t max_columns, TableSharing sharing = TableSharing::shared,
                CompressedIndex compressed_index = CompressedIndex::automatic);

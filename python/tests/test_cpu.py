@@ -1514,8 +1514,9 @@ def test_step_executor_matches_the_reference():
             executor.run_layer(spec.layer, queries[0], again[0])
     executor.end_step()
     odd = [dataclasses.replace(l, sinks=np.zeros(5, np.float32)) for l in layers]
-    with pytest.raises(ValueError, match=rf"smla: sinks: .*\(layer {specs[0].layer}\)"):
-        smla.StepExecutor(odd, max_tokens=8, max_columns=W + 12).run_step(inputs, queries, outs)
+    # Refused when made, before any layer of a step runs.
+    with pytest.raises(ValueError, match=r"smla: layers\[0\].sinks: expected \[H = "):
+        smla.StepExecutor(odd, max_tokens=8, max_columns=W + 12)
     odd[1] = dataclasses.replace(layers[1], sinks=np.zeros(4))
     with pytest.raises(TypeError, match=r"smla: layers\[1\].sinks:"):
         smla.StepExecutor(odd, max_tokens=8, max_columns=W + 12)

@@ -250,8 +250,12 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
   check::int32_count(max_tokens, "max_tokens");
   check::int32_count(max_columns, "max_columns");
   std::vector<KvPool> pools;  // each layer's SWA and compressed pool geometry, made once
+  const Device device = streams.device();
   const auto add_pool = [&](const TensorView& view, const std::string& name) {
     pools.push_back(make_pool(view, name.c_str()));
+    if (!(view.device == device))
+      check::fail(ErrorKind::type, name, device_name(device) + " (the streams' device)",
+                  device_name(view.device));
     pool_records_.push_back(pool_records(view, pools.back()));
   };
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -271,6 +275,13 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
     } else {  // an SWA-only layer's compressed pool is never read: not checked
       pools.emplace_back();
       pool_records_.emplace_back();
+    }
+    // As its decode checks them, but before any layer of a step has run.
+    if (l.sinks.defined()) {
+      const std::string sinks = layer + "sinks";
+      check::tensor(l.sinks, sinks.c_str(), DType::f32, device, {l.spec.num_heads},
+                    "[H = spec.num_heads = " + std::to_string(l.spec.num_heads) + "]");
+      check::memory(l.sinks, sinks);
     }
   }
   // The plan of steps whose top-k all fit the decode, and in automatic mode the one of steps

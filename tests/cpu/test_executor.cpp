@@ -1138,6 +1138,29 @@ TEST(Executor, LayersAreCheckedWhenMade) {
         },
         (std::string("layers[1].spec.") + field).c_str(),
         "a layer id >= 0 for a compressed layer (compress_ratio 2)", "-1");
+  // What the layer's decode would refuse as it runs, after the layers before it wrote their outs:
+  // sinks not of its heads, or not f32, a pool on another device than the streams'.
+  std::vector<float> sinks(kHeads + 1);
+  refused(
+      [&](Layers& l) { l[1].sinks = make_view(sinks.data(), DType::f32, Device{}, {kHeads + 1}); },
+      "layers[1].sinks", "[H = spec.num_heads = 2]", "[3]");
+  refused(
+      [&](Layers& l) { l[0].sinks = make_view(sinks.data(), DType::f32, Device{}, {kHeads}, {2}); },
+      "layers[0].sinks", "a contiguous last dim", "stride 2");
+  test::expect_smla_error(
+      [&] {
+        std::vector<AttentionLayer> layers = c.layers;
+        layers[0].sinks = make_view(sinks.data(), DType::i32, Device{}, {kHeads});
+        StepExecutor(layers, streams, 1, 1024);
+      },
+      ErrorKind::type, "layers[0].sinks", "f32", "i32");
+  test::expect_smla_error(
+      [&] {
+        std::vector<AttentionLayer> layers = c.layers;
+        layers[1].swa_kv_cache.device = {DeviceKind::cuda, 0};
+        StepExecutor(layers, streams, 1, 1024);
+      },
+      ErrorKind::type, "layers[1].swa_kv_cache", "cpu (the streams' device)", "cuda:0");
   // Pools of two layouts, which the decode refuses, are refused before any layer runs.
   {
     std::vector<AttentionLayer> layers = c.layers;
