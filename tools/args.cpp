@@ -40,9 +40,10 @@ UsageError no_value(std::string_view flag, std::string_view value) {
   return UsageError(std::string(flag) + ": takes no value, got '" + std::string(value) + "'");
 }
 
-// Flags renamed to SPEC's names (seventy-ninth session): the old name is refused, naming the new.
+// Flags renamed to SPEC's names (--mtp, which also named the model's MTP layers, and those of
+// the seventy-ninth session): the old name is refused, naming the new.
 constexpr std::pair<std::string_view, std::string_view> kRenamedFlags[] = {
-    {"--context", "--seq-len"}, {"--groups", "--swa-groups"}};
+    {"--context", "--seq-len"}, {"--groups", "--swa-groups"}, {"--mtp", "--q-len"}};
 using Text = std::string_view;
 
 // The flags of `run`, each with what it sets from its value (f: the flag, v: the value).

@@ -240,7 +240,8 @@ TEST(RunArgs, RenamedFlagNamedOnlyWhereItIsTaken) {
   const std::string_view valued[] = {"--csv", "--swa-groups"};
   for (const auto& [word, message] :
        {std::pair{std::string_view("--context=300"), "unknown flag --context"},
-        {std::string_view("--groups"), "unknown flag --groups (now --swa-groups)"}}) {
+        {std::string_view("--groups"), "unknown flag --groups (now --swa-groups)"},
+        {std::string_view("--mtp"), "unknown flag --mtp"}}) {
     try {
       parse_flags({&word, 1}, valued, {}, [](std::string_view, std::string_view) {});
       ADD_FAILURE() << "taken; expected: " << message;
@@ -544,6 +545,8 @@ TEST(RunArgs, NamesAndWordsRefused) {
   // Flags renamed to SPEC's names say what they are called now.
   expect_usage_error({"run", "--context", "300"}, "unknown flag --context (now --seq-len)");
   expect_usage_error({"run", "--groups=3"}, "unknown flag --groups (now --swa-groups)");
+  // --mtp, the query tokens per request before SPEC's --q-len (docs/benchmarks.md's older runs).
+  expect_usage_error({"run", "--mtp", "2"}, "unknown flag --mtp (now --q-len)");
   expect_usage_error({"info", "run"}, "info takes no arguments, got 'run'");
   EXPECT_EQ(parse({"info"}).command, Command::info);
   EXPECT_EQ(parse({"run"}).command, Command::run);
