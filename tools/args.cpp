@@ -211,6 +211,9 @@ Invocation parse_args(int argc, const char* const* argv) {
   if (const int layers = model_preset(inv.run.model).num_layers; inv.run.swa_groups > layers)
     throw UsageError("--swa-groups: expected at most the " + std::to_string(layers) +
                      " layers of " + inv.run.model + ", got " + std::to_string(inv.run.swa_groups));
+  // A bound on no check would pass silently: an exit 0 that reads as a run within it.
+  if (inv.run.tolerance > 0 && inv.run.check == 0)
+    throw UsageError("--tolerance: expected --check above 0 (the check it bounds), got --check 0");
   if (inv.run.q_len > inv.run.seq_len)
     throw UsageError("--q-len: expected at most --seq-len = " + std::to_string(inv.run.seq_len) +
                      " tokens, got " + std::to_string(inv.run.q_len));
@@ -250,7 +253,7 @@ std::string usage() {
          ", 0: no check;\n"
          "                    on CUDA a check keeps host copies of the pools)\n"
          "  --tolerance X     the check's bound on its relative error (default 1e-2; 3e-2 for\n"
-         "                    fp8_e4m3 on CUDA, whose scores are e4m3 wgmma)\n"
+         "                    fp8_e4m3 on CUDA, whose scores are e4m3 wgmma; not with --check 0)\n"
          "  --swa-groups N    interleaved SWA KV-cache groups, 1..64 and at most the model's\n"
          "                    layers (default " +
          std::to_string(d.swa_groups) +

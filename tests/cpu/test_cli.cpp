@@ -172,6 +172,18 @@ TEST(RunArgs, ToleranceIsAPositiveFiniteNumber) {
                        std::string("--tolerance: expected a finite number > 0, got '") + bad + "'");
 }
 
+// --tolerance bounds the check: with --check 0 there is none, and a bound that bounds nothing
+// is a mistake (an exit 0 would read as a run within it), not a flag to ignore.
+TEST(RunArgs, ToleranceNeedsACheck) {
+  EXPECT_EQ(parse({"run", "--check", "1", "--tolerance", "0.5"}).run.tolerance, 0.5);
+  EXPECT_EQ(parse({"run", "--check", "0"}).run.check, 0);
+  const std::string message =
+      "--tolerance: expected --check above 0 (the check it bounds), got "
+      "--check 0";
+  expect_usage_error({"run", "--check", "0", "--tolerance", "1e-3"}, message);
+  expect_usage_error({"run", "--tolerance=1e-3", "--check=0"}, message);
+}
+
 // --progress takes whole seconds from 0 (a line a layer) to a day; 10 by default.
 TEST(RunArgs, ProgressIsWholeSecondsUpToADay) {
   EXPECT_EQ(parse({"run"}).run.progress, std::chrono::seconds(10));
