@@ -1515,7 +1515,7 @@ def test_step_executor_matches_the_reference():
     executor.end_step()
     odd = [dataclasses.replace(l, sinks=np.zeros(5, np.float32)) for l in layers]
     # Refused when made, before any layer of a step runs.
-    with pytest.raises(ValueError, match=r"smla: layers\[0\].sinks: expected \[H = "):
+    with pytest.raises(ValueError, match=r"smla: layers\[0\].sinks: expected \[H="):
         smla.StepExecutor(odd, max_tokens=8, max_columns=W + 12)
     odd[1] = dataclasses.replace(layers[1], sinks=np.zeros(4))
     with pytest.raises(TypeError, match=r"smla: layers\[1\].sinks:"):

@@ -298,6 +298,12 @@ void step_requests(const TensorView& seq_lens, const TensorView& cum, int64_t nu
   }
 }
 
+void sinks(const TensorView& v, const std::string& name, int64_t num_heads, Device device) {
+  if (!v.defined()) return;
+  tensor(v, name.c_str(), DType::f32, device, {num_heads}, "[H=" + num(num_heads) + "]");
+  memory(v, name);
+}
+
 void tensor(const TensorView& v, const char* name, DType dtype, Device device,
             std::initializer_list<int64_t> shape, const std::string& expected) {
   if (!v.defined()) fail(ErrorKind::value, name, "a " + expected + " tensor", "absent");

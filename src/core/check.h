@@ -115,6 +115,9 @@ class ReadViews {
 void tensor(const TensorView& view, const char* name, DType dtype, Device device,
             std::initializer_list<int64_t> shape, const std::string& expected);
 
+// Optional attention sinks (absent passes): [H = num_heads] f32 on `device`, contiguous.
+void sinks(const TensorView& sinks, const std::string& name, int64_t num_heads, Device device);
+
 // A step's requests, read on the host: cum_seq_lens_q (absent: one token a request) starts at 0,
 // does not decrease and ends at num_tokens, and every seq_lens[b] >= its q_len (the new tokens'
 // KV is written before attention; so seq_lens[b] >= 0 too). Then each request's q_len goes to

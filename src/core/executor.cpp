@@ -277,12 +277,7 @@ StepExecutor::StepExecutor(std::vector<AttentionLayer> layers, Streams& streams,
       pool_records_.emplace_back();
     }
     // As its decode checks them, but before any layer of a step has run.
-    if (l.sinks.defined()) {
-      const std::string sinks = layer + "sinks";
-      check::tensor(l.sinks, sinks.c_str(), DType::f32, device, {l.spec.num_heads},
-                    "[H = spec.num_heads = " + std::to_string(l.spec.num_heads) + "]");
-      check::memory(l.sinks, sinks);
-    }
+    check::sinks(l.sinks, layer + "sinks", l.spec.num_heads, device);
   }
   // The plan of steps whose top-k all fit the decode, and in automatic mode the one of steps
   // where the layers reading every entry have a wider one, where it differs.

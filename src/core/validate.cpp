@@ -291,8 +291,7 @@ DecodeProblem validate_decode(const DecodeArgs& a) {
   if (topk) check_topk_columns(a, p);
   if (a.max_q_len < 1) fail(ErrorKind::value, "max_q_len", ">= 1", num(a.max_q_len));
 
-  if (a.sinks.defined())
-    check_tensor(a.sinks, "sinks", DType::f32, p.device, {p.num_heads}, "[H=" + H + "]");
+  check::sinks(a.sinks, "sinks", p.num_heads, p.device);
   check::scales(a.bmm1_scale, a.bmm2_scale, "");
 
   check_tensor(a.out, "out", DType::bf16, p.device, {p.num_tokens, -1, kHeadDim},

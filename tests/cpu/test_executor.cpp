@@ -1143,7 +1143,7 @@ TEST(Executor, LayersAreCheckedWhenMade) {
   std::vector<float> sinks(kHeads + 1);
   refused(
       [&](Layers& l) { l[1].sinks = make_view(sinks.data(), DType::f32, Device{}, {kHeads + 1}); },
-      "layers[1].sinks", "[H = spec.num_heads = 2]", "[3]");
+      "layers[1].sinks", "[H=2]", "[3]");
   refused(
       [&](Layers& l) { l[0].sinks = make_view(sinks.data(), DType::f32, Device{}, {kHeads}, {2}); },
       "layers[0].sinks", "a contiguous last dim", "stride 2");
