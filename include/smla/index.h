@@ -54,7 +54,7 @@ struct SparseIndexArgs {
 };
 
 // K of a table: W + round_up(top_k, 4) (top_k = 0 for SWA-only layers), or the DSpark width;
-// a value error for window < 1 or top_k outside 0..2^31 - 1.
+// a value error for window < 1, top_k outside 0..2^31 - 1 or a negative decode_swa_width.
 int64_t sparse_index_columns(int window, int64_t top_k, int decode_swa_width);
 // K of the table `args` describe (top_k from its topk_indices); a value error naming
 // topk_indices past 2^31 - 1.
