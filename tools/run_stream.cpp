@@ -18,8 +18,8 @@ RunStream::RunStream(Device device) {
   const cudaError_t made = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   const cudaError_t restored = cudaSetDevice(previous);
   if (made == cudaSuccess && restored != cudaSuccess) cudaStreamDestroy(stream);  // not ours yet
-  SMLA_CUDA_CHECK(made);
-  SMLA_CUDA_CHECK(restored);
+  cuda::check(made, "cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)");
+  cuda::check(restored, "cudaSetDevice(previous)");
   stream_ = stream;
 #else
   (void)device;

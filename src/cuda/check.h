@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <string_view>
 
 #include "smla/error.h"
 
@@ -40,6 +41,17 @@ inline void check(cudaError_t status, const char* call) {
   throw Error(ErrorKind::runtime, call, "cudaSuccess", got);
 }
 
+// Whether `text`, a macro argument as written, is a call: what SMLA_CUDA_CHECK names a failure by.
+// A status stored before (`e`) is not one: its error would name the variable, not what failed.
+constexpr bool names_a_call(std::string_view text) { return text.find('(') != text.npos; }
+
+// SMLA_CUDA_CHECK's text for `call`; not a constant (a compile error) unless it names a call.
+consteval const char* call_text(const char* text) {
+  if (!names_a_call(text))
+    throw "SMLA_CUDA_CHECK takes the call itself; check a stored status with check(status, call)";
+  return text;
+}
+
 }  // namespace smla::cuda
 
-#define SMLA_CUDA_CHECK(call) ::smla::cuda::check((call), #call)
+#define SMLA_CUDA_CHECK(call) ::smla::cuda::check((call), ::smla::cuda::call_text(#call))

@@ -31,7 +31,7 @@ bool capturing(cudaStream_t stream) {
     (void)cudaGetLastError();
     return true;
   }
-  SMLA_CUDA_CHECK(e);
+  check(e, "cudaStreamIsCapturing(stream, &status)");
   return status != cudaStreamCaptureStatusNone;
 }
 

@@ -31,6 +31,16 @@ TEST(CudaCheck, StickyErrorsSayAnEarlierFailureMayBeTheCause) {
   EXPECT_NO_THROW(cuda::check(cudaSuccess, "cudaGetDevice(&device)"));
 }
 
+// A failure names the call that failed, as written: SMLA_CUDA_CHECK takes the call itself, and a
+// status stored before (which would name its variable, `e`) is a compile error there.
+TEST(CudaCheck, AFailureNamesItsCall) {
+  static_assert(cuda::names_a_call("cudaStreamIsCapturing(stream, &status)"));
+  static_assert(!cuda::names_a_call("e") && !cuda::names_a_call("status"));
+  // No device -1, and without a driver no device at all: an error either way.
+  expect_smla_error([] { SMLA_CUDA_CHECK(cudaSetDevice(-1)); }, ErrorKind::runtime,
+                    "cudaSetDevice(-1)", "cudaSuccess", "cudaError");
+}
+
 // A failed call's error is the exception's alone: the thread's last-error state is cleared, so
 // that a framework's next launch check (PyTorch's) does not blame its own kernel for it.
 TEST(CudaCheck, AFailedCallLeavesNoLastError) {
