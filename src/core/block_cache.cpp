@@ -38,13 +38,20 @@ std::shared_ptr<void> BlockCache::allocate(size_t bytes, bool fresh) {
       bucket.free.pop_back();
     } else {
       // A capture would record the allocation as a graph node, or fail: the memory a captured
-      // step uses must already be in the cache.
-      if (memory_.capturing())
+      // step uses must already be in the cache, which no eager step fills with a fresh block.
+      if (memory_.capturing()) {
+        if (fresh)
+          check::fail(ErrorKind::unsupported, "allocate",
+                      "a new block of " + std::to_string(size) +
+                          " B (state kept across launches) outside any CUDA-graph capture (make "
+                          "its owner, such as a StepExecutor, before capturing)",
+                      "a capture in progress");
         check::fail(ErrorKind::unsupported, "allocate",
                     "a free block of " + std::to_string(size) +
                         " B during a CUDA-graph capture (run one eager step of the same shape "
                         "before capturing it)",
                     "none in the cache");
+      }
       bucket.free.reserve(bucket.blocks + 1);  // so that giving a block back never allocates
       block = memory_.allocate(size);
       ++bucket.blocks;

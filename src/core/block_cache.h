@@ -37,7 +37,8 @@ class BlockCache : public std::enable_shared_from_this<BlockCache> {
 
   // A free block of rounded(bytes) or a new one; the block keeps the cache alive. During a
   // capture a missing block throws smla::Error (run one eager step first). `fresh`: always a
-  // new block, never one an earlier owner (and a graph it was captured into) wrote.
+  // new block, never one an earlier owner (and a graph it was captured into) wrote; during a
+  // capture it throws whatever the cache holds (ask before capturing).
   std::shared_ptr<void> allocate(size_t bytes, bool fresh = false);
 
   size_t blocks() const;  // blocks taken from the device so far
