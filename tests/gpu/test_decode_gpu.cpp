@@ -644,15 +644,17 @@ TEST(GpuDecode, DecodesAgainAfterADeviceReset) {
 
 // A process's first decodes of each kernel (split and unsplit, every cache layout), launched
 // inside a global-mode capture, as an engine that captures before its first eager step does:
-// the kernels' first loads, attributes and the tensor-map encoder's lookup are all legal there.
-// Only the workspace was sized before (workspace_bytes, which an engine calls to allocate it).
+// the kernels' first loads, attributes and the tensor-map encoder's lookup are all legal there,
+// and so is the first decode's occupancy query (cudaFuncSetAttribute, then
+// cudaOccupancyMaxActiveClusters) where no workspace was sized before: the first case has none
+// and no counters (an engine that passes none); the later ones sized theirs (workspace_bytes).
 // Replayed once into poisoned outputs, against the oracle. Exits 0 when all held.
 [[noreturn]] void first_decodes_in_a_global_capture() {
   const std::pair<KvLayout, DType> kinds[] = {{KvLayout::bf16, DType::bf16},
                                               {KvLayout::fp8_ds_mla, DType::bf16},
                                               {KvLayout::fp8_e4m3, DType::f8e4m3}};
   for (const auto& [layout, query] : kinds)
-    for (size_t split_bytes : {SIZE_MAX, size_t{0}}) {
+    for (size_t split_bytes : {size_t{0}, SIZE_MAX}) {
       DecodeCase c = make_case({.layout = layout,
                                 .query_dtype = query,
                                 .heads = 64,
