@@ -165,6 +165,7 @@ struct Result {
   int64_t ctas;
   double us, tflops, gbps, floor_us, anchor_us;
   double alone_us;  // launched after the previous launch has ended (us: overlapping its end)
+  double sustained_us;  // chained, the GPU busy with them for a while first (0: not measured)
 };
 
 // Each launch of a replay reads its own indices; with `rotate_all` (the default) its own query
@@ -210,7 +211,8 @@ Gpu current_gpu() {
 }
 
 Result run_shape(const Shape& shape, const Layout& layout, void* pool, double gather_bw,
-                 MatmulRates matmul, bool rotate_all, const Gpu& gpu, std::mt19937& rng) {
+                 MatmulRates matmul, bool rotate_all, double sustained_ms, const Gpu& gpu,
+                 std::mt19937& rng) {
   const Replay replay(shape, layout, rotate_all, gpu.l2_bytes);
   const int T = replay.T, H = replay.H, K = replay.K, q_bytes = replay.q_bytes;
   const int sets = replay.sets;
@@ -267,6 +269,8 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
   };
   const double ms = bench::median_launch_ms(sets, launch, 30, true);
   const double alone_ms = bench::median_launch_ms(sets, launch, 30, false);
+  const double sustained_launch_ms =
+      sustained_ms > 0 ? bench::median_launch_ms(sets, launch, 30, true, sustained_ms) : 0;
   const cuda::DecodePlan plan = cuda::plan_decode(
       T, H, K, layout.kv, cuda::decode_occupancy(dev.id), ws_bytes, counter_bytes);
 
@@ -274,6 +278,7 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
            gpu.h200 ? flashmla_anchor_us(shape) : 0};
   r.us = ms * 1e3;
   r.alone_us = alone_ms * 1e3;
+  r.sustained_us = sustained_launch_ms * 1e3;
   r.tflops = flops / (r.us * 1e-6) / 1e12;
   r.gbps = bytes / (r.us * 1e-6) / 1e9;
   const double compute_s =
@@ -319,22 +324,26 @@ std::vector<Shape> issue_shapes() {
 }
 
 constexpr const char* kUsage =
-    "usage: smla_bench [--csv PATH] [--shape HEADS:REQUESTS:TOKENS:TOPK] "
+    "usage: smla_bench [--csv PATH] [--shape HEADS:REQUESTS:TOKENS:TOPK[,...]] "
     "[--kv bf16|fp8_ds_mla|fp8_e4m3 (default: all; fp8 = fp8_e4m3)] "
-    "[--rotate indices|all (default: all)]\n"
+    "[--rotate indices|all (default: all)] [--sustained MS (default: 0)]\n"
     "  --rotate all: each launch reads its own indices and query and writes its own output\n"
     "  buffer; indices: one query and output buffer a shape, which may stay in L2 (the bytes and\n"
-    "  the floor then count the rows and indices alone)\n";
+    "  the floor then count the rows and indices alone)\n"
+    "  --sustained MS: also time each shape's launches chained after MS ms of them, over MS ms\n"
+    "  more (the clock a card holds at its power limit), and the bf16 matmul rate the same way\n";
 
 // HEADS:REQUESTS:TOKENS:TOPK, each field whole and in range; else a UsageError naming it.
 Shape parse_shape(std::string_view text) {
   constexpr std::string_view kFields[] = {"HEADS", "REQUESTS", "TOKENS", "TOPK"};
   constexpr int kMost[] = {128, 1 << 16, 1024, 1 << 16};
   int values[4];
+  const std::string whole(text);
   for (int f = 0; f < 4; ++f) {
     const size_t colon = f < 3 ? text.find(':') : text.size();
     if (colon == std::string_view::npos)
-      throw cli::UsageError("--shape: expected HEADS:REQUESTS:TOKENS:TOPK, got too few fields");
+      throw cli::UsageError("--shape: expected HEADS:REQUESTS:TOKENS:TOPK, got '" + whole +
+                            "' (too few fields)");
     values[f] = cli::number("--shape " + std::string(kFields[f]), text.substr(0, colon), 1,
                             kMost[f]);
     text.remove_prefix(std::min(text.size(), colon + 1));
@@ -347,15 +356,23 @@ struct Options {
   std::vector<Shape> shapes = issue_shapes();
   std::vector<Layout> layouts{std::begin(kLayouts), std::end(kLayouts)};
   bool rotate_all = true;
+  int sustained_ms = 0;
 };
 
 Options parse(int argc, char** argv) {
   Options o;
   const std::vector<std::string_view> words = cli::words_of(argc, argv);
-  constexpr std::string_view valued[] = {"--csv", "--shape", "--kv", "--rotate"};
+  constexpr std::string_view valued[] = {"--csv", "--shape", "--kv", "--rotate", "--sustained"};
   cli::parse_flags(words, valued, {}, [&](std::string_view flag, std::string_view value) {
     if (flag == "--csv") o.csv_path = cli::csv_path(value);
-    if (flag == "--shape") o.shapes = {parse_shape(value)};
+    if (flag == "--shape") {
+      o.shapes.clear();
+      for (size_t comma; (comma = value.find(',')) != std::string_view::npos;
+           value.remove_prefix(comma + 1))
+        o.shapes.push_back(parse_shape(value.substr(0, comma)));
+      o.shapes.push_back(parse_shape(value));
+    }
+    if (flag == "--sustained") o.sustained_ms = cli::number("--sustained", value, 0, 60000);
     if (flag == "--rotate") {
       if (value != "indices" && value != "all")
         throw cli::UsageError("--rotate: expected indices|all, got '" + std::string(value) + "'");
@@ -460,6 +477,10 @@ int main(int argc, char** argv) {
     }
 
     std::printf("an empty kernel alone: %.1f us\n", empty_alone_us());
+    if (o.sustained_ms > 0)
+      std::printf("sustained (%d ms busy first, %d ms timed): matmul bf16 %.0f TFLOP/s\n",
+                  o.sustained_ms, o.sustained_ms,
+                  bench::measure_bf16_matmul_rate(o.sustained_ms) / 1e12);
     std::printf("each launch of a replay has its own %s\n",
                 o.rotate_all ? "indices, query and output buffer"
                              : "indices (one query and output buffer a shape)");
@@ -472,32 +493,37 @@ int main(int argc, char** argv) {
       std::fprintf(csv,
                    "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,alone_us,tflops,gbps,"
                    "floor_us,floor_fraction,flashmla_us,columns,cluster,rotate,gather_tbps,"
-                   "matmul_tflops,e4m3_matmul_tflops,device\n");
-    std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %9s %8s %8s %9s %6s %9s\n", "kv", "H", "req",
-                "q", "topk", "splits", "ctas", "us", "alone_us", "TFLOP/s", "GB/s", "floor_us",
-                "floor%", "FlashMLA");
+                   "matmul_tflops,e4m3_matmul_tflops,device,sustained_us\n");
+    std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %9s %9s %8s %8s %9s %6s %9s\n", "kv", "H",
+                "req", "q", "topk", "splits", "ctas", "us", "alone_us", "sust_us", "TFLOP/s",
+                "GB/s", "floor_us", "floor%", "FlashMLA");
     for (size_t li = 0; li < layouts.size(); ++li) {
       fill_pool(pool, layouts[li], rng);
       for (const Shape& s : shapes) {
         const Layout& l = layouts[li];
-        const Result r = run_shape(s, l, pool, gather_bw[li], matmul, o.rotate_all, gpu, rng);
+        const Result r = run_shape(s, l, pool, gather_bw[li], matmul, o.rotate_all,
+                                   o.sustained_ms, gpu, rng);
         const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
+        char sustained[32] = "-";
+        if (r.sustained_us > 0) std::snprintf(sustained, sizeof sustained, "%.1f", r.sustained_us);
         std::printf(
-            "%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %9.1f %8.1f %8.0f %9.1f %5.0f%% %9s\n",
+            "%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %9.1f %9s %8.1f %8.0f %9.1f %5.0f%% "
+            "%9s\n",
             l.name, s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
-            r.cluster ? 'c' : ' ', (long long)r.ctas, r.us, r.alone_us, r.tflops, r.gbps,
-            r.floor_us, 100 * r.floor_us / r.us, anchor.c_str());
+            r.cluster ? 'c' : ' ', (long long)r.ctas, r.us, r.alone_us, sustained, r.tflops,
+            r.gbps, r.floor_us, 100 * r.floor_us / r.us, anchor.c_str());
         std::fflush(stdout);
         if (csv) {
           std::fprintf(csv,
                        "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.2f,%.1f,%.0f,%.2f,%.3f,%s,%d,%d,%s,%.3f,"
-                       "%.1f,%s,\"%s\"\n",
+                       "%.1f,%s,\"%s\",%s\n",
                        l.name, s.heads, s.requests, s.tokens_per_request, s.topk, r.splits,
                        (long long)r.ctas, r.us, r.alone_us, r.tflops, r.gbps, r.floor_us,
                        r.floor_us / r.us,
                        r.anchor_us > 0 ? anchor.c_str() : "", kWindow + s.topk, int(r.cluster),
                        o.rotate_all ? "all" : "indices", gather_bw[li] / 1e12,
-                       matmul.bf16 / 1e12, e4m3_csv.c_str(), gpu.name.c_str());
+                       matmul.bf16 / 1e12, e4m3_csv.c_str(), gpu.name.c_str(),
+                       r.sustained_us > 0 ? sustained : "");
           std::fflush(csv);  // the rows so far survive a run killed at its time limit
         }
       }

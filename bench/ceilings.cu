@@ -131,7 +131,7 @@ double measure_gather_bandwidth(int row_bytes) {
   return double(num_rows) * row_bytes / (ms * 1e-3);
 }
 
-double measure_bf16_matmul_rate() {
+double measure_bf16_matmul_rate(double sustained_ms) {
   const int n = 8192;
   const DeviceBuffer a(size_t(n) * n * 2), b(size_t(n) * n * 2), c(size_t(n) * n * 2);
   fill_bf16<<<(n * n + 255) / 256, 256>>>(a.as<__nv_bfloat16>(), int64_t(n) * n, 7);
@@ -150,7 +150,7 @@ double measure_bf16_matmul_rate() {
                                   CUBLAS_GEMM_DEFAULT),
                      "cublasGemmEx");
       },
-      10);
+      10, sustained_ms);
   return 2.0 * n * n * double(n) / (ms * 1e-3);
 }
 

@@ -27,21 +27,22 @@ double on_fresh_stream(const std::function<double(cudaStream_t)>& time) {
 
 }  // namespace
 
-double median_graph_ms(const std::function<void(cudaStream_t)>& launches, int replays) {
+double median_graph_ms(const std::function<void(cudaStream_t)>& launches, int replays,
+                       double sustained_ms) {
   return on_fresh_stream([&](cudaStream_t stream) {
     const cli::Graph graph = cli::capture_graph(stream, [&] { launches(stream); });
-    return cli::median_replay_ms(graph.get(), stream, replays);
+    return cli::median_replay_ms(graph.get(), stream, replays, sustained_ms);
   });
 }
 
 double median_launch_ms(int count, const std::function<void(cudaStream_t, int)>& launch,
-                        int replays, bool chained) {
+                        int replays, bool chained, double sustained_ms) {
   if (chained)
     return median_graph_ms(
                [&](cudaStream_t stream) {
                  for (int s = 0; s < count; ++s) launch(stream, s);
                },
-               replays) /
+               replays, sustained_ms) /
            count;
   return on_fresh_stream([&](cudaStream_t stream) {
     std::vector<cli::Graph> graphs;
@@ -50,7 +51,7 @@ double median_launch_ms(int count, const std::function<void(cudaStream_t, int)>&
       graphs.push_back(cli::capture_graph(stream, [&] { launch(stream, s); }));
       handles.push_back(graphs.back().get());
     }
-    return cli::median_replay_ms(handles, stream, replays);
+    return cli::median_replay_ms(handles, stream, replays, sustained_ms);
   });
 }
 

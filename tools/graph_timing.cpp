@@ -45,7 +45,8 @@ Graph capture_graph(cudaStream_t stream, const std::function<void()>& enqueue) {
   return Graph(graph);
 }
 
-double median_replay_ms(std::span<const cudaGraph_t> graphs, cudaStream_t stream, int replays) {
+double median_replay_ms(std::span<const cudaGraph_t> graphs, cudaStream_t stream, int replays,
+                        double sustained_ms) {
   if (graphs.empty()) throw std::invalid_argument("median_replay_ms: no graph to replay");
   std::vector<std::unique_ptr<CUgraphExec_st, ExecDestroy>> execs;
   for (cudaGraph_t graph : graphs) {
@@ -64,9 +65,8 @@ double median_replay_ms(std::span<const cudaGraph_t> graphs, cudaStream_t stream
   // interval is then one replay's kernels, not the host's launch of it (an event recorded on an
   // idle stream would time that too). A graph whose kernels take less than its submission
   // cannot be kept ahead of: its intervals hold the submission.
-  const int n = std::max(replays, 1);
   std::vector<Event> marks;
-  for (int i = 0; i <= n; ++i) marks.push_back(new_event());
+  for (int i = 0; i < 2; ++i) marks.push_back(new_event());
   const auto host_start = std::chrono::steady_clock::now();
   for (int i = 0; i < 2; ++i) replay();
   const double host_ms =  // a replay's submission
@@ -78,10 +78,15 @@ double median_replay_ms(std::span<const cudaGraph_t> graphs, cudaStream_t stream
   SMLA_CUDA_CHECK(cudaEventSynchronize(marks[1].get()));
   float alone_ms = 0;  // one replay on an idle stream: at least its kernels
   SMLA_CUDA_CHECK(cudaEventElapsedTime(&alone_ms, marks[0].get(), marks[1].get()));
+  // Replays that span `sustained_ms` (capped: a replay of a few microseconds would ask for
+  // millions of events).
+  const int spanning = int(std::min(1e5, std::ceil(sustained_ms / std::max(alone_ms, 1e-3f))));
+  const int n = std::max({replays, 1, spanning});
+  for (int i = 2; i <= n; ++i) marks.push_back(new_event());
   // Pads p with p * alone >= (p + n) * host: the pads outlast the submissions, doubled for margin.
   const double lead_ms = alone_ms - host_ms;
-  const int pads =
-      lead_ms > 0 ? int(std::min(2000.0, 3 + 2 * std::ceil(n * host_ms / lead_ms))) : 3;
+  const int pads = std::max(
+      spanning, lead_ms > 0 ? int(std::min(2000.0, 3 + 2 * std::ceil(n * host_ms / lead_ms))) : 3);
   for (int i = 0; i < pads; ++i) replay();
   for (int i = 0; i < n; ++i) {
     SMLA_CUDA_CHECK(cudaEventRecord(marks[i].get(), stream));
