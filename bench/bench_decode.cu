@@ -165,7 +165,8 @@ struct Result {
   int64_t ctas;
   double us, tflops, gbps, floor_us, anchor_us;
   double alone_us;  // launched after the previous launch has ended (us: overlapping its end)
-  double sustained_us;  // chained, the GPU busy with them for a while first (0: not measured)
+  // us and alone_us again, the GPU busy with the launches for a while first (0: not measured)
+  double sustained_us, sustained_alone_us;
 };
 
 // Each launch of a replay reads its own indices; with `rotate_all` (the default) its own query
@@ -269,8 +270,10 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
   };
   const double ms = bench::median_launch_ms(sets, launch, 30, true);
   const double alone_ms = bench::median_launch_ms(sets, launch, 30, false);
-  const double sustained_launch_ms =
-      sustained_ms > 0 ? bench::median_launch_ms(sets, launch, 30, true, sustained_ms) : 0;
+  const auto sustained = [&](bool chained) {
+    return sustained_ms > 0 ? bench::median_launch_ms(sets, launch, 30, chained, sustained_ms) : 0;
+  };
+  const double sustained_chained_ms = sustained(true), sustained_alone_ms = sustained(false);
   const cuda::DecodePlan plan = cuda::plan_decode(
       T, H, K, layout.kv, cuda::decode_occupancy(dev.id), ws_bytes, counter_bytes);
 
@@ -278,7 +281,8 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
            gpu.h200 ? flashmla_anchor_us(shape) : 0};
   r.us = ms * 1e3;
   r.alone_us = alone_ms * 1e3;
-  r.sustained_us = sustained_launch_ms * 1e3;
+  r.sustained_us = sustained_chained_ms * 1e3;
+  r.sustained_alone_us = sustained_alone_ms * 1e3;
   r.tflops = flops / (r.us * 1e-6) / 1e12;
   r.gbps = bytes / (r.us * 1e-6) / 1e9;
   const double compute_s =
@@ -330,8 +334,8 @@ constexpr const char* kUsage =
     "  --rotate all: each launch reads its own indices and query and writes its own output\n"
     "  buffer; indices: one query and output buffer a shape, which may stay in L2 (the bytes and\n"
     "  the floor then count the rows and indices alone)\n"
-    "  --sustained MS: also time each shape's launches chained after MS ms of them, over MS ms\n"
-    "  more (the clock a card holds at its power limit), and the bf16 matmul rate the same way\n";
+    "  --sustained MS: also time each shape's launches, chained and alone, after MS ms of them,\n"
+    "  over MS ms more (the clock a card holds at its power limit), and the bf16 matmul rate so\n";
 
 // HEADS:REQUESTS:TOKENS:TOPK, each field whole and in range; else a UsageError naming it.
 Shape parse_shape(std::string_view text) {
@@ -493,10 +497,10 @@ int main(int argc, char** argv) {
       std::fprintf(csv,
                    "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,alone_us,tflops,gbps,"
                    "floor_us,floor_fraction,flashmla_us,columns,cluster,rotate,gather_tbps,"
-                   "matmul_tflops,e4m3_matmul_tflops,device,sustained_us\n");
-    std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %9s %9s %8s %8s %9s %6s %9s\n", "kv", "H",
-                "req", "q", "topk", "splits", "ctas", "us", "alone_us", "sust_us", "TFLOP/s",
-                "GB/s", "floor_us", "floor%", "FlashMLA");
+                   "matmul_tflops,e4m3_matmul_tflops,device,sustained_us,sustained_alone_us\n");
+    std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %9s %9s %10s %8s %8s %9s %6s %9s\n", "kv",
+                "H", "req", "q", "topk", "splits", "ctas", "us", "alone_us", "sust_us",
+                "sust_alone", "TFLOP/s", "GB/s", "floor_us", "floor%", "FlashMLA");
     for (size_t li = 0; li < layouts.size(); ++li) {
       fill_pool(pool, layouts[li], rng);
       for (const Shape& s : shapes) {
@@ -504,26 +508,30 @@ int main(int argc, char** argv) {
         const Result r = run_shape(s, l, pool, gather_bw[li], matmul, o.rotate_all,
                                    o.sustained_ms, gpu, rng);
         const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
-        char sustained[32] = "-";
-        if (r.sustained_us > 0) std::snprintf(sustained, sizeof sustained, "%.1f", r.sustained_us);
+        char sustained[32] = "-", sustained_alone[32] = "-";
+        if (r.sustained_us > 0) {
+          std::snprintf(sustained, sizeof sustained, "%.1f", r.sustained_us);
+          std::snprintf(sustained_alone, sizeof sustained_alone, "%.1f", r.sustained_alone_us);
+        }
         std::printf(
-            "%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %9.1f %9s %8.1f %8.0f %9.1f %5.0f%% "
-            "%9s\n",
+            "%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %9.1f %9s %10s %8.1f %8.0f %9.1f "
+            "%5.0f%% %9s\n",
             l.name, s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
-            r.cluster ? 'c' : ' ', (long long)r.ctas, r.us, r.alone_us, sustained, r.tflops,
-            r.gbps, r.floor_us, 100 * r.floor_us / r.us, anchor.c_str());
+            r.cluster ? 'c' : ' ', (long long)r.ctas, r.us, r.alone_us, sustained, sustained_alone,
+            r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us, anchor.c_str());
         std::fflush(stdout);
         if (csv) {
           std::fprintf(csv,
                        "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.2f,%.1f,%.0f,%.2f,%.3f,%s,%d,%d,%s,%.3f,"
-                       "%.1f,%s,\"%s\",%s\n",
+                       "%.1f,%s,\"%s\",%s,%s\n",
                        l.name, s.heads, s.requests, s.tokens_per_request, s.topk, r.splits,
                        (long long)r.ctas, r.us, r.alone_us, r.tflops, r.gbps, r.floor_us,
                        r.floor_us / r.us,
                        r.anchor_us > 0 ? anchor.c_str() : "", kWindow + s.topk, int(r.cluster),
                        o.rotate_all ? "all" : "indices", gather_bw[li] / 1e12,
                        matmul.bf16 / 1e12, e4m3_csv.c_str(), gpu.name.c_str(),
-                       r.sustained_us > 0 ? sustained : "");
+                       r.sustained_us > 0 ? sustained : "",
+                       r.sustained_us > 0 ? sustained_alone : "");
           std::fflush(csv);  // the rows so far survive a run killed at its time limit
         }
       }
