@@ -508,10 +508,13 @@ int main(int argc, char** argv) {
         const Result r = run_shape(s, l, pool, gather_bw[li], matmul, o.rotate_all,
                                    o.sustained_ms, gpu, rng);
         const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
-        char sustained[32] = "-", sustained_alone[32] = "-";
+        // "-" in the table and empty in the CSV where not measured
+        char sustained[32] = "-", sustained_alone[32] = "-", csv_sustained[64] = ",";
         if (r.sustained_us > 0) {
           std::snprintf(sustained, sizeof sustained, "%.1f", r.sustained_us);
           std::snprintf(sustained_alone, sizeof sustained_alone, "%.1f", r.sustained_alone_us);
+          std::snprintf(csv_sustained, sizeof csv_sustained, "%.2f,%.2f", r.sustained_us,
+                        r.sustained_alone_us);
         }
         std::printf(
             "%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %9.1f %9s %10s %8.1f %8.0f %9.1f "
@@ -523,15 +526,13 @@ int main(int argc, char** argv) {
         if (csv) {
           std::fprintf(csv,
                        "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.2f,%.1f,%.0f,%.2f,%.3f,%s,%d,%d,%s,%.3f,"
-                       "%.1f,%s,\"%s\",%s,%s\n",
+                       "%.1f,%s,\"%s\",%s\n",
                        l.name, s.heads, s.requests, s.tokens_per_request, s.topk, r.splits,
                        (long long)r.ctas, r.us, r.alone_us, r.tflops, r.gbps, r.floor_us,
                        r.floor_us / r.us,
                        r.anchor_us > 0 ? anchor.c_str() : "", kWindow + s.topk, int(r.cluster),
                        o.rotate_all ? "all" : "indices", gather_bw[li] / 1e12,
-                       matmul.bf16 / 1e12, e4m3_csv.c_str(), gpu.name.c_str(),
-                       r.sustained_us > 0 ? sustained : "",
-                       r.sustained_us > 0 ? sustained_alone : "");
+                       matmul.bf16 / 1e12, e4m3_csv.c_str(), gpu.name.c_str(), csv_sustained);
           std::fflush(csv);  // the rows so far survive a run killed at its time limit
         }
       }
