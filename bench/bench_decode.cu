@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "args.h"
+#include "board_power.h"
 #include "ceilings.h"
 #include "csv_file.h"
 #include "cuda/backend.h"
@@ -165,8 +166,9 @@ struct Result {
   int64_t ctas;
   double us, tflops, gbps, floor_us, anchor_us;
   double alone_us;  // launched after the previous launch has ended (us: overlapping its end)
-  // us and alone_us again, the GPU busy with the launches for a while first (0: not measured)
-  double sustained_us, sustained_alone_us;
+  // us and alone_us again, the GPU busy with the launches for a while first (0: not measured),
+  // and the board's mean power over the chained ones and their warm-up (0: not read)
+  double sustained_us, sustained_alone_us, sustained_watts;
 };
 
 // Each launch of a replay reads its own indices; with `rotate_all` (the default) its own query
@@ -273,7 +275,12 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
   const auto sustained = [&](bool chained) {
     return sustained_ms > 0 ? bench::median_launch_ms(sets, launch, 30, chained, sustained_ms) : 0;
   };
-  const double sustained_chained_ms = sustained(true), sustained_alone_ms = sustained(false);
+  double sustained_chained_ms = 0;
+  const double sustained_watts =
+      sustained_ms > 0
+          ? bench::mean_board_watts(dev.id, [&] { sustained_chained_ms = sustained(true); })
+          : 0;
+  const double sustained_alone_ms = sustained(false);
   const cuda::DecodePlan plan = cuda::plan_decode(
       T, H, K, layout.kv, cuda::decode_occupancy(dev.id), ws_bytes, counter_bytes);
 
@@ -283,6 +290,7 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
   r.alone_us = alone_ms * 1e3;
   r.sustained_us = sustained_chained_ms * 1e3;
   r.sustained_alone_us = sustained_alone_ms * 1e3;
+  r.sustained_watts = sustained_watts;
   r.tflops = flops / (r.us * 1e-6) / 1e12;
   r.gbps = bytes / (r.us * 1e-6) / 1e9;
   const double compute_s =
@@ -335,7 +343,8 @@ constexpr const char* kUsage =
     "  buffer; indices: one query and output buffer a shape, which may stay in L2 (the bytes and\n"
     "  the floor then count the rows and indices alone)\n"
     "  --sustained MS: also time each shape's launches, chained and alone, after MS ms of them,\n"
-    "  over MS ms more (the clock a card holds at its power limit), and the bf16 matmul rate so\n";
+    "  over MS ms more (the clock a card holds at its power limit), and the bf16 matmul rate so;\n"
+    "  sust_W: the board's mean power over the chained ones (NVML's energy counter)\n";
 
 // HEADS:REQUESTS:TOKENS:TOPK, each field whole and in range; else a UsageError naming it.
 Shape parse_shape(std::string_view text) {
@@ -481,10 +490,16 @@ int main(int argc, char** argv) {
     }
 
     std::printf("an empty kernel alone: %.1f us\n", empty_alone_us());
-    if (o.sustained_ms > 0)
-      std::printf("sustained (%d ms busy first, %d ms timed): matmul bf16 %.0f TFLOP/s\n",
-                  o.sustained_ms, o.sustained_ms,
-                  bench::measure_bf16_matmul_rate(o.sustained_ms) / 1e12);
+    if (o.sustained_ms > 0) {
+      double rate = 0;
+      const double watts = bench::mean_board_watts(cuda::current_device(), [&] {
+        rate = bench::measure_bf16_matmul_rate(o.sustained_ms);
+      });
+      std::printf("sustained (%d ms busy first, %d ms timed): matmul bf16 %.0f TFLOP/s",
+                  o.sustained_ms, o.sustained_ms, rate / 1e12);
+      if (watts > 0) std::printf(" at %.0f W", watts);
+      std::printf("\n");
+    }
     std::printf("each launch of a replay has its own %s\n",
                 o.rotate_all ? "indices, query and output buffer"
                              : "indices (one query and output buffer a shape)");
@@ -497,10 +512,11 @@ int main(int argc, char** argv) {
       std::fprintf(csv,
                    "kv,heads,requests,tokens_per_request,topk,splits,ctas,us,alone_us,tflops,gbps,"
                    "floor_us,floor_fraction,flashmla_us,columns,cluster,rotate,gather_tbps,"
-                   "matmul_tflops,e4m3_matmul_tflops,device,sustained_us,sustained_alone_us\n");
-    std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %9s %9s %10s %8s %8s %9s %6s %9s\n", "kv",
-                "H", "req", "q", "topk", "splits", "ctas", "us", "alone_us", "sust_us",
-                "sust_alone", "TFLOP/s", "GB/s", "floor_us", "floor%", "FlashMLA");
+                   "matmul_tflops,e4m3_matmul_tflops,device,sustained_us,sustained_alone_us,"
+                   "sustained_watts\n");
+    std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %9s %9s %10s %6s %8s %8s %9s %6s %9s\n",
+                "kv", "H", "req", "q", "topk", "splits", "ctas", "us", "alone_us", "sust_us",
+                "sust_alone", "sust_W", "TFLOP/s", "GB/s", "floor_us", "floor%", "FlashMLA");
     for (size_t li = 0; li < layouts.size(); ++li) {
       fill_pool(pool, layouts[li], rng);
       for (const Shape& s : shapes) {
@@ -509,19 +525,21 @@ int main(int argc, char** argv) {
                                    o.sustained_ms, gpu, rng);
         const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
         // "-" in the table and empty in the CSV where not measured
-        char sustained[32] = "-", sustained_alone[32] = "-", csv_sustained[64] = ",";
+        char sustained[32] = "-", sustained_alone[32] = "-", watts[32] = "-",
+             csv_sustained[96] = ",,";
         if (r.sustained_us > 0) {
           std::snprintf(sustained, sizeof sustained, "%.1f", r.sustained_us);
           std::snprintf(sustained_alone, sizeof sustained_alone, "%.1f", r.sustained_alone_us);
-          std::snprintf(csv_sustained, sizeof csv_sustained, "%.2f,%.2f", r.sustained_us,
-                        r.sustained_alone_us);
+          if (r.sustained_watts > 0) std::snprintf(watts, sizeof watts, "%.0f", r.sustained_watts);
+          std::snprintf(csv_sustained, sizeof csv_sustained, "%.2f,%.2f,%s", r.sustained_us,
+                        r.sustained_alone_us, r.sustained_watts > 0 ? watts : "");
         }
         std::printf(
-            "%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %9.1f %9s %10s %8.1f %8.0f %9.1f "
+            "%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %9.1f %9s %10s %6s %8.1f %8.0f %9.1f "
             "%5.0f%% %9s\n",
             l.name, s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
             r.cluster ? 'c' : ' ', (long long)r.ctas, r.us, r.alone_us, sustained, sustained_alone,
-            r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us, anchor.c_str());
+            watts, r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us, anchor.c_str());
         std::fflush(stdout);
         if (csv) {
           std::fprintf(csv,
