@@ -1,9 +1,10 @@
+#include "board_power.h"
+
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
 #include <chrono>
-
-#include "board_power.h"
+#include <optional>
 
 namespace smla::bench {
 namespace {
@@ -30,8 +31,8 @@ struct Nvml {
   }
 };
 
-}  // namespace
-
+// Millijoules the board of CUDA device `device` has used since its driver loaded; nullopt where
+// NVML or the counter is not there.
 std::optional<double> board_energy_mj(int device) {
   static const Nvml nvml;  // loaded once; never unloaded (the process ends with it)
   if (!nvml.handle_by_pci_bus_id || !nvml.total_energy) return std::nullopt;
@@ -46,6 +47,8 @@ std::optional<double> board_energy_mj(int device) {
     return std::nullopt;
   return double(mj);
 }
+
+}  // namespace
 
 double mean_board_watts(int device, const std::function<void()>& work) {
   const auto before = board_energy_mj(device);

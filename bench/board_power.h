@@ -1,14 +1,9 @@
-// The board's energy counter (NVML, loaded at run time, so that the benchmark still starts where
-// no driver provides it, as its usage does on a machine without a GPU).
+// The board's power from its energy counter (NVML, loaded at run time, so that the benchmark still
+// starts where no driver provides it, as its usage does on a machine without a GPU).
 #pragma once
 #include <functional>
-#include <optional>
 
 namespace smla::bench {
-
-// Millijoules the board of CUDA device `device` has used since its driver loaded; nullopt where
-// NVML or the counter is not there.
-std::optional<double> board_energy_mj(int device);
 
 // Runs `work`; the board's mean power over it in watts, 0 where the counter is not there.
 double mean_board_watts(int device, const std::function<void()>& work);
