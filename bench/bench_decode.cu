@@ -272,15 +272,6 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
   };
   const double ms = bench::median_launch_ms(sets, launch, 30, true);
   const double alone_ms = bench::median_launch_ms(sets, launch, 30, false);
-  const auto sustained = [&](bool chained) {
-    return sustained_ms > 0 ? bench::median_launch_ms(sets, launch, 30, chained, sustained_ms) : 0;
-  };
-  double sustained_chained_ms = 0;
-  const double sustained_watts =
-      sustained_ms > 0
-          ? bench::mean_board_watts(dev.id, [&] { sustained_chained_ms = sustained(true); })
-          : 0;
-  const double sustained_alone_ms = sustained(false);
   const cuda::DecodePlan plan = cuda::plan_decode(
       T, H, K, layout.kv, cuda::decode_occupancy(dev.id), ws_bytes, counter_bytes);
 
@@ -288,9 +279,12 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
            gpu.h200 ? flashmla_anchor_us(shape) : 0};
   r.us = ms * 1e3;
   r.alone_us = alone_ms * 1e3;
-  r.sustained_us = sustained_chained_ms * 1e3;
-  r.sustained_alone_us = sustained_alone_ms * 1e3;
-  r.sustained_watts = sustained_watts;
+  if (sustained_ms > 0) {
+    r.sustained_watts = bench::mean_board_watts(dev.id, [&] {
+      r.sustained_us = 1e3 * bench::median_launch_ms(sets, launch, 30, true, sustained_ms);
+    });
+    r.sustained_alone_us = 1e3 * bench::median_launch_ms(sets, launch, 30, false, sustained_ms);
+  }
   r.tflops = flops / (r.us * 1e-6) / 1e12;
   r.gbps = bytes / (r.us * 1e-6) / 1e9;
   const double compute_s =
