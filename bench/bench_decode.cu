@@ -280,7 +280,7 @@ Result run_shape(const Shape& shape, const Layout& layout, void* pool, double ga
   r.us = ms * 1e3;
   r.alone_us = alone_ms * 1e3;
   if (sustained_ms > 0) {
-    r.sustained_watts = bench::mean_board_watts(dev.id, [&] {
+    r.sustained_watts = cli::mean_board_watts(dev.id, [&] {
       r.sustained_us = 1e3 * bench::median_launch_ms(sets, launch, 30, true, sustained_ms);
     });
     r.sustained_alone_us = 1e3 * bench::median_launch_ms(sets, launch, 30, false, sustained_ms);
@@ -486,7 +486,7 @@ int main(int argc, char** argv) {
     std::printf("an empty kernel alone: %.1f us\n", empty_alone_us());
     if (o.sustained_ms > 0) {
       double rate = 0;
-      const double watts = bench::mean_board_watts(cuda::current_device(), [&] {
+      const double watts = cli::mean_board_watts(cuda::current_device(), [&] {
         rate = bench::measure_bf16_matmul_rate(o.sustained_ms);
       });
       std::printf("sustained (%d ms busy first, %d ms timed): matmul bf16 %.0f TFLOP/s",

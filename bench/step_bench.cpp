@@ -3,7 +3,9 @@
 // through the executor captured as one CUDA graph (after an eager step) four ways — the
 // executor's automatic choice (the default), compressed columns read from the top-k by the
 // decode, SPEC §5's shared tables, and every layer building its own: median replay time, the
-// graph's nodes by kind, and its table builds captured alone against the whole step. Prints a
+// graph's nodes by kind, and its table builds captured alone against the whole step; with
+// --sustained MS the automatic step again after MS ms of its replays, over MS ms more, and the
+// board's power meanwhile (a card at its power limit does not hold a burst's clock). Prints a
 // table; --csv writes it too.
 #include <cstdio>
 #include <cstring>
@@ -32,6 +34,7 @@ struct Options {
   std::string csv_path;
   bool quick = false;  // one model, one shape: a smoke run
   int swa_groups = 3;  // with one, nothing forks
+  int sustained_ms = 0;
 };
 
 // One step to measure: bf16 caches on the GPU, nothing kept on the host for a check.
@@ -58,30 +61,37 @@ std::vector<RunOptions> steps(const Options& o) {
 }
 
 constexpr const char* kUsage =
-    "usage: smla_step_bench [--csv PATH] [--quick] [--swa-groups N (default 3)]\n";
+    "usage: smla_step_bench [--csv PATH] [--quick] [--swa-groups N (default 3)]\n"
+    "                       [--sustained MS (default: 0)]\n"
+    "  --sustained MS: also time each shape's automatic step after MS ms of its replays, over\n"
+    "                  MS ms more (sust us), and read the board's mean power then (sust W)\n";
 
 // Throws UsageError; the SWA groups are at most the layers of the smaller model (layer l is in
 // SWA group l % swa_groups).
 Options parse(int argc, char** argv) {
   Options o;
   const std::vector<std::string_view> words = words_of(argc, argv);
-  constexpr std::string_view valued[] = {"--csv", "--swa-groups"}, switches[] = {"--quick"};
+  constexpr std::string_view valued[] = {"--csv", "--swa-groups", "--sustained"},
+                             switches[] = {"--quick"};
   parse_flags(words, valued, switches, [&](std::string_view flag, std::string_view value) {
     if (flag == "--csv") o.csv_path = csv_path(value);
     if (flag == "--quick") o.quick = true;
     if (flag == "--swa-groups")
       o.swa_groups = number(flag, value, 1, model_preset("v41-flash").num_layers);
+    if (flag == "--sustained") o.sustained_ms = number(flag, value, 0, 60000);
   });
   return o;
 }
 
 // The step of `r` on `device`, measured both ways; its pools live only as long as this call
 // (the Streams, whose block cache holds them, are made and dropped here).
-StepGraphs measure(const RunOptions& r, Device device, const RunStream& stream, double& kv_gib) {
+StepGraphs measure(const RunOptions& r, const Options& o, Device device, const RunStream& stream,
+                   double& kv_gib) {
   const std::unique_ptr<Streams> streams = make_streams(device, stream.get());
   const SynthStep step(r, model_layers(model_preset(r.model), r.swa_groups), *streams);
   kv_gib = step.kv_bytes / double(1 << 30);
-  return measure_step_graphs(step.device, *streams, step.num_tokens, step.max_columns, kReplays);
+  return measure_step_graphs(step.device, *streams, step.num_tokens, step.max_columns, kReplays,
+                             o.sustained_ms);
 }
 
 }  // namespace
@@ -107,8 +117,14 @@ int main(int argc, char** argv) {
         "%s; bf16 caches, %d SWA group%s; each step captured as one CUDA graph after an eager "
         "step, median of %d replays; builds: its table builds captured alone\n",
         device_name(device).c_str(), o.swa_groups, o.swa_groups > 1 ? "s" : "", kReplays);
+    const bool sustained = o.sustained_ms > 0;
+    if (sustained)
+      std::printf(
+          "sust: the auto step after %d ms of its replays, over %d ms more; W: the "
+          "board's mean power then\n",
+          o.sustained_ms, o.sustained_ms);
     std::printf("%-9s %6s %4s %3s %7s %6s  %s\n", "model", "layers", "req", "q", "seq_len",
-                "KV GiB", graph_table_header().c_str());
+                "KV GiB", graph_table_header(sustained).c_str());
     CsvFile csv_file(o.csv_path);
     FILE* csv = csv_file.get();
     if (csv)
@@ -117,9 +133,9 @@ int main(int argc, char** argv) {
     int wrong = 0;
     for (const RunOptions& r : steps(o)) {
       double kv_gib = 0;
-      const StepGraphs graphs = measure(r, device, stream, kv_gib);
+      const StepGraphs graphs = measure(r, o, device, stream, kv_gib);
       const int layers = graphs.shared.layers;
-      for (const std::string& row : graph_table_rows(graphs))
+      for (const std::string& row : graph_table_rows(graphs, sustained))
         std::printf("%-9s %6d %4d %3d %7d %6.1f  %s\n", r.model.c_str(), layers, r.requests,
                     r.q_len, r.seq_len, kv_gib, row.c_str());
       for (const std::string& row : graph_csv_rows(graphs))

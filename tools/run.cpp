@@ -126,7 +126,7 @@ int run_step(const RunOptions& o) {
   }
   if (device.kind == DeviceKind::cuda) {  // after the check, which reads the timed step's outs
     report.graphs = measure_step_graphs(step.device, *streams, step.num_tokens, step.max_columns,
-                                        kGraphReplays, o.progress);
+                                        kGraphReplays, 0, o.progress);
     report.graph_replays = kGraphReplays;
   }
   print_report(report);

@@ -7,6 +7,7 @@
 #if SMLA_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "board_power.h"
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/index.h"
@@ -64,7 +65,8 @@ GraphNodes count_nodes(cudaGraph_t graph) {
 constexpr int kBuildCopies = 16;
 
 StepGraph measure(const StepData& data, Streams& streams, int64_t max_tokens, int64_t max_columns,
-                  TableSharing sharing, CompressedIndex compressed_index, int replays) {
+                  TableSharing sharing, CompressedIndex compressed_index, int replays,
+                  double sustained_ms) {
   std::vector<LayerSpec> specs;
   for (const AttentionLayer& l : data.layers) specs.push_back(l.spec);
   StepGraph g{.sharing = sharing,
@@ -92,6 +94,10 @@ StepGraph measure(const StepData& data, Streams& streams, int64_t max_tokens, in
   });
   g.step_ms = median_replay_ms(step_graph.get(), stream, replays);
   g.builds_ms = median_replay_ms(builds_graph.get(), stream, replays) / kBuildCopies;
+  if (sustained_ms > 0)
+    g.sustained_watts = mean_board_watts(streams.device().id, [&] {
+      g.sustained_ms = median_replay_ms(step_graph.get(), stream, replays, sustained_ms);
+    });
   return g;  // the graphs go before the executor and the blocks they were served
 }
 #endif
@@ -139,15 +145,16 @@ double saves(const StepGraph& g, const StepGraphs& graphs) {
 }
 
 StepGraphs measure_step_graphs(const StepData& data, Streams& streams, int64_t max_tokens,
-                               int64_t max_columns, int replays,
+                               int64_t max_columns, int replays, double sustained_ms,
                                std::chrono::milliseconds progress_every) {
 #if SMLA_WITH_CUDA
   if (streams.device().kind == DeviceKind::cuda) {
     // A large step takes minutes.
     Progress progress("timing the step as graphs", 4, progress_every);
     const auto way = [&](TableSharing sharing, CompressedIndex compressed_index) {
-      StepGraph graph =
-          measure(data, streams, max_tokens, max_columns, sharing, compressed_index, replays);
+      const bool automatic = compressed_index == CompressedIndex::automatic;
+      StepGraph graph = measure(data, streams, max_tokens, max_columns, sharing, compressed_index,
+                                replays, automatic ? sustained_ms : 0);
       progress.advance();
       return graph;
     };
@@ -157,7 +164,8 @@ StepGraphs measure_step_graphs(const StepData& data, Streams& streams, int64_t m
             way(TableSharing::none, CompressedIndex::table)};
   }
 #else
-  (void)data, (void)max_tokens, (void)max_columns, (void)replays, (void)progress_every;
+  (void)data, (void)max_tokens, (void)max_columns, (void)replays, (void)sustained_ms,
+      (void)progress_every;
 #endif
   throw Error(ErrorKind::unsupported, "device", "a CUDA device (graphs are CUDA's)",
               device_name(streams.device()));

@@ -37,6 +37,10 @@ struct StepGraph {
   TableStats tables{};   // the captured step's bookkeeping (builds, forks, waits)
   double step_ms = 0;    // median replay of the whole step
   double builds_ms = 0;  // median replay of the step's table builds alone
+  // The step's median replay at a sustained clock (after and over `sustained_ms` of replays,
+  // median_replay_ms) and the board's mean power meanwhile (0 where unread); 0 when not asked.
+  double sustained_ms = 0;
+  double sustained_watts = 0;
   std::string not_run{};  // why this way could not run the step (a top-k wider than the
                           // decode reads on the device); empty when measured
 };
@@ -71,12 +75,13 @@ double saves(const StepGraph& graph, const StepGraphs& graphs);
 // kernels load and the streams' block cache gets every block a capture takes), then the step
 // is captured on streams.current() as one graph, its nodes counted and `replays` replays timed,
 // then the same for its table builds alone (16 copies a graph, so that their kernels, not the
-// graph's submission, are timed); a way the executor refuses as `unsupported` (topk,
+// graph's submission, are timed); with `sustained_ms` > 0 the automatic way's step is timed again
+// after and over that long of its replays; a way the executor refuses as `unsupported` (topk,
 // a top-k wider than the decode reads) is not run and says why. streams.current() must be a stream
 // of the run's own (RunStream): the legacy default stream cannot be captured. Elsewhere:
 // smla::Error, unsupported.
 StepGraphs measure_step_graphs(const StepData& data, Streams& streams, int64_t max_tokens,
-                               int64_t max_columns, int replays,
+                               int64_t max_columns, int replays, double sustained_ms = 0,
                                std::chrono::milliseconds progress_every = kProgressEvery);
 
 }  // namespace smla::cli

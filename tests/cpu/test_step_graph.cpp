@@ -217,7 +217,7 @@ TEST(GraphTable, RowsLineUpWithTheirHeader) {
   EXPECT_EQ(fields(csv[2])[1], "2000.00");  // step_us
   EXPECT_EQ(fields(csv[2])[4], "0.2000");   // saves
   EXPECT_EQ(fields(csv[3])[4], "");
-  EXPECT_EQ(fields(csv[3]).back(), "1");  // graph_ok
+  EXPECT_EQ(fields(csv[3])[15], "1");  // graph_ok
 
   // A way the device could not run says why and has no figures, no problems and no CSV row.
   graphs.topk.not_run = "compressed_index: expected top-k widths up to 2048, got 2344";
@@ -276,9 +276,51 @@ TEST(GraphTable, EachCountInItsColumn) {
   EXPECT_EQ((std::vector<std::string>{std::istream_iterator<std::string>(row), {}}),
             (std::vector<std::string>{"shared", "2000.0", "300.0", "15.0%", "20.0%", "27", "26",
                                       "40", "3", "1", "2", "5", "4", "1", "WRONG"}));
+  EXPECT_EQ(column(csv, "sustained_us"), "");  // not asked
+  EXPECT_EQ(column(csv, "sustained_watts"), "");
   graphs.none.step_ms = 0;  // not measured
   EXPECT_EQ(build_share(graphs.none), 0);
   EXPECT_EQ(column(fields(graph_csv_rows(graphs)[3]), "build_share"), "0.0000");
+}
+
+// The sustained step's columns: after the step's time where asked for, "-" (CSV: empty) where a
+// way was not timed so or the board's power was not read.
+TEST(GraphTable, SustainedColumnsWhereAsked) {
+  StepGraphs graphs = right_graphs();
+  graphs.automatic.sustained_ms = 1.95;
+  graphs.automatic.sustained_watts = 688.4;
+  const std::string header = graph_table_header(true);
+  EXPECT_EQ(header.rfind("tables    step us   sust us sust W builds us", 0), 0u) << header;
+  const std::vector<std::string> rows = graph_table_rows(graphs, true);
+  EXPECT_EQ(rows[0].find("1950.0") + 6, header.find("sust us") + 7) << rows[0];
+  EXPECT_EQ(rows[0].find("688") + 3, header.find("sust W") + 6) << rows[0];
+  const auto words = [](const std::string& row) {
+    std::istringstream in(row);
+    return std::vector<std::string>{std::istream_iterator<std::string>(in), {}};
+  };
+  const auto first_five = [&](const std::string& row) {
+    const std::vector<std::string> all = words(row);
+    return std::vector<std::string>(all.begin(), all.begin() + 5);
+  };
+  EXPECT_EQ(first_five(rows[0]),
+            (std::vector<std::string>{"auto", "1800.0", "1950.0", "688", "100.0"}));
+  EXPECT_EQ(first_five(rows[2]), (std::vector<std::string>{"shared", "2000.0", "-", "-", "100.0"}));
+  EXPECT_EQ(rows[0].find("  ok"), rows[0].size() - 4);
+  EXPECT_EQ(rows[3].find("ok"), header.find("graph"));
+  EXPECT_EQ(graph_table_rows(graphs), graph_table_rows(graphs, false));  // `smla run`'s
+  EXPECT_EQ(words(graph_table_rows(graphs)[0]).size() + 2, words(rows[0]).size());
+
+  const std::vector<std::string> names = fields(graph_csv_header());
+  const auto column = [&](const std::string& row, const std::string& name) {
+    return fields(row).at(std::find(names.begin(), names.end(), name) - names.begin());
+  };
+  const std::vector<std::string> csv = graph_csv_rows(graphs);
+  EXPECT_EQ(column(csv[0], "sustained_us"), "1950.00");
+  EXPECT_EQ(column(csv[0], "sustained_watts"), "688");
+  EXPECT_EQ(column(csv[1], "sustained_us"), "");
+  graphs.automatic.sustained_watts = 0;  // no NVML
+  EXPECT_EQ(column(graph_csv_rows(graphs)[0], "sustained_watts"), "");
+  EXPECT_EQ(words(graph_table_rows(graphs, true)[0])[3], "-");
 }
 
 // On CUDA the report prints the graphs after the tables: the replays, the graph table's header

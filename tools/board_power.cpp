@@ -1,14 +1,17 @@
 #include "board_power.h"
 
-#include <cuda_runtime.h>
-#include <dlfcn.h>
-
 #include <chrono>
 #include <optional>
 
-namespace smla::bench {
+#if SMLA_WITH_CUDA
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#endif
+
+namespace smla::cli {
 namespace {
 
+#if SMLA_WITH_CUDA
 // The few NVML entry points used, declared here: the toolkit ships no nvml.h.
 using NvmlDevice = struct NvmlDeviceOpaque*;
 using NvmlInit = int (*)();
@@ -47,6 +50,9 @@ std::optional<double> board_energy_mj(int device) {
     return std::nullopt;
   return double(mj);
 }
+#else
+std::optional<double> board_energy_mj(int) { return std::nullopt; }
+#endif
 
 }  // namespace
 
@@ -59,4 +65,4 @@ double mean_board_watts(int device, const std::function<void()>& work) {
   return before && after && seconds.count() > 0 ? (*after - *before) * 1e-3 / seconds.count() : 0;
 }
 
-}  // namespace smla::bench
+}  // namespace smla::cli
