@@ -20,6 +20,7 @@
 #include "board_power.h"
 #include "ceilings.h"
 #include "csv_file.h"
+#include "format.h"
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/decode_plan.h"
@@ -519,32 +520,29 @@ int main(int argc, char** argv) {
                                    o.sustained_ms, gpu, rng);
         const std::string anchor = r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 6) : "-";
         // "-" in the table and empty in the CSV where not measured
-        char sustained[32] = "-", sustained_alone[32] = "-", watts[32] = "-",
-             csv_sustained[96] = ",,";
-        if (r.sustained_us > 0) {
-          std::snprintf(sustained, sizeof sustained, "%.1f", r.sustained_us);
-          std::snprintf(sustained_alone, sizeof sustained_alone, "%.1f", r.sustained_alone_us);
-          if (r.sustained_watts > 0) std::snprintf(watts, sizeof watts, "%.0f", r.sustained_watts);
-          std::snprintf(csv_sustained, sizeof csv_sustained, "%.2f,%.2f,%s", r.sustained_us,
-                        r.sustained_alone_us, r.sustained_watts > 0 ? watts : "");
-        }
+        const std::string sustained = cli::measured(r.sustained_us, "%.1f", "-"),
+                          sustained_alone = cli::measured(r.sustained_alone_us, "%.1f", "-"),
+                          watts = cli::measured(r.sustained_watts, "%.0f", "-");
         std::printf(
             "%-10s %4d %5d %3d %4d+%-4d %5d%c %5lld %9.1f %9.1f %9s %10s %6s %8.1f %8.0f %9.1f "
             "%5.0f%% %9s\n",
             l.name, s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
-            r.cluster ? 'c' : ' ', (long long)r.ctas, r.us, r.alone_us, sustained, sustained_alone,
-            watts, r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us, anchor.c_str());
+            r.cluster ? 'c' : ' ', (long long)r.ctas, r.us, r.alone_us, sustained.c_str(),
+            sustained_alone.c_str(), watts.c_str(), r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us, anchor.c_str());
         std::fflush(stdout);
         if (csv) {
           std::fprintf(csv,
                        "%s,%d,%d,%d,%d,%d,%lld,%.2f,%.2f,%.1f,%.0f,%.2f,%.3f,%s,%d,%d,%s,%.3f,"
-                       "%.1f,%s,\"%s\",%s\n",
+                       "%.1f,%s,\"%s\",%s,%s,%s\n",
                        l.name, s.heads, s.requests, s.tokens_per_request, s.topk, r.splits,
                        (long long)r.ctas, r.us, r.alone_us, r.tflops, r.gbps, r.floor_us,
                        r.floor_us / r.us,
                        r.anchor_us > 0 ? anchor.c_str() : "", kWindow + s.topk, int(r.cluster),
                        o.rotate_all ? "all" : "indices", gather_bw[li] / 1e12,
-                       matmul.bf16 / 1e12, e4m3_csv.c_str(), gpu.name.c_str(), csv_sustained);
+                       matmul.bf16 / 1e12, e4m3_csv.c_str(), gpu.name.c_str(),
+                       cli::measured(r.sustained_us, "%.2f", "").c_str(),
+                       cli::measured(r.sustained_alone_us, "%.2f", "").c_str(),
+                       cli::measured(r.sustained_watts, "%.0f", "").c_str());
           std::fflush(csv);  // the rows so far survive a run killed at its time limit
         }
       }

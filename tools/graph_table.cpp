@@ -1,17 +1,11 @@
 #include "graph_table.h"
 
 #include <array>
-#include <cstdio>
+
+#include "format.h"
 
 namespace smla::cli {
 namespace {
-
-template <class... Args>
-std::string format(const char* pattern, Args... args) {
-  char line[512];
-  std::snprintf(line, sizeof line, pattern, args...);
-  return line;
-}
 
 // The graphs in print order.
 std::array<const StepGraph*, 4> in_order(const StepGraphs& graphs) {
@@ -22,11 +16,6 @@ std::array<const StepGraph*, 4> in_order(const StepGraphs& graphs) {
 std::string saved(const StepGraph* g, const StepGraphs& graphs, const char* pattern, double scale,
                   const char* on_none) {
   return g == &graphs.none ? on_none : format(pattern, scale * saves(*g, graphs));
-}
-
-// `value` by `pattern`, or `none` where it was not measured (0).
-std::string measured(double value, const char* pattern, const char* none) {
-  return value > 0 ? format(pattern, value) : none;
 }
 
 }  // namespace
