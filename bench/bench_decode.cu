@@ -348,10 +348,10 @@ Shape parse_shape(std::string_view text) {
   int values[4];
   const std::string whole(text);
   for (int f = 0; f < 4; ++f) {
-    const size_t colon = f < 3 ? text.find(':') : text.size();
-    if (colon == std::string_view::npos)
+    const size_t colon = text.find(':');
+    if ((colon == std::string_view::npos) != (f == 3))
       throw cli::UsageError("--shape: expected HEADS:REQUESTS:TOKENS:TOPK, got '" + whole +
-                            "' (too few fields)");
+                            (f < 3 ? "' (too few fields)" : "' (too many fields)"));
     values[f] = cli::number("--shape " + std::string(kFields[f]), text.substr(0, colon), 1,
                             kMost[f]);
     text.remove_prefix(std::min(text.size(), colon + 1));
