@@ -354,7 +354,7 @@ Shape parse_shape(std::string_view text) {
                             (f < 3 ? "' (too few fields)" : "' (too many fields)"));
     values[f] = cli::number("--shape " + std::string(kFields[f]), text.substr(0, colon), 1,
                             kMost[f]);
-    text.remove_prefix(std::min(text.size(), colon + 1));
+    if (f < 3) text.remove_prefix(colon + 1);
   }
   return {values[0], values[1], values[2], values[3]};
 }
