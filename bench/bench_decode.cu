@@ -20,11 +20,11 @@
 #include "board_power.h"
 #include "ceilings.h"
 #include "csv_file.h"
-#include "format.h"
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/decode_plan.h"
 #include "cuda/device.h"
+#include "format.h"
 #include "smla/decode.h"
 #include "smla/error.h"
 #include "smla/streams.h"
@@ -487,9 +487,8 @@ int main(int argc, char** argv) {
     std::printf("an empty kernel alone: %.1f us\n", empty_alone_us());
     if (o.sustained_ms > 0) {
       double rate = 0;
-      const double watts = cli::mean_board_watts(cuda::current_device(), [&] {
-        rate = bench::measure_bf16_matmul_rate(o.sustained_ms);
-      });
+      const double watts = cli::mean_board_watts(
+          cuda::current_device(), [&] { rate = bench::measure_bf16_matmul_rate(o.sustained_ms); });
       std::printf("sustained (%d ms busy first, %d ms timed): matmul bf16 %.0f TFLOP/s",
                   o.sustained_ms, o.sustained_ms, rate / 1e12);
       if (watts > 0) std::printf(" at %.0f W", watts);
@@ -509,8 +508,8 @@ int main(int argc, char** argv) {
                    "floor_us,floor_fraction,flashmla_us,columns,cluster,rotate,gather_tbps,"
                    "matmul_tflops,e4m3_matmul_tflops,device,sustained_us,sustained_alone_us,"
                    "sustained_watts\n");
-    std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %9s %9s %10s %6s %8s %8s %9s %6s %9s\n",
-                "kv", "H", "req", "q", "topk", "splits", "ctas", "us", "alone_us", "sust_us",
+    std::printf("%-10s %4s %5s %3s %9s %6s %5s %9s %9s %9s %10s %6s %8s %8s %9s %6s %9s\n", "kv",
+                "H", "req", "q", "topk", "splits", "ctas", "us", "alone_us", "sust_us",
                 "sust_alone", "sust_W", "TFLOP/s", "GB/s", "floor_us", "floor%", "FlashMLA");
     for (size_t li = 0; li < layouts.size(); ++li) {
       fill_pool(pool, layouts[li], rng);
@@ -528,7 +527,8 @@ int main(int argc, char** argv) {
             "%5.0f%% %9s\n",
             l.name, s.heads, s.requests, s.tokens_per_request, kWindow, s.topk, r.splits,
             r.cluster ? 'c' : ' ', (long long)r.ctas, r.us, r.alone_us, sustained.c_str(),
-            sustained_alone.c_str(), watts.c_str(), r.tflops, r.gbps, r.floor_us, 100 * r.floor_us / r.us, anchor.c_str());
+            sustained_alone.c_str(), watts.c_str(), r.tflops, r.gbps, r.floor_us,
+            100 * r.floor_us / r.us, anchor.c_str());
         std::fflush(stdout);
         if (csv) {
           std::fprintf(csv,
@@ -536,9 +536,8 @@ int main(int argc, char** argv) {
                        "%.1f,%s,\"%s\",%s,%s,%s\n",
                        l.name, s.heads, s.requests, s.tokens_per_request, s.topk, r.splits,
                        (long long)r.ctas, r.us, r.alone_us, r.tflops, r.gbps, r.floor_us,
-                       r.floor_us / r.us,
-                       r.anchor_us > 0 ? anchor.c_str() : "", kWindow + s.topk, int(r.cluster),
-                       o.rotate_all ? "all" : "indices", gather_bw[li] / 1e12,
+                       r.floor_us / r.us, r.anchor_us > 0 ? anchor.c_str() : "", kWindow + s.topk,
+                       int(r.cluster), o.rotate_all ? "all" : "indices", gather_bw[li] / 1e12,
                        matmul.bf16 / 1e12, e4m3_csv.c_str(), gpu.name.c_str(),
                        cli::measured(r.sustained_us, "%.2f", "").c_str(),
                        cli::measured(r.sustained_alone_us, "%.2f", "").c_str(),
