@@ -88,7 +88,7 @@ size_t workspace_bytes(int64_t max_tokens, int num_heads, int64_t max_columns, D
 // The widest top-k (TopkColumns' top_k) the op reads on `device`: 2048 on CUDA (the kernel
 // stages it in shared memory; whether the device runs the op at all is query_capability's
 // answer), INT64_MAX on the CPU (no limit of its own: W + top_k <= 2^31 - 32 holds on every
-// device), 0 on CUDA in a build without it.
+// device), 0 on CUDA in a build without it. Another device kind is an error (`device`).
 int64_t max_topk_width(Device device);
 
 // "supported" or the reason why not, for one configuration on one device.

@@ -76,7 +76,7 @@ void view(const TensorView& v, const std::string& name) {
   bool over = false;
   for (int d = 0; d < v.ndim; ++d) {
     over = over || __builtin_mul_overflow(count, v.shape[d], &count);
-    if (v.shape[d] == 0 || v.strides[d] == 0) continue;
+    if (v.shape[d] <= 1 || v.strides[d] == 0) continue;  // a size-1 dim's stride is not used
     over = over || v.strides[d] == INT64_MIN ||
            __builtin_mul_overflow(v.shape[d] - 1, std::abs(v.strides[d]), &reach) ||
            __builtin_mul_overflow(reach, int64_t(dtype_size(v.dtype)), &reach) ||

@@ -55,6 +55,7 @@ size_t workspace_bytes(int64_t max_tokens, int num_heads, int64_t max_columns, D
 }
 
 int64_t max_topk_width(Device device) {
+  check::device(device, "device");
   if (device.kind == DeviceKind::cpu) return INT64_MAX;
 #if SMLA_WITH_CUDA
   return cuda::kMaxTopk;

@@ -143,11 +143,16 @@ KvPool make_pool(const TensorView& v, const char* name) {
   pool.block_size = v.size(1);
   if (pool.block_size < 1) fail(ErrorKind::value, name, "block_size >= 1", shape_of(v));
   const int64_t elem = static_cast<int64_t>(dtype_size(v.dtype));
-  // A dim of size 1 is read at index 0 alone: a stride that no layout could have there (DLPack
-  // exporters may rewrite such strides, PyTorch up to 2.9 to 1) reads as the packed one.
+  // A dim of size 1 is read at index 0 alone: a stride that no layout could have there reads
+  // as the packed one. DLPack exporters may rewrite such strides (PyTorch up to 2.9 to 1) or
+  // keep a leftover that `.contiguous()` does not touch (a transposed view's: above the page
+  // stride). A one-row page's token stride places nothing, so it counts only where it divides
+  // the page stride into a span.
   const bool ds = pool.layout == KvLayout::fp8_ds_mla;
   int64_t token_stride = v.stride(1), block_stride = v.stride(0);
-  const bool row_token_stride = pool.block_size == 1 && token_stride < row;
+  const bool row_token_stride =
+      pool.block_size == 1 &&
+      (token_stride < row || block_stride < token_stride || block_stride % token_stride != 0);
   if (row_token_stride) token_stride = row;
   const int64_t page_unit = ds ? kDsMlaRecordBytes : token_stride;  // a page stride's multiple
   int64_t page = 0, rounded = 0;  // its least, and that plus page_unit - 1
@@ -191,9 +196,11 @@ KvPool make_pool(const TensorView& v, const char* name) {
          "stride)",
          "a non-integral span: block stride " + num(block_stride) + " / token stride " +
              num(token_stride) +
-             (row_token_stride ? " (one row: a page of one row has no token stride of its own, "
-                                 "and its " + num(v.stride(1)) + " is not one a layout could have)"
-                               : ""));
+             (token_stride != v.stride(1)
+                  ? " (one row: a page of one row has no token stride of its own, "
+                    "and its " +
+                        num(v.stride(1)) + " is not one a layout could have)"
+                  : ""));
   pool.span = block_stride / token_stride;
   if (pool.span < pool.block_size)
     fail(ErrorKind::value, name,

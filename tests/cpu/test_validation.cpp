@@ -224,6 +224,8 @@ TEST_F(Validation, DeviceOfAnotherKind) {
                             "a cpu or cuda device", name);
     test::expect_smla_error([&] { workspace_bytes(8, 64, 640, other); }, ErrorKind::type, "device",
                             "a cpu or cuda device", name);
+    test::expect_smla_error([&] { max_topk_width(other); }, ErrorKind::type, "device",
+                            "a cpu or cuda device", name);
     const Capability answer = query_capability(kHeadDim, DType::bf16, DType::bf16, 64, other);
     EXPECT_FALSE(answer.supported);
     EXPECT_EQ(answer.reason, "device " + name + " is neither cpu nor cuda");
@@ -691,14 +693,18 @@ TEST_F(Validation, SpanFromInt32) {
   a.swa_kv_cache = view(DType::bf16, {1, 16, 512}, {int64_t(1) << 62, 512, 1});
   expect_error(ErrorKind::value, "swa_kv_cache", "a page stride whose size in bytes fits in int64",
                "4611686018427387904 elements");
-  // One page of one row: no extent bounds its token stride, from which the least page stride
-  // was rounded up past int64 (signed overflow, then "span 0").
+  // One page of one row: no extent bounds its token stride, which reads as the packed one
+  // (from it the least page stride had been rounded up past int64: "span 0").
+  a.compressed_kv_cache = TensorView{};
   for (const DType dtype : {DType::bf16, DType::f8e4m3}) {
     a.swa_kv_cache = view(dtype, {1, 1, 512}, {0, INT64_MAX, 1});
-    expect_error(ErrorKind::value, "swa_kv_cache",
-                 "a page of block_size rows whose size fits in int64",
-                 "block_size 1 and token stride 9223372036854775807");
+    EXPECT_EQ(validate_decode(a).swa.span, 1);
   }
+  // A page of two 1-byte rows: the view's extent bounds one token stride, not the page's two.
+  a.swa_kv_cache = view(DType::f8e4m3, {1, 2, 512}, {0, int64_t(3) << 61, 1});
+  expect_error(ErrorKind::value, "swa_kv_cache",
+               "a page of block_size rows whose size fits in int64",
+               "block_size 2 and token stride 6917529027641081856");
 }
 
 // A dim of size 1 is read at index 0 alone: a stride no layout could have there (PyTorch up
@@ -708,7 +714,17 @@ TEST_F(Validation, SizeOneDimsTakeAnyStride) {
   EXPECT_NO_THROW(validate_decode(a));
   a.swa_kv_cache = view(DType::bf16, {4, 1, 512}, {512, 1, 1});  // one row a page
   EXPECT_NO_THROW(validate_decode(a));
+  // A one-row page's leftover token stride past the page stride: a transposed view's, which
+  // PyTorch's .contiguous() keeps (torch.empty(1, 4, 512).transpose(0, 1)).
   a.compressed_kv_cache = TensorView{};
+  for (const DType dtype : {DType::bf16, DType::f8e4m3}) {
+    a.swa_kv_cache = view(dtype, {4, 1, 512}, {512, 2048, 1});
+    EXPECT_EQ(validate_decode(a).swa.span, 1);
+    a.swa_kv_cache = view(dtype, {4, 1, 512}, {1024, 768, 1});  // no span: the packed one's 2
+    EXPECT_EQ(validate_decode(a).swa.span, 2);
+  }
+  a.swa_kv_cache = view(DType::bf16, {4, 1, 512}, {2048, 1024, 1});  // a real one: span 2
+  EXPECT_EQ(validate_decode(a).swa.span, 2);
   a.swa_kv_cache = view(DType::u8, {1, 16, 584}, {1, 584, 1});
   EXPECT_NO_THROW(validate_decode(a));
 }
@@ -827,7 +843,8 @@ TEST(Capability, EveryRefusalSaysWhy) {
 #endif
 }
 
-// A view's rank past 4 and a stride of INT64_MIN (no |stride| in int64) are refused.
+// A view's rank past 4 and a stride of INT64_MIN (no |stride| in int64) are refused, the
+// stride where its dim is stepped.
 TEST(CheckHelpers, RankAndLeastStride) {
   std::vector<std::byte> buf(64);
   TensorView five = make_view(buf.data(), DType::f32, Device{}, {1, 1, 1, 4});
@@ -837,6 +854,9 @@ TEST(CheckHelpers, RankAndLeastStride) {
   // |INT64_MIN| is no int64: refused even for 1-byte elements.
   EXPECT_THROW(check::view(make_view(buf.data(), DType::u8, Device{}, {2}, {INT64_MIN}), "v"),
                Error);
+  // On a dim of size 1 it is never used, as any other stride there.
+  EXPECT_NO_THROW(
+      check::view(make_view(buf.data(), DType::u8, Device{}, {1, 4}, {INT64_MIN, 1}), "v"));
 }
 
 // Two outputs' runs of bytes that overlap only at one run's end are not apart; a size-1 dim's
