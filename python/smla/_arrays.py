@@ -298,6 +298,9 @@ def scale(x, name: str) -> float:
         raise type_error(name, "a float", "a bool")
     if isinstance(x, (str, bytes, bytearray)):  # float() would parse "0.04": text is no scale
         raise type_error(name, "a float", type(x).__name__)
+    kind = getattr(getattr(x, "dtype", None), "kind", "")
+    if kind in ("m", "M"):  # NumPy times: a unitless timedelta's item() is a plain int
+        raise type_error(name, "a float", f"{type(x).__name__} of {x.dtype}")
     if not isinstance(x, (int, float)) and on_a_device(x):
         raise type_error(name, "a Python float (a device tensor cannot be read without a "
                          "synchronisation, which graph capture forbids)",

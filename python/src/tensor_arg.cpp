@@ -1,10 +1,11 @@
 #include "tensor_arg.h"
 
-#include <algorithm>
-#include <cstdlib>
-
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "smla/error.h"
 
@@ -125,6 +126,17 @@ std::vector<DType> dtypes_of(const std::string& takes) {
   return dtypes;
 }
 
+// Whether `takes` ("bf16,f8e4m3") names `t`; an empty one names every dtype (not known).
+bool takes_dtype(std::string_view takes, DType t) {
+  if (takes.empty()) return true;
+  for (size_t start = 0; start <= takes.size();) {
+    const size_t end = std::min(takes.find(',', start), takes.size());
+    if (takes.substr(start, end - start) == dtype_name(t)) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
 // `takes`: the dtypes the argument accepts (Tensor's); `holds`: the dtype of the caller's array
 // where the import sees its raw bits (an ml_dtypes or torch fp8 array viewed as integers),
 // named in errors in place of the view's.
@@ -140,9 +152,9 @@ TensorView view_of(const Array& a, const std::string& name, const std::optional<
       throw Error(ErrorKind::type, name,
                   std::to_string(dtype_size(v.dtype) * 8) + "-bit elements to read as " + *dtype,
                   holds.value_or(dlpack_name(d)));
-  } else if (const auto t = native(d)) {
+  } else if (const auto t = native(d); t && takes_dtype(takes, *t)) {
     v.dtype = *t;
-  } else {
+  } else {  // not an smla dtype, or one the argument does not take: named with the conversion
     const std::vector<DType> accepted = dtypes_of(takes);
     throw Error(ErrorKind::type, name, expected_elements(accepted),
                 holds.value_or(dlpack_name(d)) + conversion_hint(d, accepted));

@@ -456,7 +456,7 @@ def test_decode_errors_name_the_argument(change, error, argument):
 def test_scales_refuse_text_and_bools_inside_arrays():
     """A one-element array of text or of a bool is no scale, as a str or a bool is not: float()
     of its item would parse the text ("0.04" as 0.04) and read True as 1.0 (a fuzzer's finding:
-    they were taken)."""
+    they were taken); nor is a NumPy time."""
     args, _ = make_case(ref.fresh_rng())
     _, layers, _, _ = _executor_case(ref.fresh_rng())
     quantize = dict(rows=np.zeros((2, D), np.float32).astype(BF16),
@@ -468,7 +468,11 @@ def test_scales_refuse_text_and_bools_inside_arrays():
                        (np.array(True, dtype=object), "ndarray holding a bool"),
                        (np.array([False], dtype=object), "ndarray holding a bool"),
                        # NumPy's bool, which an object array keeps as it is (float() read 1.0)
-                       (np.array([np.True_], dtype=object), "ndarray holding a bool")):
+                       (np.array([np.True_], dtype=object), "ndarray holding a bool"),
+                       # NumPy times: a unitless timedelta's item() is an int (it was taken)
+                       (np.timedelta64(2), "timedelta64 of timedelta64"),
+                       (np.array([3], dtype="m8[s]"), "ndarray of timedelta64[s]"),
+                       (np.datetime64(1, "D"), "datetime64 of datetime64[D]")):
         calls = {name: lambda name=name: smla.sparse_mla_decode(**bad(args, **{name: value}))
                  for name in ("bmm1_scale", "bmm2_scale")}
         calls["kv_scale"] = lambda: smla.quantize_kv(**quantize, kv_scale=value)
@@ -476,7 +480,7 @@ def test_scales_refuse_text_and_bools_inside_arrays():
             [dataclasses.replace(layers[0], bmm2_scale=value)], max_tokens=8, max_columns=W)
         for name, call in calls.items():
             with pytest.raises(TypeError, match=f"^smla: {re.escape(name)}: expected a float, "
-                               f"got {got}$") as info:
+                               f"got {re.escape(got)}$") as info:
                 call()
             assert info.value.argument == name
 
@@ -2067,6 +2071,17 @@ def test_dtype_errors_follow_the_dtype_the_argument_takes():
             ("sparse_indices", lambda: smla.sparse_mla_decode(
                 **bad(args, sparse_indices=args["sparse_indices"].astype(np.float64))),
              "i32 elements", "float64"),  # no conversion: float indices are no int32's copy
+            # An smla dtype the argument does not take: named as the others, the conversion too.
+            ("query", lambda: smla.sparse_mla_decode(
+                **bad(args, query=args["query"].astype(np.float32))),
+             "bf16 or f8e4m3 (float8_e4m3fn) elements (a uint16/uint8 array holding bf16/fp8 "
+             "bits: smla.with_dtype(array, 'bf16'/'f8e4m3'))",
+             "float32: rows are bf16 (.to(torch.bfloat16) or .astype(ml_dtypes.bfloat16))"),
+            ("sinks", lambda: smla.sparse_mla_decode(
+                **bad(args, sinks=args["sinks"].astype(np.int32))), "f32 elements", "int32"),
+            ("sparse_indices", lambda: smla.sparse_mla_decode(
+                **bad(args, sparse_indices=args["sparse_indices"].astype(np.float32))),
+             "i32 elements", "float32"),
     ):
         with pytest.raises(TypeError) as info:
             call()
