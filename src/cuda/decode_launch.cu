@@ -167,6 +167,7 @@ Occupancy decode_occupancy(int device) {
   static PerDevice<std::array<std::atomic<int>, kMaxClusterSplits + 1>> cache;
   Occupancy o;
   o.ctas = sm_count(device);
+  o.dram_bytes_per_us = dram_bytes_per_us(device);
   if (!cluster_reduction.load()) return o;
   auto& cached = cache.at(device);
   for (int c = 2; c <= kMaxClusterSplits; ++c) {

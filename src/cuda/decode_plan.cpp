@@ -22,6 +22,24 @@ constexpr double kPartialStoreBytesPerUs = 24e3;
 constexpr double kPartialBytesPerUs = 45e3;
 constexpr double kClusterFixedUs = 1.0;
 constexpr double kClusterBytesPerUs = 16e3;
+// A wave's tiles come no faster than DRAM gathers them: its CTAs' rows, a token's head blocks
+// counted once (the later ones read them from L2), at this fraction of the peak bandwidth
+// (random 1 KiB rows: an H100 3.04 of 3.35 TB/s, an H200 4.2-4.5 of 4.8). On an H200 no plan
+// changes (nor down to 4.2 TB/s); on an H100 bf16 plans of 13-78 tokens split less
+// (docs/kernel_measured.md, "Work decomposition").
+constexpr double kGatherFraction = 0.9;
+
+int64_t row_bytes(KvLayout layout) {
+  switch (layout) {
+    case KvLayout::bf16:
+      return 2 * kHeadDim;
+    case KvLayout::fp8_e4m3:
+      return kHeadDim;
+    case KvLayout::fp8_ds_mla:
+      break;
+  }
+  return kDsMlaRecordBytes + kDsMlaScaleBytes;
+}
 
 // Whether rows split over CTAs of `heads_per_cta` heads: not where half as many cover the heads
 // in as many blocks, whose smaller partials cost less to reduce at the same CTA count (so the
@@ -47,12 +65,20 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns, K
   DecodePlan best;
   double best_cost = -1;
   const auto consider = [&](const DecodePlan& plan, int concurrent, double reduce_us) {
-    const int64_t waves = (plan.ctas + concurrent - 1) / concurrent;
     const bool query_tma = plan.num_splits == 1 && plan.heads_per_cta == kMmaRows;
-    const double tile_us = layout != KvLayout::bf16 ? kTileUs
-                           : query_tma              ? kBf16QueryTmaTileUs
-                                                    : kBf16TileUs;
-    const double cost = double(waves) * (double(plan.tiles_per_split) * tile_us + reduce_us);
+    const double sm_us = layout != KvLayout::bf16 ? kTileUs
+                         : query_tma              ? kBf16QueryTmaTileUs
+                                                  : kBf16TileUs;
+    const auto wave_us = [&](int64_t ctas) {  // a wave of `ctas` CTAs at once
+      double tile_us = sm_us;
+      if (occupancy.dram_bytes_per_us > 0)
+        tile_us = std::max(tile_us, double(ctas) / plan.head_blocks * kTileColumns *
+                                        double(row_bytes(layout)) /
+                                        (kGatherFraction * occupancy.dram_bytes_per_us));
+      return double(plan.tiles_per_split) * tile_us + reduce_us;
+    };
+    const int64_t full_waves = plan.ctas / concurrent, rest = plan.ctas % concurrent;
+    const double cost = double(full_waves) * wave_us(concurrent) + (rest > 0 ? wave_us(rest) : 0);
     if (best_cost < 0 || cost < best_cost - 1e-9) best_cost = cost, best = plan;
   };
   for (int heads_per_cta = kMmaRows; heads_per_cta >= kMinHeadsPerCta; heads_per_cta /= 2) {

@@ -24,10 +24,12 @@ constexpr int64_t kQueryEvictFirstBytes = int64_t(10) << 20;
 constexpr size_t partial_floats(int heads_per_cta) { return size_t(heads_per_cta) * (512 + 2); }
 
 // CTAs of the decode kernel that run at once: alone (one per SM), and launched in clusters of
-// c CTAs (cluster_ctas[c], c = 2..kMaxClusterSplits; 0 = no such clusters).
+// c CTAs (cluster_ctas[c], c = 2..kMaxClusterSplits; 0 = no such clusters); and the device's
+// peak DRAM bandwidth that their row copies share (0: not known, tiles priced by the SM alone).
 struct Occupancy {
   int ctas = 0;
   std::array<int, kMaxClusterSplits + 1> cluster_ctas{};
+  double dram_bytes_per_us = 0;
 };
 // Every SM usable by clusters of any size (for host-side tests); clusters false: none.
 Occupancy uniform_occupancy(int sm_count, bool clusters = true);

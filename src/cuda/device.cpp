@@ -24,15 +24,28 @@ void require_device_index(int device, int count) {
       [&] { return std::to_string(device); });
 }
 
-int sm_count(int device) {
+namespace {
+
+// A device attribute, asked once a device (0: not yet asked, or not reported, then asked again).
+template <cudaDeviceAttr kAttribute>
+int attribute(int device) {
   static PerDevice<std::atomic<int>> cache;
   std::atomic<int>& cached = cache.at(device);
-  int count = cached.load(std::memory_order_relaxed);
-  if (count == 0) {
-    SMLA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    cached.store(count, std::memory_order_relaxed);
+  int value = cached.load(std::memory_order_relaxed);
+  if (value == 0) {
+    SMLA_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttribute, device));
+    cached.store(value, std::memory_order_relaxed);
   }
-  return count;
+  return value;
+}
+
+}  // namespace
+
+int sm_count(int device) { return attribute<cudaDevAttrMultiProcessorCount>(device); }
+
+double dram_bytes_per_us(int device) {  // kHz: cycles a ms; HBM moves data on both edges
+  return 2e-3 * attribute<cudaDevAttrMemoryClockRate>(device) *
+         attribute<cudaDevAttrGlobalMemoryBusWidth>(device) / 8;
 }
 
 int current_device() {

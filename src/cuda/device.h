@@ -57,6 +57,9 @@ class PerDevice {
 };
 
 int sm_count(int device);
+// The device's peak DRAM bandwidth in bytes per microsecond (memory clock x bus width x 2: HBM
+// moves data on both edges); 0 where the device does not report them.
+double dram_bytes_per_us(int device);
 int current_device();
 
 inline bool aligned(const void* p, size_t bytes) {

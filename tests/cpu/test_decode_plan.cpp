@@ -172,6 +172,43 @@ TEST(DecodePlan, ClustersArePricedAtTheirOwnOccupancy) {
     }
 }
 
+// Where the wave's row copies would outrun DRAM, a tile costs what DRAM takes to gather it: on
+// an H100's 3.35 TB/s bf16 rows of 64 tokens, H=64, 640 columns stay one CTA a row (26.0 us
+// where two splits took 27.6); an H200's 4.8 TB/s plans as the SM's prices alone, in every
+// layout, and so does an unknown bandwidth.
+TEST(DecodePlan, TilesCostNoLessThanDramGathersThem) {
+  Occupancy h100 = kH200, h200 = kH200;
+  h100.dram_bytes_per_us = 3.35e6;
+  h200.dram_bytes_per_us = 4.8e6;
+  const auto same = [](const DecodePlan& a, const DecodePlan& b) {
+    return a.heads_per_cta == b.heads_per_cta && a.num_splits == b.num_splits &&
+           a.cluster == b.cluster;
+  };
+  const DecodePlan sm = plan_decode(64, 64, 640, KvLayout::bf16, kH200, SIZE_MAX, SIZE_MAX);
+  EXPECT_EQ(sm.num_splits, 2);
+  EXPECT_TRUE(sm.cluster);
+  const DecodePlan dram = plan_decode(64, 64, 640, KvLayout::bf16, h100, SIZE_MAX, SIZE_MAX);
+  EXPECT_EQ(dram.num_splits, 1);
+  EXPECT_EQ(dram.heads_per_cta, kMmaRows);
+  // A partial last wave gathers only its own CTAs' rows: 133 tokens stay 64-head CTAs.
+  EXPECT_EQ(plan_decode(133, 64, 640, KvLayout::bf16, h100, SIZE_MAX, SIZE_MAX).heads_per_cta,
+            kMmaRows);
+  for (KvLayout layout : kKvLayouts)
+    for (int heads : {8, 16, 32, 64, 100, 128})
+      for (int64_t columns : {640, 1152})
+        for (int64_t tokens = 1; tokens < 300; ++tokens) {
+          const DecodePlan a =
+              plan_decode(tokens, heads, columns, layout, kH200, SIZE_MAX, SIZE_MAX);
+          EXPECT_TRUE(
+              same(a, plan_decode(tokens, heads, columns, layout, h200, SIZE_MAX, SIZE_MAX)))
+              << tokens << " tokens, H=" << heads << ", " << columns << " columns";
+          // The fp8 layouts' conversion paces them below an H100's DRAM too.
+          if (layout != KvLayout::bf16)
+            EXPECT_TRUE(
+                same(a, plan_decode(tokens, heads, columns, layout, h100, SIZE_MAX, SIZE_MAX)));
+        }
+}
+
 TEST(DecodePlan, UniformOccupancyIsWholeClustersOfEverySize) {
   const Occupancy none = uniform_occupancy(kSms, false);
   EXPECT_EQ(kGpu.ctas, kSms);
