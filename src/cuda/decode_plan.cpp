@@ -26,7 +26,7 @@ constexpr double kClusterBytesPerUs = 16e3;
 // counted once (the later ones read them from L2), at this fraction of the peak bandwidth
 // (random 1 KiB rows: an H100 3.04-3.15 of 3.35 TB/s, an H200 4.2-4.5 of 4.8). No H200 plan
 // changes (nor any down to 4.2 TB/s); an H100 splits bf16 rows of 14-78 tokens less, the
-// fraction fitted to 94 shapes timed there (docs/kernel_measured.md, "Work decomposition").
+// fraction chosen from 100 shapes timed there (docs/kernel_measured.md, "Work decomposition").
 constexpr double kGatherFraction = 0.95;
 
 int64_t row_bytes(KvLayout layout) {
