@@ -138,11 +138,6 @@ DType query_dtype(KvLayout layout) {
   return layout == KvLayout::fp8_e4m3 ? DType::f8e4m3 : DType::bf16;
 }
 
-int64_t kv_row_bytes(KvLayout layout) {
-  if (layout == KvLayout::fp8_ds_mla) return kDsMlaRecordBytes + kDsMlaScaleBytes;
-  return kHeadDim * static_cast<int64_t>(dtype_size(kv_dtype(layout)));
-}
-
 void SynthStep::place(std::vector<std::byte> bytes, DType dtype,
                       std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides,
                       TensorView& host_view, TensorView& device_view, bool host_copy) {

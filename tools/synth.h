@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "args.h"
+#include "core/problem.h"
 #include "smla/executor.h"
 #include "smla/model.h"
 #include "smla/streams.h"
@@ -19,7 +20,6 @@ constexpr int kCompressedBlockSize = 64;  // compressed entries per page (E)
 
 DType kv_dtype(KvLayout layout);        // the pool dtype that means this layout
 DType query_dtype(KvLayout layout);     // f8e4m3 with a per-tensor fp8 cache, else bf16
-int64_t kv_row_bytes(KvLayout layout);  // bytes a token row occupies (fp8_ds_mla: with scales)
 
 // A (token, head) row of a layer's query and out.
 struct Row {

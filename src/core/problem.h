@@ -42,6 +42,13 @@ struct KvPool {
   }
 };
 
+// Bytes a token row of `layout` occupies in its pool (fp8_ds_mla: the record and its scales).
+constexpr int64_t kv_row_bytes(KvLayout layout) {
+  return layout == KvLayout::bf16       ? 2 * kHeadDim
+         : layout == KvLayout::fp8_e4m3 ? kHeadDim
+                                        : kDsMlaRecordBytes + kDsMlaScaleBytes;
+}
+
 struct DecodeProblem {
   int64_t num_tokens = 0;    // T
   int64_t num_requests = 0;  // B

@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/problem.h"
+
 namespace smla::cuda {
 namespace {
 
@@ -28,18 +30,6 @@ constexpr double kClusterBytesPerUs = 16e3;
 // changes (nor any down to 4.2 TB/s); an H100 splits bf16 rows of 14-78 tokens less, the
 // fraction chosen from 100 shapes timed there (docs/kernel_measured.md, "Work decomposition").
 constexpr double kGatherFraction = 0.95;
-
-int64_t row_bytes(KvLayout layout) {
-  switch (layout) {
-    case KvLayout::bf16:
-      return 2 * kHeadDim;
-    case KvLayout::fp8_e4m3:
-      return kHeadDim;
-    case KvLayout::fp8_ds_mla:
-      break;
-  }
-  return kDsMlaRecordBytes + kDsMlaScaleBytes;
-}
 
 // Whether rows split over CTAs of `heads_per_cta` heads: not where half as many cover the heads
 // in as many blocks, whose smaller partials cost less to reduce at the same CTA count (so the
@@ -73,7 +63,7 @@ DecodePlan plan_decode(int64_t num_tokens, int num_heads, int64_t num_columns, K
       double tile_us = sm_us;
       if (occupancy.dram_bytes_per_us > 0)
         tile_us = std::max(tile_us, double(ctas) / plan.head_blocks * kTileColumns *
-                                        double(row_bytes(layout)) /
+                                        double(kv_row_bytes(layout)) /
                                         (kGatherFraction * occupancy.dram_bytes_per_us));
       return double(plan.tiles_per_split) * tile_us + reduce_us;
     };
