@@ -76,8 +76,10 @@ def _merged_view(x, name: str, ndim: int):
                 raw = x.view(f"V{x.dtype.itemsize}")
                 return xp.lib.stride_tricks.as_strided(raw, shape, strides).view(x.dtype)
             return xp.lib.stride_tricks.as_strided(x, shape, strides)
+    strides = f"strides {tuple(x.stride())} (elements)" if xp.__name__ == "torch" else \
+        f"strides {tuple(x.strides)} (bytes)"
     raise value_error(name, "[B, q, ...] whose first two dims merge into T without a copy",
-                      f"shape {tuple(x.shape)}, strides {tuple(x.strides)}")
+                      f"shape {tuple(x.shape)}, {strides}")
 
 
 def _call_stream(like, stream):

@@ -196,7 +196,12 @@ TensorView view_of(const Array& a, const std::string& name, const std::optional<
 DType parse_dtype(const std::string& name, const std::string& argument) {
   for (DType t : {DType::bf16, DType::f8e4m3, DType::f32, DType::i32, DType::u8})
     if (name == dtype_name(t)) return t;
-  throw Error(ErrorKind::value, argument, "a dtype name: bf16, f8e4m3, f32, i32 or u8", name);
+  // A cache layout's name (the command's --kv) where its pool's dtype is asked.
+  const std::string pool = name == "fp8_e4m3" || name == "fp8" ? " (an fp8_e4m3 pool is f8e4m3)"
+                           : name == "fp8_ds_mla"              ? " (an fp8_ds_mla pool is u8)"
+                                                               : "";
+  throw Error(ErrorKind::value, argument, "a dtype name: bf16, f8e4m3, f32, i32 or u8",
+              name + pool);
 }
 
 Device parse_device(const std::string& kind, int id) {
@@ -230,8 +235,14 @@ Tensor::Tensor(nb::handle array, const std::string& name, std::optional<std::str
     return;
   }
   std::string got = text_of(nb::type_name(array.type()));
-  // An array of a dtype DLPack cannot describe (float8_e5m2, big-endian, object): name it.
-  if (nb::hasattr(array, "dtype")) got += " of dtype " + text_of(nb::getattr(array, "dtype"));
+  std::string expected = writable ? "a writable array (NumPy, PyTorch, or any DLPack producer)"
+                                  : "an array (NumPy, PyTorch, or any DLPack producer)";
+  // An array of a dtype DLPack cannot describe (float8_e5m2, big-endian, object): its dtype
+  // beside the ones the argument takes.
+  if (nb::hasattr(array, "dtype")) {
+    got += " of dtype " + text_of(nb::getattr(array, "dtype"));
+    expected += " of " + expected_elements(dtypes_of(takes));
+  }
   if (writable && nb::try_cast(source, ro, false)) {
     got = "a read-only array";
   } else if (nb::hasattr(array, "__dlpack__")) {
@@ -244,10 +255,7 @@ Tensor::Tensor(nb::handle array, const std::string& name, std::optional<std::str
       got += " (its __dlpack__: " + text_of(e.value()) + ")";
     }
   }
-  throw Error(ErrorKind::type, name,
-              writable ? "a writable array (NumPy, PyTorch, or any DLPack producer)"
-                       : "an array (NumPy, PyTorch, or any DLPack producer)",
-              got);
+  throw Error(ErrorKind::type, name, expected, got);
 }
 
 TensorView take(nb::handle tensor, std::vector<nb::object>* keep) {

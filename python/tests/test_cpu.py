@@ -977,7 +977,7 @@ def test_engine_call_refuses_slots_and_copies():
             trtllm_batch_decode_sparse_mla_dsv4(**common, sparse_indices_are_storage_offsets=flag)
         assert info.value.argument == "sparse_indices_are_storage_offsets"
     split = np.zeros((3, 3, 8, D), BF16)[:, :2]  # [B, q, H, D] whose tokens do not merge
-    with pytest.raises(ValueError, match="smla: out:"):
+    with pytest.raises(ValueError, match=r"smla: out: .*strides \(\d+, \d+, \d+, 2\) \(bytes\)"):
         trtllm_batch_decode_sparse_mla_dsv4(**dict(common, out=split))
     # max_q_len computed from offsets that are no [B+1] array: the offsets' error, named.
     for cum in (np.array(3, np.int32), np.int32(3)):
@@ -1002,6 +1002,10 @@ def test_buffer_sizes_and_capability():
     assert not supported and "512" in reason
     with pytest.raises(ValueError, match="smla: kv_dtype:"):
         smla.query_capability(512, "bf16", "fp16", 64, "cpu")
+    # The command's layout names (--kv) are answered with the pool dtype they take.
+    for layout, dtype in (("fp8_ds_mla", "u8"), ("fp8_e4m3", "f8e4m3")):
+        with pytest.raises(ValueError, match=f"got {layout} \\(an {layout} pool is {dtype}\\)$"):
+            smla.query_capability(512, "bf16", layout, 64, "cpu")
     with pytest.raises(TypeError, match="smla: head_size: expected an int, got a bool"):
         smla.query_capability(True, "bf16", "bf16", 64, "cpu")
     with pytest.raises(TypeError, match="smla: block_size: expected an int, got float"):
@@ -1109,6 +1113,12 @@ def test_build_sparse_indices_dspark():
     s.decode_swa_width = width
     k = smla.sparse_index_columns(W, 0, width)
     assert k == width
+    # A width the build refuses is refused where buffers are sized: not a multiple of 4, or
+    # with top-k columns (the DSpark window is for SWA-only layers).
+    with pytest.raises(ValueError, match="^smla: decode_swa_width: expected a multiple of 4"):
+        smla.sparse_index_columns(W, 0, W + 1)
+    with pytest.raises(ValueError, match="^smla: top_k: expected 0 .*SWA-only.*, got 512$"):
+        smla.sparse_index_columns(W, 512, width)
     swa = smla.SwaGroup(c["block_table"], c["swa_view"])
     out = smla.SparseIndexTable(np.full((6, k), 12345, np.int32), np.full(6, -9, np.int32),
                                 np.full(6, -9, np.int32))
@@ -2662,12 +2672,15 @@ def test_engine_call_merges_arrays_of_any_numpy_dtype():
         "query", "swa_kv_cache", "compressed_kv_cache", "sparse_indices", "sparse_topk_lens",
         "seq_lens", "bmm1_scale", "sinks", "out")}
     e5m2 = ml_dtypes.float8_e5m2
-    for name, array in (("query", args["query"].astype(e5m2)[:, None]),
-                        ("sparse_indices", args["sparse_indices"].view(e5m2)[:, None]),
-                        ("out", np.zeros(args["out"].shape, e5m2)[:, None])):
+    for name, array, takes in (
+            ("query", args["query"].astype(e5m2)[:, None], "bf16 or f8e4m3 (float8_e4m3fn)"),
+            ("sparse_indices", args["sparse_indices"].view(e5m2)[:, None], "i32"),
+            ("out", np.zeros(args["out"].shape, e5m2)[:, None], "bf16")):
         with pytest.raises(TypeError, match=f"^smla: {name}: expected .*float8_e5m2") as info:
             trtllm_batch_decode_sparse_mla_dsv4(**dict(common, **{name: array}))
         assert info.value.argument == name
+        # DLPack has no float8_e5m2: the message still names the dtypes the argument takes.
+        assert f" of {takes} elements" in info.value.expected, info.value.expected
 
 
 def test_defaults_of_max_q_len_and_with_mtp():

@@ -255,6 +255,22 @@ def test_engine_call_uniform_q_len_from_4d_query(device):
     assert_bitwise(got, case["out"].float() + 1)
 
 
+def test_engine_call_refuses_a_4d_out_that_needs_a_copy():
+    """A [B, q, H, D] out stored q-major cannot become [T, H, D] without a copy (which would
+    lose the writes): a ValueError naming out and its strides, not torch's AttributeError."""
+    case = decode_case("cpu", q_lens=(2, 2, 2))
+    engine = {k: case[k] for k in ("swa_kv_cache", "compressed_kv_cache", "sparse_indices",
+                                   "sparse_topk_lens", "seq_lens", "sinks", "bmm1_scale")}
+    out = torch.full((2, 3, *case["out"].shape[1:]), math.nan, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"smla: out: .*strides \(\d+, \d+, \d+, 1\) "
+                                         r"\(elements\)") as info:
+        trtllm_batch_decode_sparse_mla_dsv4(
+            query=case["query"].view(3, 2, *case["query"].shape[1:]), out=out.transpose(0, 1),
+            workspace_buffer=None, multi_ctas_kv_counter_buffer=None, **engine)
+    assert info.value.argument == "out"
+    assert torch.isnan(out.float()).all()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_quantize_op_equals_the_call_and_compiles(device, pool_dtype):
