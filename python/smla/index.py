@@ -64,7 +64,7 @@ class SparseIndexArgs:
 
 def sparse_index_columns(window: int, top_k: int, decode_swa_width: int = 0) -> int:
     """K of a table: window + round_up(top_k, 4) (top_k = 0 for SWA-only layers), or the DSpark
-    width."""
+    width (decode_swa_width > window: a multiple of 4, with top_k 0, else ValueError)."""
     return _smla.sparse_index_columns(integer(window, "window"), integer(top_k, "top_k", 64),
                                       integer(decode_swa_width, "decode_swa_width"))
 

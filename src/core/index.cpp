@@ -13,12 +13,24 @@ int64_t sparse_index_columns(int window, int64_t top_k, int decode_swa_width) {
   if (window < 1) check::fail(ErrorKind::value, "window", ">= 1", std::to_string(window));
   check::int32_count(top_k, "top_k");
   check::int32_count(decode_swa_width, "decode_swa_width");  // a negative one is no "off"
-  if (decode_swa_width > window) return decode_swa_width;
-  return window + (top_k + 3) / 4 * 4;
+  if (decode_swa_width <= window) return window + (top_k + 3) / 4 * 4;
+  // DSpark's wider window: SWA-only layers, their rows written 4 columns at a time.
+  if (decode_swa_width % 4 != 0)
+    check::fail(ErrorKind::value, "decode_swa_width", "a multiple of 4",
+                std::to_string(decode_swa_width));
+  if (top_k != 0)
+    check::fail(ErrorKind::value, "top_k", "0 (the DSpark window is for SWA-only layers)",
+                std::to_string(top_k));
+  return decode_swa_width;
 }
 
 int64_t sparse_index_columns(const SparseIndexArgs& args) {
   const CompressedColumns& c = args.compressed;
+  if (c.compress_ratio < 0)
+    check::fail(ErrorKind::value, "compress_ratio", ">= 0", std::to_string(c.compress_ratio));
+  if (c.compress_ratio > 0 && args.step.decode_swa_width > args.window)
+    check::fail(ErrorKind::value, "compress_ratio", "0 (the DSpark window is for SWA-only layers)",
+                std::to_string(c.compress_ratio));
   const int64_t top_k =
       c.compress_ratio > 0 && c.topk_indices.ndim == 2 ? c.topk_indices.size(1) : 0;
   const int64_t K = top_k <= INT32_MAX

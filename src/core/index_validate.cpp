@@ -93,24 +93,15 @@ IndexProblem check_inputs(const SparseIndexArgs& a, Device device) {
   const std::string T = num(p.num_tokens);
 
   p.dspark = a.step.decode_swa_width > a.window;
-  const int ratio = a.compressed.compress_ratio;
-  if (ratio < 0) fail(ErrorKind::value, "compress_ratio", ">= 0", num(ratio));
-  p.compress_ratio = ratio;
-  if (p.dspark) {
-    if (ratio != 0)
-      fail(ErrorKind::value, "compress_ratio", "0 (the DSpark window is for SWA-only layers)",
-           num(ratio));
-    if (p.num_decodes != p.num_requests)
-      fail(ErrorKind::value, "num_decodes",
-           "B = " + num(p.num_requests) + " (the DSpark window is decode-only)",
-           num(p.num_decodes));
-    if (a.step.decode_swa_width % 4 != 0)
-      fail(ErrorKind::value, "decode_swa_width", "a multiple of 4", num(a.step.decode_swa_width));
-  }
+  p.compress_ratio = a.compressed.compress_ratio;
+  p.num_columns = sparse_index_columns(a);  // a DSpark width's own rules, compress_ratio's too
+  if (p.dspark && p.num_decodes != p.num_requests)
+    fail(ErrorKind::value, "num_decodes",
+         "B = " + num(p.num_requests) + " (the DSpark window is decode-only)", num(p.num_decodes));
 
   check_block_table(a.swa.block_table, "block_table", p);
   p.swa = check_pool(a.swa.swa_kv_cache, "swa_kv_cache", p);
-  if (ratio > 0) {
+  if (p.compress_ratio > 0) {
     const CompressedColumns& c = a.compressed;
     check::tensor(c.topk_indices, "topk_indices", DType::i32, p.device, {p.num_tokens, -1},
                   "[T = " + T + ", top_k] i32");
@@ -118,8 +109,6 @@ IndexProblem check_inputs(const SparseIndexArgs& a, Device device) {
     check_block_table(c.block_table, "compressed.block_table", p);
     p.compressed = check_pool(c.compressed_kv_cache, "compressed_kv_cache", p);
   }
-
-  p.num_columns = sparse_index_columns(a);
   return p;
 }
 

@@ -430,8 +430,14 @@ TEST(Executor, DSparkStepRefusesTopkReads) {
   const int64_t T = c.num_tokens();
   std::vector<TensorView> queries, outs;
   add_layer_buffers(c, queries, outs);
+  // Columns for both steps below: the DSpark rows, and the causal window's top-k reads (a
+  // compressed layer has no DSpark width to size).
+  const int dspark_width = c.inputs.metadata.decode_swa_width;
+  c.inputs.metadata.decode_swa_width = kWindow;
+  const int64_t max_columns = std::max<int64_t>(dspark_width, max_columns_of(c));
+  c.inputs.metadata.decode_swa_width = dspark_width;
   const auto streams = make_streams(Device{});
-  StepExecutor executor(c.layers, *streams, T, max_columns_of(c), TableSharing::shared,
+  StepExecutor executor(c.layers, *streams, T, max_columns, TableSharing::shared,
                         CompressedIndex::topk);
   test::expect_smla_error([&] { executor.run_step(c.inputs, queries, outs); }, ErrorKind::value,
                           "compress_ratio", "0 (the DSpark window is for SWA-only layers)",

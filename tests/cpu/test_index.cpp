@@ -105,6 +105,11 @@ TEST(IndexColumns, WidthRules) {
                           ErrorKind::value, "top_k", "0..2^31 - 1", "2147483648");
   test::expect_smla_error([] { sparse_index_columns(128, 4, -4); }, ErrorKind::value,
                           "decode_swa_width", "0..2^31 - 1", "-4");
+  // A DSpark width the builder would refuse is refused here, where buffers are sized.
+  test::expect_smla_error([] { sparse_index_columns(128, 0, 129); }, ErrorKind::value,
+                          "decode_swa_width", "a multiple of 4", "129");
+  test::expect_smla_error([] { sparse_index_columns(128, 512, 132); }, ErrorKind::value, "top_k",
+                          "SWA-only", "512");
 }
 
 // K from a layer's topk_indices view (only its shape is read): up to 2^31 - 1 columns, W + top_k
