@@ -21,6 +21,7 @@
 #include "cuda/check.h"
 #include "cuda/decode_producer.cuh"
 #include "cuda/tensor_map.h"
+#include "probe_main.h"
 
 namespace {
 using namespace smla::cuda;
@@ -203,7 +204,7 @@ double median_us(std::vector<unsigned long long> v) {
 
 }  // namespace
 
-int main() {
+int run_probe() {
   const size_t big_rows = size_t(4) << 20;  // a 4 GiB pool (HBM); the first 1024 rows: L2
   char* pool;
   int* rows;
@@ -283,4 +284,12 @@ int main() {
   SMLA_CUDA_CHECK(cudaFree(wrong));
   printf("words that did not match the pool: %llu\n", total_wrong);
   return total_wrong == 0 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  return smla::bench::probe_main(
+      argc, argv,
+      "How fast one CTA's producer fills the decode kernel's stages, per copy method: when\n"
+      "tiles were issued and arrived (medians over CTAs); every byte checked.",
+      run_probe);
 }

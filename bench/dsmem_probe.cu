@@ -25,6 +25,7 @@
 #include "cuda/check.h"
 #include "cuda/decode_layout.cuh"
 #include "cuda/launch.h"
+#include "probe_main.h"
 
 namespace {
 using namespace smla::cuda;
@@ -239,7 +240,7 @@ long long check(const uint4* out, int clusters, int heads, int splits, bool own)
 
 }  // namespace
 
-int main() {
+int run_probe() {
   constexpr int kMaxCtas = 132, kMaxHeads = 64;
   uint4 *out, *staged;
   unsigned long long* stamps;
@@ -319,4 +320,12 @@ int main() {
   SMLA_CUDA_CHECK(cudaFree(stamps));
   printf("output elements that did not match: %lld\n", wrong);
   return wrong == 0 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  return smla::bench::probe_main(
+      argc, argv,
+      "How fast a cluster reduces split rows through distributed shared memory (every\n"
+      "output chunk checked), then what one cluster synchronization costs.",
+      run_probe);
 }

@@ -13,6 +13,7 @@
 #include "cuda/check.h"
 #include "cuda/decode_consumer.cuh"
 #include "cuda/ptx.cuh"
+#include "probe_main.h"
 
 namespace {
 using namespace smla::cuda;
@@ -219,7 +220,7 @@ void run_all(std::integer_sequence<int, kS...>, unsigned long long* c, unsigned 
 
 }  // namespace
 
-int main() {
+int run_probe() {
   unsigned long long *cycles, *ns;
   float* sink;
   SMLA_CUDA_CHECK(cudaMalloc(&cycles, kCtas * 2 * sizeof(unsigned long long)));
@@ -227,4 +228,12 @@ int main() {
   SMLA_CUDA_CHECK(cudaMalloc(&sink, sizeof(float)));
   run_all(std::make_integer_sequence<int, kSeqs>{}, cycles, ns, sink);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return smla::bench::probe_main(
+      argc, argv,
+      "SM cycles per iteration of the decode kernel's wgmma sequences, one or both consumer\n"
+      "warpgroups, against their MAC cycles.",
+      run_probe);
 }
