@@ -131,14 +131,30 @@ class Step:
             xp.write(q, values if xp.cuda else values.astype(xp.bf16))
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected >= 1, got {value}")
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--requests", type=int, default=4)
-    parser.add_argument("--q-len", type=int, default=1, help="query tokens per request")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--layers", type=positive, default=8)
+    parser.add_argument("--requests", type=positive, default=4)
+    parser.add_argument("--q-len", type=positive, default=1, help="query tokens per request")
+    parser.add_argument("--steps", type=positive, default=5)
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even with CUDA")
     args = parser.parse_args()
+    total = len(smla.model_layers(smla.model_preset("v41-flash"), num_swa_groups=2))
+    if args.layers > total:
+        parser.error(f"--layers: expected at most {total} (V4.1-Flash's), got {args.layers}")
+    # Requests start below MAX_SEQ / 2 and grow q_len a step, the first step's included.
+    grown = (args.steps + 1) * args.q_len
+    if grown > MAX_SEQ // 2 + 1:
+        parser.error(f"--steps {args.steps} x --q-len {args.q_len}: requests would pass the "
+                     f"{MAX_SEQ} positions their page tables hold ((steps + 1) * q_len "
+                     f"<= {MAX_SEQ // 2 + 1}, got {grown})")
 
     cuda = False
     if not args.cpu:
