@@ -40,7 +40,7 @@ struct TensorView {
   int64_t shape[kMaxDims] = {};
   int64_t strides[kMaxDims] = {};
 
-  bool defined() const { return ndim > 0; }
+  bool defined() const { return ndim != 0; }  // a negative ndim is refused, not absent
   // dim in [-ndim, ndim) (negative: from the last); unchecked.
   int64_t size(int dim) const { return shape[dim < 0 ? dim + ndim : dim]; }
   int64_t stride(int dim) const { return strides[dim < 0 ? dim + ndim : dim]; }

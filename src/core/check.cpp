@@ -70,6 +70,9 @@ void view(const TensorView& v, const std::string& name) {
     fail(ErrorKind::value, name, "1.." + std::to_string(kMaxDims) + " dims",
          std::to_string(v.ndim) + " dims");
   device(v.device, name);
+  if (dtype_size(v.dtype) == 0)  // a cast int, which the byte arithmetic below cannot size
+    fail(ErrorKind::type, name, "a dtype of bf16, f8e4m3, f32, i32 or u8",
+         "dtype code " + std::to_string(static_cast<int>(v.dtype)));
   for (int d = 0; d < v.ndim; ++d)
     if (v.shape[d] < 0) fail(ErrorKind::value, name, "non-negative sizes", shape_of(v));
   int64_t count = 1, extent = 0, below = 0, reach = 0;  // below: the bytes before data

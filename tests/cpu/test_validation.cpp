@@ -292,9 +292,18 @@ TEST_F(Validation, RankOutsideTheViewAndSizesPastInt64) {
   a.query.ndim = 0;  // no dims: an absent tensor (TensorView::defined), whatever its data
   expect_error(ErrorKind::value, "query", "a [T, H, 512] tensor", "absent");
   a.query = c.args().query;
-  a.sinks.ndim = -1;  // defined() is false for it: an absent optional tensor
-  EXPECT_NO_THROW(validate_decode(a));
+  // A dtype code outside the enum (a cast int) is a type error, not a byte-arithmetic one.
+  a.query.dtype = static_cast<DType>(5);
+  expect_error(ErrorKind::type, "query", "a dtype of bf16, f8e4m3, f32, i32 or u8", "dtype code 5");
+  a.query = c.args().query;
+  // A negative rank is a bad view, not an absent one: an optional tensor read as absent would
+  // go unwritten (lse) or be replaced (compressed_kv_cache by the SWA pool).
+  a.sinks.ndim = -1;
+  expect_error(ErrorKind::value, "sinks", "1..4 dims", "-1 dims");
   a.sinks = c.args().sinks;
+  a.lse.ndim = -1;
+  expect_error(ErrorKind::value, "lse", "1..4 dims", "-1 dims");
+  a.lse = c.args().lse;
   a.swa_kv_cache =
       make_view(nullptr, DType::bf16, Device{}, {int64_t(1) << 46, 512, 512}, {1 << 18, 512, 1});
   expect_error(ErrorKind::value, "swa_kv_cache", "fit in int64", "[70368744177664, 512, 512]");
