@@ -37,7 +37,8 @@ struct AttentionLayer {
 // device (max_topk_width), a layer's index_topk or a step's for layers reading every entry,
 // makes its run `table` in `automatic` and is refused in `topk`; so is, in both, a step's top-k
 // tensor wider than its layer's index_topk and than the decode reads.
-// `automatic` is "auto" (a C++ keyword) in compressed_index_name, errors, the CLI and Python.
+// `automatic` is "auto" (a C++ keyword) in compressed_index_name, errors, the CLI and Python;
+// a value outside the enum is "?" there, and a value error where a mode is taken.
 enum class CompressedIndex { table, topk, automatic };
 const char* compressed_index_name(CompressedIndex compressed_index);  // "table", "topk", "auto"
 

@@ -152,7 +152,8 @@ std::vector<check::NamedView> step_reads(std::span<const AttentionLayer> layers,
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto at = static_cast<int64_t>(i);
     read.push_back({&layers[i].swa_kv_cache, "layers", at, ".swa_kv_cache"});
-    read.push_back({&layers[i].compressed_kv_cache, "layers", at, ".compressed_kv_cache"});
+    if (layers[i].spec.compress_ratio > 0)  // an SWA-only layer's is never read (nor checked)
+      read.push_back({&layers[i].compressed_kv_cache, "layers", at, ".compressed_kv_cache"});
     read.push_back({&layers[i].sinks, "layers", at, ".sinks"});
     read.push_back({&pool_records[2 * i], "layers", at, ".swa_kv_cache's records"});
     read.push_back({&pool_records[2 * i + 1], "layers", at, ".compressed_kv_cache's records"});
@@ -190,9 +191,10 @@ const char* compressed_index_name(CompressedIndex compressed_index) {
   switch (compressed_index) {
     case CompressedIndex::table: return "table";
     case CompressedIndex::topk: return "topk";
-    case CompressedIndex::automatic: break;
+    case CompressedIndex::automatic:
+      return "auto";
   }
-  return "auto";
+  return "?";
 }
 
 int64_t every_entry_topk_width(std::span<const LayerSpec> layers, const StepInputs& inputs) {
@@ -207,6 +209,9 @@ int64_t every_entry_topk_width(std::span<const LayerSpec> layers, const StepInpu
 std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers,
                                    CompressedIndex compressed_index, TableSharing sharing,
                                    int64_t every_entry_width, Device device) {
+  if (compressed_index_name(compressed_index)[0] == '?')  // a cast int
+    check::fail(ErrorKind::value, "compressed_index", "table, topk or automatic",
+                std::to_string(static_cast<int>(compressed_index)));
   std::vector<LayerSpec> specs(layers.begin(), layers.end());
   if (compressed_index == CompressedIndex::table) return specs;
   const int64_t readable = max_topk_width(device);

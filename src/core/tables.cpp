@@ -12,6 +12,9 @@ namespace smla {
 
 std::string sparse_index_key(const LayerSpec& layer, TableSharing sharing) {
   check_layer_counts(layer, "layer.");  // as topk_width: no key for a spec no step runs
+  if (sharing != TableSharing::shared && sharing != TableSharing::none)  // a cast int
+    check::fail(ErrorKind::value, "sharing", "TableSharing::shared or TableSharing::none",
+                std::to_string(static_cast<int>(sharing)));
   // A key no other layer has: runs of one layer, so no fork, and each new key drops the
   // group's previous table (store), keeping memory bounded as with sharing.
   if (sharing == TableSharing::none) return "layer " + std::to_string(layer.layer);

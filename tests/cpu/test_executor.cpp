@@ -221,6 +221,42 @@ TEST(Executor, SecondStepRebuildsItsTables) {
   }
 }
 
+// An SWA-only layer's compressed_kv_cache is never read: a placeholder there (over its own
+// out, or no valid view at all) is taken by every step, as the executor took it when made.
+TEST(Executor, SwaOnlyLayersIgnoreTheirCompressedPool) {
+  const auto all = model_layers(model_preset("v41-flash"), 3, false);
+  std::vector<LayerSpec> specs(all.begin(), all.begin() + 3);
+  for (LayerSpec& s : specs) s.num_heads = kHeads;
+  ASSERT_EQ(specs[0].compress_ratio, 0);
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  test::StepCase c(specs, kThreeRequests, seed);
+  const int64_t T = c.num_tokens();
+  std::vector<TensorView> queries, outs;
+  add_layer_buffers(c, queries, outs);
+  std::vector<TensorView> want;
+  for (const TensorView& o : outs) want.push_back(c.bf16(T, kHeads));
+  const auto streams = make_streams(Device{});
+  StepExecutor executor(c.layers, *streams, T, max_columns_of(c));
+  executor.run_step(c.inputs, queries, want);
+  for (const int ndim : {3, 5}) {
+    c.layers[0].compressed_kv_cache = outs[0];
+    c.layers[0].compressed_kv_cache.ndim = ndim;
+    StepExecutor placeholder(c.layers, *streams, T, max_columns_of(c));
+    placeholder.run_step(c.inputs, queries, outs);
+    for (size_t i = 0; i < outs.size(); ++i)
+      EXPECT_EQ(std::memcmp(outs[i].data, want[i].data, outs[i].numel() * 2), 0) << i;
+  }
+  // A cast int is no compressed_index mode (it ran as automatic).
+  EXPECT_STREQ(compressed_index_name(static_cast<CompressedIndex>(7)), "?");
+  test::expect_smla_error(
+      [&] {
+        StepExecutor(c.layers, *streams, T, max_columns_of(c), TableSharing::shared,
+                     static_cast<CompressedIndex>(7));
+      },
+      ErrorKind::value, "compressed_index", "table, topk or automatic", "7");
+}
+
 // SPEC §5: a step ends joined, a failed one too (so that a capture of it reports the error,
 // not unjoined side-stream work).
 TEST(Executor, StepEndsJoinedEvenWhenALayerFails) {

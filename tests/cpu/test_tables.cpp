@@ -179,6 +179,9 @@ TEST(SparseIndexKey, SwaOnlyOrCacheSourceRatio) {
   EXPECT_EQ(sparse_index_key(v41[39]), "20:36:1");
   EXPECT_EQ(sparse_index_key(v41[39], TableSharing::none), "layer 39");
   EXPECT_EQ(sparse_index_key(flash[0], TableSharing::none), "layer 0");
+  // A cast int is no sharing mode (it read as shared).
+  test::expect_smla_error([&] { sparse_index_key(flash[2], static_cast<TableSharing>(9)); },
+                          ErrorKind::value, "sharing", "TableSharing::shared or", "9");
 }
 
 // A spec topk_width refuses has no key either (it came back as "-1:-1:-1"), with either sharing.
