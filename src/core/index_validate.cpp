@@ -93,8 +93,7 @@ IndexProblem check_inputs(const SparseIndexArgs& a, Device device) {
   const std::string T = num(p.num_tokens);
 
   p.dspark = a.step.decode_swa_width > a.window;
-  p.compress_ratio = a.compressed.compress_ratio;
-  p.num_columns = sparse_index_columns(a);  // a DSpark width's own rules, compress_ratio's too
+  p.compress_ratio = a.compressed.compress_ratio;  // < 0: refused by sparse_index_columns
   if (p.dspark && p.num_decodes != p.num_requests)
     fail(ErrorKind::value, "num_decodes",
          "B = " + num(p.num_requests) + " (the DSpark window is decode-only)", num(p.num_decodes));
@@ -109,6 +108,7 @@ IndexProblem check_inputs(const SparseIndexArgs& a, Device device) {
     check_block_table(c.block_table, "compressed.block_table", p);
     p.compressed = check_pool(c.compressed_kv_cache, "compressed_kv_cache", p);
   }
+  p.num_columns = sparse_index_columns(a);  // and a DSpark width's rules, with compress_ratio's
   return p;
 }
 

@@ -130,6 +130,18 @@ TEST(IndexColumns, WidthOfTheTableTheArgsDescribe) {
     test::expect_smla_error([&] { sparse_index_columns(a); }, ErrorKind::value, "topk_indices",
                             "W + top_k < 2^31", got);
   }
+  // The args' own names: a negative width is topk_indices', a ratio the build refuses its own.
+  a.compressed.topk_indices.shape[1] = -8;
+  test::expect_smla_error([&] { sparse_index_columns(a); }, ErrorKind::value, "topk_indices",
+                          "non-negative sizes", "[1, -8]");
+  a.compressed.topk_indices.shape[1] = 8;
+  a.compressed.compress_ratio = -4;
+  test::expect_smla_error([&] { sparse_index_columns(a); }, ErrorKind::value, "compress_ratio",
+                          ">= 0", "-4");
+  a.compressed.compress_ratio = 4;
+  a.step.decode_swa_width = 192;
+  test::expect_smla_error([&] { sparse_index_columns(a); }, ErrorKind::value, "compress_ratio",
+                          "SWA-only", "4");
 }
 
 // W = 4, SWA pages of 4 rows packed with a stride of 6 rows.
