@@ -41,6 +41,12 @@ inline void check(cudaError_t status, const char* call) {
   throw Error(ErrorKind::runtime, call, "cudaSuccess", got);
 }
 
+// For calls that cannot throw (destructors, deleters): a failure is left alone, but taken off
+// the thread's last-error state as check() does, not left for a framework to blame itself for.
+inline void ignore_failure(cudaError_t status) {
+  if (status != cudaSuccess) (void)cudaGetLastError();
+}
+
 // Whether `text`, a macro argument as written, is a call: what SMLA_CUDA_CHECK names a failure by.
 // A status stored before (`e`) is not one: its error would name the variable, not what failed.
 constexpr bool names_a_call(std::string_view text) { return text.find('(') != text.npos; }

@@ -24,7 +24,7 @@ class DeviceScope {
   // A destructor cannot throw: a failed restore leaves `device` current, and the next call for
   // the previous device is refused by require_usable (launches go to the current device).
   ~DeviceScope() {
-    if (changed_) (void)cudaSetDevice(previous_);
+    if (changed_) ignore_failure(cudaSetDevice(previous_));
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;

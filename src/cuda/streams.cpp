@@ -14,10 +14,10 @@ namespace smla::cuda {
 namespace {
 
 struct StreamDestroy {
-  void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
+  void operator()(cudaStream_t s) const { ignore_failure(cudaStreamDestroy(s)); }
 };
 struct EventDestroy {
-  void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
+  void operator()(cudaEvent_t e) const { ignore_failure(cudaEventDestroy(e)); }
 };
 using OwnedStream = std::unique_ptr<CUstream_st, StreamDestroy>;
 using OwnedEvent = std::unique_ptr<CUevent_st, EventDestroy>;
@@ -67,10 +67,10 @@ class CudaStreams final : public Streams {
                                  .release =
                                      [id = device.id](void* block) noexcept {
                                        int previous = id;
-                                       (void)cudaGetDevice(&previous);
-                                       if (previous != id) (void)cudaSetDevice(id);
-                                       (void)cudaFree(block);
-                                       if (previous != id) (void)cudaSetDevice(previous);
+                                       ignore_failure(cudaGetDevice(&previous));
+                                       if (previous != id) ignore_failure(cudaSetDevice(id));
+                                       ignore_failure(cudaFree(block));
+                                       if (previous != id) ignore_failure(cudaSetDevice(previous));
                                      },
                                  .capturing =
                                      [current = current_, id = device.id] {
