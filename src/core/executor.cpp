@@ -191,8 +191,7 @@ const char* compressed_index_name(CompressedIndex compressed_index) {
   switch (compressed_index) {
     case CompressedIndex::table: return "table";
     case CompressedIndex::topk: return "topk";
-    case CompressedIndex::automatic:
-      return "auto";
+    case CompressedIndex::automatic: return "auto";
   }
   return "?";
 }
@@ -209,7 +208,7 @@ int64_t every_entry_topk_width(std::span<const LayerSpec> layers, const StepInpu
 std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers,
                                    CompressedIndex compressed_index, TableSharing sharing,
                                    int64_t every_entry_width, Device device) {
-  if (compressed_index_name(compressed_index)[0] == '?')  // a cast int
+  if (static_cast<unsigned>(compressed_index) > static_cast<unsigned>(CompressedIndex::automatic))
     check::fail(ErrorKind::value, "compressed_index", "table, topk or automatic",
                 std::to_string(static_cast<int>(compressed_index)));
   std::vector<LayerSpec> specs(layers.begin(), layers.end());
