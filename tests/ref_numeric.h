@@ -41,6 +41,16 @@ inline bool any_bf16_nan(const void* data, size_t bytes) {
   return false;
 }
 
+// Whether float32 words hold a NaN.
+inline bool any_f32_nan(const void* data, size_t bytes) {
+  for (size_t i = 0; i + 4 <= bytes; i += 4) {
+    float x;
+    std::memcpy(&x, static_cast<const char*>(data) + i, 4);
+    if (std::isnan(x)) return true;
+  }
+  return false;
+}
+
 // Nearest bf16 (ties to even) of a finite value inside the bf16 range; for building inputs.
 inline uint16_t to_bf16(double value) {
   const float f = static_cast<float>(value);

@@ -2015,7 +2015,17 @@ def test_stream_objects_use_cuda_stream_first():
     class Both:
         cuda_stream, ptr = 0, "not read"
 
+    class OnlyPtr:
+        ptr = 0
+
+    class TextPtr:
+        ptr = "abc"
+
     smla.sparse_mla_decode(**args, stream=Both())
+    smla.sparse_mla_decode(**args, stream=OnlyPtr())
+    with pytest.raises(TypeError, match=r"^smla: stream: expected a stream object whose \.ptr is "
+                                        r"an int, got 'abc'$"):
+        smla.sparse_mla_decode(**args, stream=TextPtr())
 
 
 def test_dtype_errors_name_the_conversion_for_other_widths():
