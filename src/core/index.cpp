@@ -28,14 +28,14 @@ int64_t sparse_index_columns(const SparseIndexArgs& args) {
   const CompressedColumns& c = args.compressed;
   if (c.compress_ratio < 0)
     check::fail(ErrorKind::value, "compress_ratio", ">= 0", std::to_string(c.compress_ratio));
-  if (c.compress_ratio > 0 && c.topk_indices.ndim == 2 && c.topk_indices.size(1) < 0)
+  const int64_t top_k =
+      c.compress_ratio > 0 && c.topk_indices.ndim == 2 ? c.topk_indices.size(1) : 0;
+  if (top_k < 0)
     check::fail(ErrorKind::value, "topk_indices", "non-negative sizes",
                 check::shape_of(c.topk_indices));
   if (c.compress_ratio > 0 && args.step.decode_swa_width > args.window)
     check::fail(ErrorKind::value, "compress_ratio", "0 (the DSpark window is for SWA-only layers)",
                 std::to_string(c.compress_ratio));
-  const int64_t top_k =
-      c.compress_ratio > 0 && c.topk_indices.ndim == 2 ? c.topk_indices.size(1) : 0;
   const int64_t K = top_k <= INT32_MAX
                         ? sparse_index_columns(args.window, top_k, args.step.decode_swa_width)
                         : top_k;
