@@ -209,7 +209,7 @@ std::vector<LayerSpec> table_specs(std::span<const LayerSpec> layers,
                                    CompressedIndex compressed_index, TableSharing sharing,
                                    int64_t every_entry_width, Device device) {
   if (static_cast<unsigned>(compressed_index) > static_cast<unsigned>(CompressedIndex::automatic))
-    check::fail(ErrorKind::value, "compressed_index", "table, topk or automatic",
+    check::fail(ErrorKind::value, "compressed_index", "table, topk or auto",
                 std::to_string(static_cast<int>(compressed_index)));
   std::vector<LayerSpec> specs(layers.begin(), layers.end());
   if (compressed_index == CompressedIndex::table) return specs;

@@ -254,7 +254,7 @@ TEST(Executor, SwaOnlyLayersIgnoreTheirCompressedPool) {
         StepExecutor(c.layers, *streams, T, max_columns_of(c), TableSharing::shared,
                      static_cast<CompressedIndex>(7));
       },
-      ErrorKind::value, "compressed_index", "table, topk or automatic", "7");
+      ErrorKind::value, "compressed_index", "table, topk or auto", "7");
 }
 
 // SPEC §5: a step ends joined, a failed one too (so that a capture of it reports the error,
