@@ -11,26 +11,13 @@
 #include <random>
 
 #include "cpu/parallel.h"
+#include "host_memory.h"
 #include "progress.h"
 #include "smla/error.h"
 #include "smla/quantize.h"
 
 namespace smla::cli {
 namespace {
-
-// Host memory a step may take: two thirds of the machine's, or of its container's limit
-// (cgroup v2, then v1) when lower; 16 GiB where neither can be asked.
-double host_limit_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  double bytes = pages > 0 && page > 0 ? double(pages) * double(page) : 0x1.8p34;
-  for (const char* path :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"})
-    if (std::ifstream file(path); file) {
-      double limit = 0;  // "max" (no limit) reads as nothing
-      if (file >> limit && limit > 0) bytes = std::min(bytes, limit);
-    }
-  return bytes * 2 / 3;
-}
 
 using Rng = std::mt19937_64;
 constexpr int64_t kTilePages = 256;                    // a pool without host copy repeats these

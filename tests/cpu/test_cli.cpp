@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -31,6 +32,7 @@
 #include "core/sanitizers.h"
 #include "cpu/streams.h"
 #include "csv_file.h"
+#include "host_memory.h"
 #include "progress.h"
 #include "ref_numeric.h"
 #include "report.h"
@@ -1020,19 +1022,12 @@ TEST(SynthStep, SwaPagesCoverTheContext) {
 }
 
 // The machine's memory, or its container's limit when lower.
-double memory_bytes() {
-  double bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  for (const char* path :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"})
-    if (std::ifstream file(path); file)
-      if (double limit = 0; file >> limit && limit > 0) bytes = std::min(bytes, limit);
-  return bytes;
-}
-
 // The host limit is two thirds of the machine's memory, or of its container's limit when lower;
 // the refusal says what it is.
 TEST(SynthStep, HostLimitIsTwoThirdsOfMemory) {
-  const double bytes = memory_bytes();
+  const double limit = host_limit_bytes();
+  EXPECT_GT(limit, 0);
+  EXPECT_LE(limit, double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) * 2 / 3);
   const RunOptions o{.requests = 1 << 30, .seq_len = 1 << 30, .check = 0};
   const auto streams = make_streams(Device{});
   try {
@@ -1040,7 +1035,7 @@ TEST(SynthStep, HostLimitIsTwoThirdsOfMemory) {
     ADD_FAILURE() << "made";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("a step whose host memory fits in " +
-                                         std::to_string(int64_t(bytes * 2 / 3 / 1048576)) +
+                                         std::to_string(int64_t(limit / 1048576)) +
                                          " MiB (two thirds of "),
               std::string::npos)
         << e.what();
@@ -1048,6 +1043,34 @@ TEST(SynthStep, HostLimitIsTwoThirdsOfMemory) {
     EXPECT_NE(std::string(e.what()).find("of queries and outputs and"), std::string::npos)
         << e.what();
   }
+}
+
+// The cgroup limit is the lowest on the process's own cgroup path, its ancestors included (a job
+// placed in a cgroup below the one limited), for v2 and v1 hierarchies; "max" is no limit.
+TEST(HostMemory, CgroupLimitIsTheLowestOnTheProcesssPath) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("smla_cgroup_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  const auto put = [&](const fs::path& dir, const char* file, const char* text) {
+    fs::create_directories(root / dir);
+    std::ofstream(root / dir / file) << text << "\n";
+  };
+  put("", "memory.max", "max");
+  put("a", "memory.max", "1000");
+  put("a/b", "memory.max", "max");
+  put("memory", "memory.limit_in_bytes", "9223372036854771712");
+  put("memory/job", "memory.limit_in_bytes", "500");
+  put("memory/job/step", "memory.limit_in_bytes", "9223372036854771712");
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(cgroup_memory_limit("0::/a/b\n", root), 1000);    // the parent's
+  EXPECT_EQ(cgroup_memory_limit("0::/a/b/c\n", root), 1000);  // a path with no folder here
+  EXPECT_EQ(cgroup_memory_limit("0::/\n", root), kNone);      // a namespace's own root
+  EXPECT_EQ(cgroup_memory_limit("0::/elsewhere\n", root), kNone);
+  EXPECT_EQ(cgroup_memory_limit("7:cpu,memory:/job/step\n1:name=systemd:/x\n", root), 500);
+  EXPECT_EQ(cgroup_memory_limit("7:cpu,cpuacct:/job/step\n", root), kNone);  // not memory's
+  EXPECT_EQ(cgroup_memory_limit("7:memory:/job\n0::/a\n", root), 500);       // both hierarchies
+  EXPECT_EQ(cgroup_memory_limit("", root), kNone);
+  fs::remove_all(root);
 }
 
 // SynthStep(o, specs) under an address-space limit of 4 GiB more than the process has mapped:
@@ -1079,7 +1102,7 @@ TEST(SynthStep, PastTheHostLimitRefusedBeforeAllocating) {
 #endif
   const auto specs = model_layers(model_preset("v4-flash"), 1);
   const double rows_a_request = 1024.0 * double(specs.size()) * 64 * kHeadDim * 4;
-  const int rows_past = static_cast<int>(memory_bytes() * 2 / 3 / rows_a_request) + 1;
+  const int rows_past = static_cast<int>(host_limit_bytes() / rows_a_request) + 1;
   for (const RunOptions& o :
        {RunOptions{.requests = 256, .seq_len = 1 << 30, .check = 0},
         RunOptions{.requests = rows_past, .seq_len = 1024, .q_len = 1024, .check = 0}})
@@ -1107,7 +1130,7 @@ TEST(SynthStep, DeviceStepPastTheHostLimitByItsTopKRefused) {
     if (s.compress_ratio > 0 && s.index_source == s.layer)
       topk_a_token += 4.0 * double(topk_width(s, seq_len));
   const double rows_a_token = 64.0 * kHeadDim * (2 + 2);  // one layer's bf16 query and out
-  const double limit = memory_bytes() * 2 / 3;
+  const double limit = host_limit_bytes();
   const int requests = static_cast<int>(1.2 * limit / topk_a_token / q_len) + 1;
   ASSERT_LT(double(requests) * q_len * rows_a_token, limit / 2);
   DeviceLikeStreams streams;
