@@ -341,7 +341,8 @@ constexpr const char* kUsage =
     "  over MS ms more (the clock a card holds at its power limit), and the bf16 matmul rate so;\n"
     "  sust_W: the board's mean power over the chained ones (NVML's energy counter)\n";
 
-// HEADS:REQUESTS:TOKENS:TOPK, each field whole and in range; else a UsageError naming it.
+// HEADS:REQUESTS:TOKENS:TOPK, each field whole and in range, TOPK a multiple of 4; else a
+// UsageError naming it.
 Shape parse_shape(std::string_view text) {
   constexpr std::string_view kFields[] = {"HEADS", "REQUESTS", "TOKENS", "TOPK"};
   constexpr int kMost[] = {128, 1 << 16, 1024, 1 << 16};
@@ -356,6 +357,10 @@ Shape parse_shape(std::string_view text) {
                             kMost[f]);
     if (f < 3) text.remove_prefix(colon + 1);
   }
+  // A table row is W + P columns, P a multiple of 4 (SPEC §1).
+  if (values[3] % 4 != 0)
+    throw cli::UsageError("--shape TOPK: expected a multiple of 4, got " +
+                          std::to_string(values[3]) + " in '" + whole + "'");
   return {values[0], values[1], values[2], values[3]};
 }
 
