@@ -154,8 +154,11 @@ class StepCase {
       AttentionLayer layer{.spec = s,
                            .swa_kv_cache = pool(B * swa_pages_, shape.block_size, shape.span)};
       // Scores of about unit spread, so each row's softmax weighs its columns unevenly: the
-      // values' rms is about 1/3 (random_bf16), so a product's is 1/9.
-      layer.bmm1_scale = 9.0f / std::sqrt(static_cast<float>(kHeadDim));
+      // values' rms is about 1/3 (random_bf16), so a product's is 1/9. Each layer's scales its
+      // own, so a layer run with another's shows.
+      const float own = 1.0f + static_cast<float>(layers.size() % 8) / 8.0f;
+      layer.bmm1_scale = own * 9.0f / std::sqrt(static_cast<float>(kHeadDim));
+      layer.bmm2_scale = 2.0f - own / 2.0f;
       if (s.compress_ratio > 0) {
         if (!compressed_pools_.contains(s.kv_source)) add_kv_source(s, max_seq);
         layer.compressed_kv_cache = compressed_pools_.at(s.kv_source);

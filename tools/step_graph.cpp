@@ -1,5 +1,6 @@
 #include "step_graph.h"
 
+#include <map>
 #include <set>
 
 #include "smla/error.h"
@@ -57,6 +58,13 @@ GraphNodes count_nodes(cudaGraph_t graph) {
         ++n.others;
     }
   }
+  size_t edges = 0;
+  SMLA_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
+  std::vector<cudaGraphNode_t> from(edges), to(edges);
+  std::vector<cudaGraphEdgeData> kinds(edges);  // without them, programmatic edges are refused
+  SMLA_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), kinds.data(), &edges));
+  std::map<cudaGraphNode_t, int> dependents;
+  for (size_t e = 0; e < edges; ++e) n.branches += ++dependents[from[e]] == 2;
   return n;
 }
 
@@ -135,6 +143,9 @@ std::vector<std::string> graph_problems(const StepGraph& g) {
   if (n.others) problems.push_back(count_of(n.others, "other nodes"));
   if (g.sharing == TableSharing::none && !g.tables.forks.empty())
     problems.push_back(count_of(static_cast<int>(g.tables.forks.size()), "forks without sharing"));
+  if (!g.tables.forks.empty() && n.branches == 0)
+    problems.push_back(count_of(static_cast<int>(g.tables.forks.size()), "forks") +
+                       " on the step's chain (no branch: the builds not on the side stream)");
   return problems;
 }
 

@@ -26,6 +26,7 @@ struct GraphNodes {
   int memcpys = 0;
   int events = 0;  // empty, event-record and event-wait nodes (what joins may leave)
   int others = 0;  // host, child-graph, allocation, conditional, ... nodes
+  int branches = 0;  // nodes of more than one dependent: where forked builds leave the chain
 };
 
 struct StepGraph {
@@ -58,8 +59,9 @@ int distinct_tables(std::span<const LayerSpec> layers, TableSharing sharing,
                     CompressedIndex compressed_index, int64_t every_entry_width, Device device);
 
 // Where `graph` is not the graph SPEC §5 implies: one build per distinct table, one decode per
-// layer, no other kernel, no memset or memcpy, no other node but empty and event ones, and no
-// fork without sharing. One phrase per difference; empty when there is none or it was not run.
+// layer, no other kernel, no memset or memcpy, no other node but empty and event ones, no fork
+// without sharing, and forks that branch off the step's chain (builds on the side stream). One
+// phrase per difference; empty when there is none or it was not run.
 std::vector<std::string> graph_problems(const StepGraph& graph);
 
 // The builds alone over the whole step: an estimate of what index building costs it, not a

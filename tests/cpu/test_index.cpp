@@ -540,6 +540,21 @@ TEST(IndexErrors, NameTheArgument) {
               build_sparse_indices(a);
             }),
             "out.seq_lens");  // written by the DSpark window only
+  // The builder's own checks, reached without sparse_index_columns sizing the outputs first.
+  for (const auto& [spoil, argument] :
+       std::vector<std::pair<void (*)(SparseIndexArgs&), std::string>>{
+           {[](SparseIndexArgs& a) { a.window = 0; }, "window"},
+           {[](SparseIndexArgs& a) { a.compressed.compress_ratio = -1; }, "compress_ratio"}}) {
+    EXPECT_EQ(error_argument([&] {
+                SwaOnlyCase c;
+                SparseIndexArgs a = c.args();
+                std::vector<int32_t> out(3 * 4), lens(3);
+                a.out = {i32(out, {3, 4}), i32(lens, {3}), {}};
+                spoil(a);
+                build_sparse_indices(a);
+              }),
+              argument);
+  }
   // A rank past the view's arrays is named, not read: the message describes the view without
   // its shape (it once printed 40 "sizes" read past shape[], or crashed at 2000).
   for (const int ndim : {5, 40, 2000}) {
@@ -1064,7 +1079,8 @@ void expect_matches(const test::StepCase& c, int layer) {
   EXPECT_EQ(got.seq_lens, want.seq_lens) << "layer " << layer;
 }
 
-// Fresh steps each run, a third of them with a window of 1 to 300; a failure names the seed
+// Fresh steps each run, a third of them with a window of 1 to 300, half with negative top-k
+// entries (where prefill and decode rows count them differently); a failure names the seed
 // (SMLA_TEST_SEED replays it).
 TEST(IndexRandom, MatchesThePlainRules) {
   const uint64_t seed = test::fresh_seed();
@@ -1074,7 +1090,8 @@ TEST(IndexRandom, MatchesThePlainRules) {
     test::CaseShape s = test::random_shape(rng, trial);
     if (trial % 3 == 1) s.window = std::uniform_int_distribution<int>(1, 300)(rng);
     const int ratio = std::uniform_int_distribution<int>(1, 4)(rng);
-    const test::StepCase c(test::three_layers(ratio, s.window), s, rng());
+    test::StepCase c(test::three_layers(ratio, s.window), s, rng());
+    if (trial % 2) c.punch_topk_holes();
     for (int layer = 0; layer < 3; ++layer) expect_matches(c, layer);
   }
 }

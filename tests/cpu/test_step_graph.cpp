@@ -130,6 +130,7 @@ TEST(StepGraph, ProblemsNameEachDifference) {
   g.nodes.other_kernels = 3;
   g.nodes.others = 4;
   g.tables.forks = {{1, "layer 3"}};
+  g.nodes.branches = 1;  // off the chain, as forks go
   const std::vector<std::string> want{"27 table builds, expected 26 (one per (SWA group, key))",
                                       "39 decodes, expected 40 (one per layer)",
                                       "3 other kernels",
@@ -141,7 +142,11 @@ TEST(StepGraph, ProblemsNameEachDifference) {
   g = right_graph(TableSharing::shared);
   g.tables.forks = {{1, "2:2:2"}};  // forks are what sharing does
   g.nodes.events += 5;              // what joins leave
+  g.nodes.branches = 1;
   EXPECT_TRUE(graph_problems(g).empty());
+  g.nodes.branches = 0;  // the forked builds ran on the step's stream
+  EXPECT_EQ(graph_problems(g), std::vector<std::string>{"1 forks on the step's chain (no branch: "
+                                                        "the builds not on the side stream)"});
   // Each count one off either way (builds and decodes too few as well as too many; a single
   // node of a kind there should be none of) is one problem.
   for (int GraphNodes::*count :
