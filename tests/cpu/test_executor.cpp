@@ -235,7 +235,7 @@ TEST(Executor, SwaOnlyLayersIgnoreTheirCompressedPool) {
   std::vector<TensorView> queries, outs;
   add_layer_buffers(c, queries, outs);
   std::vector<TensorView> want;
-  for (const TensorView& o : outs) want.push_back(c.bf16(T, kHeads));
+  for (size_t i = 0; i < outs.size(); ++i) want.push_back(c.bf16(T, kHeads));
   const auto streams = make_streams(Device{});
   StepExecutor executor(c.layers, *streams, T, max_columns_of(c));
   executor.run_step(c.inputs, queries, want);

@@ -26,11 +26,6 @@ namespace {
 
 constexpr uint16_t kInf = 0x7f80, kNegInf = 0xff80, kNan = 0x7fc0, kNegNan = 0xffc0;
 
-RefLayout ref_layout(KvLayout layout) {
-  return layout == KvLayout::bf16       ? RefLayout::bf16
-         : layout == KvLayout::fp8_e4m3 ? RefLayout::e4m3
-                                        : RefLayout::ds_mla;
-}
 
 TensorView host_view(const HostTensor& t) {
   return t.view(const_cast<std::byte*>(t.bytes.data()), Device{});
