@@ -541,11 +541,11 @@ TEST(IndexErrors, NameTheArgument) {
             }),
             "out.seq_lens");  // written by the DSpark window only
   // The builder's own checks, reached without sparse_index_columns sizing the outputs first.
-  for (const auto& [spoil, argument] :
-       std::vector<std::pair<void (*)(SparseIndexArgs&), std::string>>{
+  using Spoil = void (*)(SparseIndexArgs&);
+  for (const auto& spoiled : std::vector<std::pair<Spoil, std::string>>{
            {[](SparseIndexArgs& a) { a.window = 0; }, "window"},
            {[](SparseIndexArgs& a) { a.compressed.compress_ratio = -1; }, "compress_ratio"}}) {
-    EXPECT_EQ(error_argument([&] {
+    EXPECT_EQ(error_argument([spoil = spoiled.first] {
                 SwaOnlyCase c;
                 SparseIndexArgs a = c.args();
                 std::vector<int32_t> out(3 * 4), lens(3);
@@ -553,7 +553,7 @@ TEST(IndexErrors, NameTheArgument) {
                 spoil(a);
                 build_sparse_indices(a);
               }),
-              argument);
+              spoiled.second);
   }
   // A rank past the view's arrays is named, not read: the message describes the view without
   // its shape (it once printed 40 "sizes" read past shape[], or crashed at 2000).
