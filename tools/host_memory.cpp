@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -11,8 +12,8 @@
 namespace smla::cli {
 namespace {
 
-// The lowest of `file` in `dir` and in each of its ancestors up to `root`: a job's limit may be
-// set on the cgroup it was placed in or on any above it.
+// The lowest `file` in the cgroup `cgroup_path` under `root` and in each cgroup above it: a
+// job's limit may be set on the cgroup it was placed in or on any above it.
 double lowest_on_path(const std::filesystem::path& root, std::string_view cgroup_path,
                       const char* file) {
   double lowest = std::numeric_limits<double>::infinity();
