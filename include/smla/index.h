@@ -58,7 +58,8 @@ struct SparseIndexArgs {
 // 0..2^31 - 1, a negative decode_swa_width or a DSpark width the builder refuses.
 int64_t sparse_index_columns(int window, int64_t top_k, int decode_swa_width);
 // K of the table `args` describe (top_k from its topk_indices); a value error naming
-// topk_indices where that width passes 2^31 - 1, or compress_ratio below 0 or above 0 with a DSpark width.
+// topk_indices where that width passes 2^31 - 1, or compress_ratio below 0 or above 0 with a
+// DSpark width.
 int64_t sparse_index_columns(const SparseIndexArgs& args);
 
 // DSpark's SWA row width for k draft tokens: round_up(W + k, 64).

@@ -1021,7 +1021,6 @@ TEST(SynthStep, SwaPagesCoverTheContext) {
   }
 }
 
-// The machine's memory, or its container's limit when lower.
 // The host limit is two thirds of the machine's memory, or of its container's limit when lower;
 // the refusal says what it is.
 TEST(SynthStep, HostLimitIsTwoThirdsOfMemory) {
