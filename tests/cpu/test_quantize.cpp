@@ -26,7 +26,6 @@ namespace {
 
 constexpr uint16_t kInf = 0x7f80, kNegInf = 0xff80, kNan = 0x7fc0, kNegNan = 0xffc0;
 
-
 TensorView host_view(const HostTensor& t) {
   return t.view(const_cast<std::byte*>(t.bytes.data()), Device{});
 }
